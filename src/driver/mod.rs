@@ -1,0 +1,426 @@
+//! The CUDA driver subset the runtime uses, as a trait with two implementations:
+//! [`cuda::CudaDriver`] over the real driver (cudarc, dynamic loading) and
+//! [`sim::SimDriver`], a simulated driver that enforces the documented rules.
+//!
+//! Every failure is a [`DriverError`] naming the driver function and its `CUresult`.
+//! Nothing in this layer knows about teams, buffers or the C API.
+
+use std::ffi::{c_void, CStr};
+use std::fmt;
+use std::os::fd::{OwnedFd, RawFd};
+
+pub mod cuda;
+pub mod sim;
+
+/// A raw `CUresult` value. Kept as an integer so that any code a driver returns survives.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CuResult(pub u32);
+
+macro_rules! cu_results {
+    ($($name:ident = $value:expr),* $(,)?) => {
+        impl CuResult {
+            $(
+                #[allow(missing_docs)]
+                pub const $name: CuResult = CuResult($value);
+            )*
+
+            /// The `CUDA_ERROR_*` name of this code, or `"CUDA_ERROR_UNRECOGNIZED"`.
+            pub fn name(self) -> &'static str {
+                match self.0 {
+                    $($value => concat!("CUDA_", stringify!($name)),)*
+                    _ => "CUDA_ERROR_UNRECOGNIZED",
+                }
+            }
+
+            /// Parses `OUT_OF_MEMORY`, `ERROR_OUT_OF_MEMORY` or `CUDA_ERROR_OUT_OF_MEMORY`
+            /// (case-insensitive), or a decimal number.
+            pub fn from_name(text: &str) -> Option<CuResult> {
+                let upper = text.trim().to_ascii_uppercase();
+                if let Ok(n) = upper.parse::<u32>() {
+                    return Some(CuResult(n));
+                }
+                let bare = upper.strip_prefix("CUDA_").unwrap_or(&upper);
+                let bare = bare.strip_prefix("ERROR_").unwrap_or(bare);
+                $(
+                    let known = stringify!($name);
+                    if known == bare || known.strip_prefix("ERROR_") == Some(bare) {
+                        return Some(CuResult::$name);
+                    }
+                )*
+                None
+            }
+        }
+    };
+}
+
+cu_results! {
+    SUCCESS = 0,
+    ERROR_INVALID_VALUE = 1,
+    ERROR_OUT_OF_MEMORY = 2,
+    ERROR_NOT_INITIALIZED = 3,
+    ERROR_DEINITIALIZED = 4,
+    ERROR_NO_DEVICE = 100,
+    ERROR_INVALID_DEVICE = 101,
+    ERROR_DEVICE_NOT_LICENSED = 102,
+    ERROR_INVALID_IMAGE = 200,
+    ERROR_INVALID_CONTEXT = 201,
+    ERROR_NO_BINARY_FOR_GPU = 209,
+    ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    ERROR_INVALID_SOURCE = 300,
+    ERROR_FILE_NOT_FOUND = 301,
+    ERROR_INVALID_HANDLE = 400,
+    ERROR_ILLEGAL_STATE = 401,
+    ERROR_NOT_FOUND = 500,
+    ERROR_NOT_READY = 600,
+    ERROR_ILLEGAL_ADDRESS = 700,
+    ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    ERROR_LAUNCH_TIMEOUT = 702,
+    ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    ERROR_CONTEXT_IS_DESTROYED = 709,
+    ERROR_ASSERT = 710,
+    ERROR_LAUNCH_FAILED = 719,
+    ERROR_NOT_PERMITTED = 800,
+    ERROR_NOT_SUPPORTED = 801,
+    ERROR_SYSTEM_NOT_READY = 802,
+    ERROR_SYSTEM_DRIVER_MISMATCH = 803,
+    ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    ERROR_UNKNOWN = 999,
+}
+
+impl fmt::Debug for CuResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+impl fmt::Display for CuResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A failed driver call: the function and the code it returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverError {
+    /// The driver entry point, e.g. `"cuMulticastBindMem"`.
+    pub func: &'static str,
+    /// What it returned.
+    pub code: CuResult,
+}
+
+impl DriverError {
+    /// A failure of `func` with `code`.
+    pub fn new(func: &'static str, code: CuResult) -> Self {
+        DriverError { func, code }
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} returned {}", self.func, self.code)
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+/// Result of a driver call.
+pub type DResult<T> = Result<T, DriverError>;
+
+/// A device ordinal (`CUdevice`).
+pub type Device = i32;
+
+/// A device virtual address (`CUdeviceptr`). On the simulator it is a host address.
+pub type DevicePtr = u64;
+
+/// A `CUmemGenericAllocationHandle`: a physical allocation or a multicast object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemHandle(pub u64);
+
+/// A `CUstream` as an address. `Stream(0)` is the legacy default stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stream(pub usize);
+
+impl Stream {
+    /// The legacy default stream (NULL).
+    pub const DEFAULT: Stream = Stream(0);
+}
+
+/// A loaded module (`CUmodule`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Module(pub usize);
+
+/// A kernel entry point (`CUfunction`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Function(pub usize);
+
+/// A CUDA event (`CUevent`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Event(pub usize);
+
+/// `CU_MEM_ALLOC_GRANULARITY_*` / `CU_MULTICAST_GRANULARITY_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granularity {
+    /// The smallest size and alignment the driver accepts.
+    Minimum,
+    /// The size and alignment the driver recommends for performance.
+    Recommended,
+}
+
+/// A bit set of `CUmemAllocationHandleType` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct HandleTypes(pub u32);
+
+impl HandleTypes {
+    /// Not exportable.
+    pub const NONE: HandleTypes = HandleTypes(0);
+    /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+    pub const POSIX_FD: HandleTypes = HandleTypes(0x1);
+    /// `CU_MEM_HANDLE_TYPE_FABRIC`.
+    pub const FABRIC: HandleTypes = HandleTypes(0x8);
+
+    /// True when any type is requested, i.e. the object is externally shareable.
+    pub fn is_shareable(self) -> bool {
+        self.0 != 0
+    }
+
+    /// True when every bit of `other` is set in `self`.
+    pub fn contains(self, other: HandleTypes) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// `CUmulticastObjectProp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MulticastProp {
+    /// `numDevices`: devices that will be added.
+    pub num_devices: u32,
+    /// `size`: bytes that can be bound per device.
+    pub size: usize,
+    /// `handleTypes`: shareable handle types requested.
+    pub handle_types: HandleTypes,
+    /// `flags`: must be 0.
+    pub flags: u64,
+}
+
+/// What the runtime needs to know about one device.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct DeviceProps {
+    /// `cuDeviceGetName`.
+    pub name: String,
+    /// Compute capability, major.
+    pub cc_major: i32,
+    /// Compute capability, minor.
+    pub cc_minor: i32,
+    /// `cuDeviceTotalMem`.
+    pub total_memory: u64,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`.
+    pub multicast_supported: bool,
+    /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+    pub vmm_supported: bool,
+    /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`.
+    pub posix_fd_supported: bool,
+    /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`.
+    pub fabric_supported: bool,
+}
+
+/// Launch geometry and arguments of one kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchConfig {
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes.
+    pub shared_bytes: u32,
+}
+
+/// The CUDA driver subset the runtime uses. Implementations are thread-safe.
+///
+/// Calls that take a [`Device`] run in that device's primary context; the caller's current
+/// context is left as it was.
+pub trait Driver: Send + Sync + 'static {
+    /// `"cuda"` or `"sim"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// `cuDriverGetVersion`.
+    fn driver_version(&self) -> DResult<i32>;
+
+    /// `cuDeviceGetCount`.
+    fn device_count(&self) -> DResult<i32>;
+
+    /// Name, compute capability, memory and the capability attributes of `dev`.
+    fn device_props(&self, dev: Device) -> DResult<DeviceProps>;
+
+    /// `cuDeviceCanAccessPeer`; a device can always access itself.
+    fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool>;
+
+    /// True when the driver exports the multicast entry points
+    /// (`cuMulticastCreate`, `AddDevice`, `BindMem`, `BindAddr`, `Unbind`, `GetGranularity`).
+    fn has_multicast_api(&self) -> bool;
+
+    /// True when the driver exports `cuMulticastBindMem_v2` and `cuMulticastBindAddr_v2`.
+    fn has_multicast_bind_v2(&self) -> bool;
+
+    /// `cuMemGetAllocationGranularity` for a device allocation on `dev`.
+    fn mem_granularity(&self, dev: Device, option: Granularity, handle_types: HandleTypes) -> DResult<usize>;
+
+    /// `cuMemCreate`: `size` bytes of device memory on `dev`.
+    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle>;
+
+    /// `cuMemRelease` of a physical allocation or a multicast object. Freed once unmapped.
+    fn mem_release(&self, handle: MemHandle) -> DResult<()>;
+
+    /// `cuMemAddressReserve`.
+    fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr>;
+
+    /// `cuMemAddressFree`.
+    fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()>;
+
+    /// `cuMemMap` of `handle` (from `offset`) at `ptr`.
+    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()>;
+
+    /// `cuMemUnmap`.
+    fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()>;
+
+    /// `cuMemSetAccess`: read-write for each of `devices`.
+    fn mem_set_access(&self, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()>;
+
+    /// `cuMemExportToShareableHandle` as a POSIX file descriptor.
+    fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd>;
+
+    /// `cuMemImportFromShareableHandle` of a POSIX file descriptor (not consumed).
+    fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle>;
+
+    /// `cuMulticastGetGranularity`.
+    fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize>;
+
+    /// `cuMulticastCreate`.
+    fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle>;
+
+    /// `cuMulticastAddDevice`.
+    fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()>;
+
+    /// `cuMulticastBindMem`.
+    fn multicast_bind_mem(
+        &self,
+        mc: MemHandle,
+        mc_offset: usize,
+        mem: MemHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()>;
+
+    /// `cuMulticastBindMem_v2` (binding applicable for `dev`).
+    #[allow(clippy::too_many_arguments)]
+    fn multicast_bind_mem_v2(
+        &self,
+        mc: MemHandle,
+        dev: Device,
+        mc_offset: usize,
+        mem: MemHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()>;
+
+    /// `cuMulticastBindAddr`.
+    fn multicast_bind_addr(&self, mc: MemHandle, mc_offset: usize, ptr: DevicePtr, size: usize, flags: u64)
+        -> DResult<()>;
+
+    /// `cuMulticastBindAddr_v2`.
+    fn multicast_bind_addr_v2(
+        &self,
+        mc: MemHandle,
+        dev: Device,
+        mc_offset: usize,
+        ptr: DevicePtr,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()>;
+
+    /// `cuMulticastUnbind`.
+    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()>;
+
+    /// `cuStreamCreate` (non-blocking) on `dev`.
+    fn stream_create(&self, dev: Device) -> DResult<Stream>;
+
+    /// `cuStreamDestroy`.
+    fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()>;
+
+    /// `cuStreamSynchronize`.
+    fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()>;
+
+    /// `cuEventCreate` (timing enabled) on `dev`.
+    fn event_create(&self, dev: Device) -> DResult<Event>;
+
+    /// `cuEventRecord`.
+    fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()>;
+
+    /// `cuEventSynchronize`, then `cuEventElapsedTime` from `start` to `end`, in milliseconds.
+    fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32>;
+
+    /// `cuEventDestroy`.
+    fn event_destroy(&self, dev: Device, event: Event) -> DResult<()>;
+
+    /// Synchronous `cuMemcpyHtoD` into memory `dev` can access.
+    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()>;
+
+    /// Synchronous `cuMemcpyDtoH` from memory `dev` can access.
+    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()>;
+
+    /// Synchronous `cuMemsetD8`.
+    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()>;
+
+    /// `cuModuleLoadData` of a cubin or PTX image on `dev`.
+    fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module>;
+
+    /// `cuModuleUnload`.
+    fn module_unload(&self, dev: Device, module: Module) -> DResult<()>;
+
+    /// `cuModuleGetFunction`.
+    fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function>;
+
+    /// `cuLaunchKernel` on `stream`; `params` points at each argument.
+    fn launch(
+        &self,
+        dev: Device,
+        func: Function,
+        config: &LaunchConfig,
+        stream: Stream,
+        params: &mut [*mut c_void],
+    ) -> DResult<()>;
+
+    /// The simulator, when this is one: the kernels layer runs collectives on its workers.
+    fn as_sim(&self) -> Option<&sim::SimDriver> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cu_result_names_round_trip() {
+        assert_eq!(CuResult::ERROR_OUT_OF_MEMORY.name(), "CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(CuResult::SUCCESS.name(), "CUDA_SUCCESS");
+        assert_eq!(CuResult(12345).name(), "CUDA_ERROR_UNRECOGNIZED");
+        for text in ["OUT_OF_MEMORY", "ERROR_OUT_OF_MEMORY", "CUDA_ERROR_OUT_OF_MEMORY", "out_of_memory", "2"] {
+            assert_eq!(CuResult::from_name(text), Some(CuResult::ERROR_OUT_OF_MEMORY), "{text}");
+        }
+        assert_eq!(CuResult::from_name("SYSTEM_NOT_READY"), Some(CuResult::ERROR_SYSTEM_NOT_READY));
+        assert_eq!(CuResult::from_name("SUCCESS"), Some(CuResult::SUCCESS));
+        assert_eq!(CuResult::from_name("NO_SUCH_THING"), None);
+    }
+
+    #[test]
+    fn driver_error_names_function_and_code() {
+        let e = DriverError::new("cuMemCreate", CuResult::ERROR_OUT_OF_MEMORY);
+        assert_eq!(e.to_string(), "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY (2)");
+    }
+}

@@ -1,0 +1,13 @@
+//! mcast: a runtime for CUDA multicast memory (NVLink SHARP).
+//!
+//! Layers, top to bottom (each calls only the one below):
+//! - [`capi`]: the C boundary (`include/mcast.h` is generated from it);
+//! - [`runtime`]: contexts, teams, symmetric buffers, collectives, the handle registry;
+//! - [`kernels`]: NVRTC compilation and launch of the device kernels, and their host execution
+//!   on the simulator;
+//! - [`driver`]: the CUDA driver subset, real ([`driver::cuda`]) or simulated ([`driver::sim`]).
+
+pub mod capi;
+pub mod driver;
+pub mod kernels;
+pub mod runtime;
