@@ -268,7 +268,7 @@ impl Team {
     /// What `mcast_team_get_info` reports.
     pub fn info(&self) -> TeamInfo {
         let st = self.state.lock();
-        let segs = st.segments.iter().map(|s| &*s.seg).chain(st.cache.iter());
+        let segs = st.segments.iter().map(|s| &s.seg).chain(st.cache.iter());
         let (mut mc, mut bytes) = (0u64, 0u64);
         for s in segs {
             mc += u64::from(s.has_multicast());
