@@ -291,8 +291,10 @@ fn bind_addr_memptr_multiple_of_minimum() {
     });
     let m = 4 * MIB;
     let mc = team(&s, 2, 2 * m, HandleTypes::NONE);
-    let (_h, p) = mapped(&s, 0, 2 * m, HandleTypes::NONE);
-    let p = if p % m as u64 == 0 { p } else { p + G as u64 }; // an m-aligned address inside
+    let h = s.mem_create(0, 2 * m, HandleTypes::NONE).unwrap();
+    let p = s.mem_address_reserve(2 * m, m).unwrap();
+    assert_eq!(p % m as u64, 0);
+    s.mem_map(p, 2 * m, 0, h).unwrap();
     assert_eq!(
         code(s.multicast_bind_addr(mc, 0, p + G as u64, m, 0)),
         IV,
