@@ -482,9 +482,18 @@ impl SimDriver {
         if flags != 0 || size == 0 || size % g != 0 || mc_offset % g != 0 {
             return Err(INVALID_VALUE);
         }
+        // BindMem: `memOffset` must be a multiple; BindAddr: `memptr` itself must be.
         let (alloc, mem_offset) = match memory {
-            BindMemory::Handle(handle, mem_offset) => (st.live_alloc(handle)?, mem_offset),
+            BindMemory::Handle(handle, mem_offset) => {
+                if mem_offset % g != 0 {
+                    return Err(INVALID_VALUE);
+                }
+                (st.live_alloc(handle)?, mem_offset)
+            }
             BindMemory::Address(ptr) => {
+                if ptr % g as u64 != 0 {
+                    return Err(INVALID_VALUE);
+                }
                 let (start, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
                 if m.multicast {
                     return Err(INVALID_VALUE);
@@ -494,7 +503,7 @@ impl SimDriver {
             }
         };
         let phys = st.phys_of(alloc)?;
-        if mem_offset % g != 0 || mem_offset.checked_add(size).exceeds(phys.size) {
+        if mem_offset.checked_add(size).exceeds(phys.size) {
             return Err(INVALID_VALUE);
         }
         if mc_offset.checked_add(size).exceeds(obj.prop.size) {
