@@ -9,6 +9,7 @@ use super::config::{Backend, Config};
 use super::error::{Error, ErrorKind, Result};
 use super::policy;
 use super::registry::{ResourceCounts, Resources};
+use super::segment::Segment;
 use super::team::Team;
 use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{parse_faults, SimConfig, SimDriver};
@@ -24,6 +25,8 @@ pub struct Context {
     pub resources: Resources,
     props: Vec<OnceLock<DeviceProps>>,
     teams: Mutex<Vec<Arc<Team>>>,
+    /// Segments whose release failed part-way; retried at shutdown.
+    parked: Mutex<Vec<Arc<Segment>>>,
 }
 
 /// What `mcast_device_get_info` reports.
@@ -98,6 +101,7 @@ impl Context {
             resources: Resources::default(),
             props: (0..count).map(|_| OnceLock::new()).collect(),
             teams: Mutex::new(Vec::new()),
+            parked: Mutex::new(Vec::new()),
         })
     }
 
@@ -209,6 +213,11 @@ impl Context {
         self.teams.lock().retain(|t| !Arc::ptr_eq(t, team));
     }
 
+    /// Keeps a segment whose release failed part-way, to retry at shutdown.
+    pub fn park(&self, seg: Arc<Segment>) {
+        self.parked.lock().push(seg);
+    }
+
     /// The live teams.
     pub fn teams(&self) -> Vec<Arc<Team>> {
         self.teams.lock().clone()
@@ -247,6 +256,11 @@ impl Context {
         for team in teams {
             for e in team.release_all() {
                 tracing::error!("releasing a leaked team: {e}");
+            }
+        }
+        for seg in std::mem::take(&mut *self.parked.lock()) {
+            for e in seg.teardown(self) {
+                tracing::error!("releasing what an earlier failed release left: {e}");
             }
         }
         if !self.resources.is_empty() {

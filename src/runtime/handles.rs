@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 use super::buffer::Buffer;
 use super::context::Context;
-use super::error::{Error, Result};
+use super::error::{Error, ErrorKind, Result};
 use super::registry::{HandleKind, HandleMap};
 use super::team::Team;
 
@@ -57,9 +57,13 @@ pub fn team(id: u64) -> Result<Arc<Team>> {
 pub fn destroy_team(id: u64) -> Result<()> {
     let mut teams = TEAMS.lock();
     let team = teams.get(id).ok_or_else(|| describe(id, "team"))?;
-    team.destroy()?;
-    teams.remove(id);
-    Ok(())
+    match team.destroy() {
+        Err(e) if e.kind == ErrorKind::InUse => Err(e),
+        result => {
+            teams.remove(id);
+            result
+        }
+    }
 }
 
 /// Registers a buffer.

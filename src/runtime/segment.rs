@@ -24,6 +24,8 @@ pub struct Shape {
     pub multicast: bool,
     /// Owner name for the leak report.
     pub owner: String,
+    /// Alignment of every address reservation (the team's granularity, a power of two).
+    pub alignment: usize,
 }
 
 struct Tracked<T> {
@@ -37,6 +39,8 @@ struct Multicast {
     bound: Vec<(Device, ResourceId)>,
     /// Per rank: the reservation holding the multicast mapping, and the mapping.
     views: Vec<(Tracked<DevicePtr>, Option<ResourceId>)>,
+    /// The object itself was released.
+    released: bool,
 }
 
 /// A segment. All ranks' memory is `size` bytes.
@@ -56,7 +60,8 @@ pub struct Segment {
 struct Parts {
     size: usize,
     devices: Vec<Device>,
-    phys: Vec<Tracked<MemHandle>>,
+    /// Per rank (with the rank, kept while a release fails).
+    phys: Vec<(usize, Tracked<MemHandle>)>,
     /// Per viewing rank: a reservation of `nranks * size` holding every rank's memory in order.
     views: Vec<Tracked<DevicePtr>>,
     /// Unicast and peer mappings: address, size, id.
@@ -107,9 +112,15 @@ impl Segment {
         self.mc_bases.is_some()
     }
 
-    /// Releases everything (see [`Parts::teardown`]); a second call does nothing.
+    /// Releases everything (see [`Parts::teardown`]). After failures, calling it again retries
+    /// what is left; once all is released it does nothing.
     pub fn teardown(&self, ctx: &Context) -> Vec<Error> {
         self.parts.lock().teardown(ctx)
+    }
+
+    /// True once every driver resource of the segment was released.
+    pub fn is_released(&self) -> bool {
+        self.parts.lock().is_released()
     }
 }
 
@@ -123,17 +134,17 @@ impl Parts {
             let what = || format!("allocating {size} bytes for rank {rank} on device {dev}");
             let h = retry(ctx, &what, size as u64, trim, || driver.mem_create(dev, size, HandleTypes::NONE))?;
             let id = ctx.resources.track(ResourceKind::PhysicalAllocation, size as u64, Some(dev), owner);
-            self.phys.push(Tracked { value: h, id });
+            self.phys.push((rank, Tracked { value: h, id }));
         }
         for (rank, &dev) in shape.devices.iter().enumerate() {
             let span = n * size;
             let what = || format!("reserving {span} bytes of address space for rank {rank}");
-            let base = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(span, size))?;
+            let base = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(span, shape.alignment))?;
             let id = ctx.resources.track(ResourceKind::Reservation, span as u64, None, owner);
             self.views.push(Tracked { value: base, id });
             for peer in 0..n {
                 let addr = base + (peer * size) as u64;
-                let handle = self.phys[peer].value;
+                let handle = self.phys[peer].1.value;
                 let what = || format!("mapping rank {peer}'s memory for rank {rank}");
                 retry(ctx, &what, 0, trim, || driver.mem_map(addr, size, 0, handle))?;
                 let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
@@ -157,14 +168,19 @@ impl Parts {
         let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
         let handle = retry(ctx, &what, size as u64, trim, || driver.multicast_create(&prop))?;
         let id = ctx.resources.track(ResourceKind::MulticastObject, size as u64, None, owner);
-        self.mc = Some(Multicast { handle: Tracked { value: handle, id }, bound: Vec::new(), views: Vec::new() });
+        self.mc = Some(Multicast {
+            handle: Tracked { value: handle, id },
+            bound: Vec::new(),
+            views: Vec::new(),
+            released: false,
+        });
         for &dev in &shape.devices {
             let what = || format!("adding device {dev} to the multicast object");
             retry(ctx, &what, 0, trim, || driver.multicast_add_device(handle, dev))?;
         }
         let v2 = driver.has_multicast_bind_v2();
         for (rank, &dev) in shape.devices.iter().enumerate() {
-            let mem = self.phys[rank].value;
+            let mem = self.phys[rank].1.value;
             let what = || format!("binding rank {rank}'s memory (device {dev}) to the multicast object");
             retry(ctx, &what, size as u64, trim, || {
                 if v2 {
@@ -178,7 +194,7 @@ impl Parts {
         }
         for (rank, &dev) in shape.devices.iter().enumerate() {
             let what = || format!("reserving {size} bytes of multicast address space for rank {rank}");
-            let va = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(size, size))?;
+            let va = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(size, shape.alignment))?;
             let id = ctx.resources.track(ResourceKind::Reservation, size as u64, None, owner);
             self.mc_mut().views.push((Tracked { value: va, id }, None));
             let what = || format!("mapping the multicast object for rank {rank} on device {dev}");
@@ -197,59 +213,84 @@ impl Parts {
 
     /// Releases everything, in the documented order: unmap the multicast range, unbind every
     /// rank, release the multicast object, unmap peers and unicast, release physical memory,
-    /// free address reservations. Continues past failures and returns them all;
+    /// free address reservations. Continues past failures and returns them all; a step that
+    /// fails keeps its resource (and what depends on it) for a later call to retry.
     /// `CUDA_ERROR_DEINITIALIZED` (process exit) is not an error.
     fn teardown(&mut self, ctx: &Context) -> Vec<Error> {
         let driver = ctx.driver().clone();
         let res = &ctx.resources;
+        let size = self.size;
+        let n = self.devices.len();
         let mut errors = Vec::new();
-        let mut check = |r: std::result::Result<(), DriverError>, what: String| match r {
+        let mut ok = |r: std::result::Result<(), DriverError>, what: &dyn Fn() -> String| match r {
             Ok(()) => true,
             Err(e) if e.code == CuResult::ERROR_DEINITIALIZED => true,
             Err(e) => {
-                errors.push(Error::driver(e, what));
+                errors.push(Error::driver(e, what()));
                 false
             }
         };
-        let mut reservations = Vec::new();
-        if let Some(mc) = self.mc.take() {
-            for (rank, (va, map)) in mc.views.into_iter().enumerate() {
-                if let Some(map) = map {
-                    if check(driver.mem_unmap(va.value, self.size), format!("unmapping rank {rank}'s multicast range"))
-                    {
-                        res.untrack(map);
+        if let Some(mc) = self.mc.as_mut() {
+            for (rank, (va, map)) in mc.views.iter_mut().enumerate() {
+                if let Some(id) = *map {
+                    if ok(driver.mem_unmap(va.value, size), &|| format!("unmapping rank {rank}'s multicast range")) {
+                        res.untrack(id);
+                        *map = None;
                     }
                 }
-                reservations.push((va, self.size));
             }
-            for (dev, id) in mc.bound {
-                let r = driver.multicast_unbind(mc.handle.value, dev, 0, self.size);
-                if check(r, format!("unbinding device {dev} from the multicast object")) {
+            let handle = mc.handle.value;
+            mc.bound.retain(|&(dev, id)| {
+                let done = ok(driver.multicast_unbind(handle, dev, 0, size), &|| {
+                    format!("unbinding device {dev} from the multicast object")
+                });
+                if done {
                     res.untrack(id);
                 }
-            }
-            if check(driver.mem_release(mc.handle.value), "releasing the multicast object".into()) {
+                !done
+            });
+            let unused = mc.views.iter().all(|(_, m)| m.is_none()) && mc.bound.is_empty();
+            if unused && !mc.released && ok(driver.mem_release(handle), &|| "releasing the multicast object".into()) {
                 res.untrack(mc.handle.id);
+                mc.released = true;
             }
         }
-        for (addr, size, id) in self.maps.drain(..) {
-            if check(driver.mem_unmap(addr, size), format!("unmapping {size} bytes at {addr:#x}")) {
+        self.maps.retain(|&(addr, len, id)| {
+            let done = ok(driver.mem_unmap(addr, len), &|| format!("unmapping {len} bytes at {addr:#x}"));
+            if done {
                 res.untrack(id);
             }
-        }
-        for (rank, p) in self.phys.drain(..).enumerate() {
-            let dev = self.devices[rank];
-            if check(driver.mem_release(p.value), format!("releasing rank {rank}'s memory on device {dev}")) {
+            !done
+        });
+        let devices = &self.devices;
+        self.phys.retain(|(rank, p)| {
+            let dev = devices[*rank];
+            let done = ok(driver.mem_release(p.value), &|| format!("releasing rank {rank}'s memory on device {dev}"));
+            if done {
                 res.untrack(p.id);
             }
-        }
-        let n = self.devices.len();
-        reservations.extend(self.views.drain(..).map(|v| (v, n * self.size)));
-        for (v, span) in reservations {
-            if check(driver.mem_address_free(v.value, span), format!("freeing {span} bytes of address space")) {
+            !done
+        });
+        let mut free = |v: &Tracked<DevicePtr>, span: usize| {
+            let done = ok(driver.mem_address_free(v.value, span), &|| format!("freeing {span} bytes of address space"));
+            if done {
                 res.untrack(v.id);
+            }
+            done
+        };
+        if self.maps.is_empty() {
+            self.views.retain(|v| !free(v, n * size));
+        }
+        if let Some(mc) = self.mc.as_mut() {
+            mc.views.retain(|(va, map)| map.is_some() || !free(va, size));
+            if mc.released && mc.views.is_empty() && mc.bound.is_empty() {
+                self.mc = None;
             }
         }
         errors
+    }
+
+    fn is_released(&self) -> bool {
+        self.mc.is_none() && self.maps.is_empty() && self.phys.is_empty() && self.views.is_empty()
     }
 }

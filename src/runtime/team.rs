@@ -217,6 +217,7 @@ impl Team {
             devices: self.devices.clone(),
             multicast: self.transport == Transport::Multicast,
             owner: format!("team {} (devices {:?})", self.serial, self.devices),
+            alignment: self.granularity,
         }
     }
 
@@ -310,6 +311,9 @@ impl Team {
                 for e in s.teardown(ctx) {
                     tracing::error!("trimming the segment cache: {e}");
                 }
+                if !s.is_released() {
+                    ctx.park(s);
+                }
             }
             freed as u64
         };
@@ -373,7 +377,7 @@ impl Team {
             if st.cache.len() < MAX_CACHED_SEGMENTS && cached + seg.size <= MAX_CACHED_BYTES {
                 st.cache.push(seg);
             } else {
-                let errors = seg.teardown(&self.ctx);
+                let errors = self.release_segment(seg);
                 if let Some(e) = errors.into_iter().next() {
                     return Err(e.context("releasing an empty segment"));
                 }
@@ -387,9 +391,9 @@ impl Team {
     pub fn trim_cache(&self) -> u64 {
         let Some(mut st) = self.state.try_lock() else { return 0 };
         let mut freed = 0u64;
-        for s in st.cache.drain(..) {
+        for s in std::mem::take(&mut st.cache) {
             freed += s.size as u64;
-            for e in s.teardown(&self.ctx) {
+            for e in self.release_segment(s) {
                 tracing::error!("trimming the segment cache: {e}");
             }
         }
@@ -422,14 +426,22 @@ impl Team {
 
     fn release_locked(&self, st: &mut State) -> Vec<Error> {
         st.destroyed = true;
-        let mut errors = Vec::new();
-        for slot in std::mem::take(&mut st.segments) {
-            errors.extend(slot.seg.teardown(&self.ctx));
-        }
-        for seg in st.cache.drain(..) {
-            errors.extend(seg.teardown(&self.ctx));
-        }
         st.buffers = 0;
+        let segments = st.segments.drain(..).map(|slot| slot.seg).chain(st.cache.drain(..));
+        let mut errors = Vec::new();
+        for seg in segments.collect::<Vec<_>>() {
+            errors.extend(self.release_segment(seg));
+        }
+        errors
+    }
+
+    /// Tears `seg` down; what a failing step kept is handed to the context, which retries it
+    /// when it is destroyed.
+    fn release_segment(&self, seg: Arc<Segment>) -> Vec<Error> {
+        let errors = seg.teardown(&self.ctx);
+        if !seg.is_released() {
+            self.ctx.park(seg);
+        }
         errors
     }
 }
