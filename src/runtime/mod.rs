@@ -1,2 +1,16 @@
 //! The runtime: contexts, teams, symmetric buffers, collectives, handles and leak tracking.
 //! It knows nothing of C; `capi` converts its errors to status codes.
+
+pub mod buffer;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod handles;
+pub mod logging;
+pub mod policy;
+pub mod registry;
+pub mod retry;
+pub mod segment;
+pub mod team;
+
+pub use error::{Error, ErrorKind, Result};

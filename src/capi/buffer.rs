@@ -1,0 +1,174 @@
+//! `mcast_buffer_t`: symmetric buffers, the same size and layout on every rank.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use super::team::mcast_team_t;
+use super::{guard, mcast_status_t, out_ptr};
+use crate::runtime::buffer::Buffer;
+use crate::runtime::{handles, Error};
+
+/// A symmetric buffer. Passed by value; id 0 is never valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_buffer_t {
+    /// Opaque id.
+    pub id: u64,
+}
+
+/// Allocates `bytes` on every rank of `team` (small buffers share the team's segments; the
+/// memory is not zeroed). On the MULTICAST transport the buffer is bound to a multicast object
+/// and mapped at a multicast address on every rank; every rank also maps every peer's copy.
+/// On success `*out` holds the buffer, freed with `mcast_buffer_free`; on failure nothing is
+/// left allocated. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL or `bytes` 0;
+/// `MCAST_ERROR_OUT_OF_MEMORY`: memory or multicast objects exhausted after the retry policy.
+/// Thread-safe.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_alloc(team: mcast_team_t, bytes: usize, out: *mut mcast_buffer_t) -> mcast_status_t {
+    guard("mcast_buffer_alloc", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(out, "out") }?;
+        let t = handles::team(team.id)?;
+        let buf = Buffer::alloc(&t, bytes)?;
+        *out = mcast_buffer_t { id: handles::insert_buffer(Arc::new(buf)) };
+        Ok(())
+    })
+}
+
+/// Frees a buffer; its pointers become invalid. The zero handle is a no-op returning
+/// `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_buffer_free(buf: mcast_buffer_t) -> mcast_status_t {
+    guard("mcast_buffer_free", || if buf.id == 0 { Ok(()) } else { handles::free_buffer(buf.id) })
+}
+
+/// Writes the size `buf` was allocated with into `*bytes`. Thread-safe.
+///
+/// # Safety
+/// `bytes` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_size(buf: mcast_buffer_t, bytes: *mut usize) -> mcast_status_t {
+    guard("mcast_buffer_size", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(bytes, "bytes") }?;
+        *out = handles::buffer(buf.id)?.size();
+        Ok(())
+    })
+}
+
+/// Writes the address of rank `rank`'s copy, valid on that rank's device (a host address on the
+/// SIM backend), into `*ptr`. `MCAST_ERROR_INVALID_ARGUMENT`: `ptr` NULL or `rank` out of range.
+/// Thread-safe.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_local_ptr(buf: mcast_buffer_t, rank: c_int, ptr: *mut *mut c_void) -> mcast_status_t {
+    guard("mcast_buffer_local_ptr", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(ptr, "ptr") }?;
+        *out = handles::buffer(buf.id)?.local_ptr(rank)? as *mut c_void;
+        Ok(())
+    })
+}
+
+/// Writes the address of rank `peer`'s copy as mapped on rank `rank`'s device into `*ptr`.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: `ptr` NULL, `rank` or `peer` out of range. Thread-safe.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_peer_ptr(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    peer: c_int,
+    ptr: *mut *mut c_void,
+) -> mcast_status_t {
+    guard("mcast_buffer_peer_ptr", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(ptr, "ptr") }?;
+        *out = handles::buffer(buf.id)?.peer_ptr(rank, peer)? as *mut c_void;
+        Ok(())
+    })
+}
+
+/// Writes the multicast address of `buf` on rank `rank`'s device into `*ptr`: only
+/// `multimem` instructions may use it. `MCAST_ERROR_NOT_SUPPORTED` on a P2P team.
+/// Thread-safe.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_multicast_ptr(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    ptr: *mut *mut c_void,
+) -> mcast_status_t {
+    guard("mcast_buffer_multicast_ptr", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(ptr, "ptr") }?;
+        *out = handles::buffer(buf.id)?.multicast_ptr(rank)? as *mut c_void;
+        Ok(())
+    })
+}
+
+/// Copies `bytes` from host memory `src` into rank `rank`'s copy at `offset`, synchronously,
+/// on any backend. `MCAST_ERROR_INVALID_ARGUMENT`: `src` NULL with `bytes` > 0, `rank` out of
+/// range, or the range past the end. Thread-safe.
+///
+/// # Safety
+/// `src` must be NULL or valid for reading `bytes` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_write(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    src: *const c_void,
+    bytes: usize,
+) -> mcast_status_t {
+    guard("mcast_buffer_write", || {
+        let b = handles::buffer(buf.id)?;
+        if src.is_null() && bytes > 0 {
+            return Err(Error::invalid_argument("src is NULL"));
+        }
+        let data: &[u8] = if bytes == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller guarantees `bytes` readable bytes at `src`.
+            unsafe { std::slice::from_raw_parts(src.cast::<u8>(), bytes) }
+        };
+        b.write(rank, offset, data)
+    })
+}
+
+/// Copies `bytes` from rank `rank`'s copy at `offset` into host memory `dst`, synchronously,
+/// on any backend. `MCAST_ERROR_INVALID_ARGUMENT`: `dst` NULL with `bytes` > 0, `rank` out of
+/// range, or the range past the end. Thread-safe.
+///
+/// # Safety
+/// `dst` must be NULL or valid for writing `bytes` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_read(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    dst: *mut c_void,
+    bytes: usize,
+) -> mcast_status_t {
+    guard("mcast_buffer_read", || {
+        let b = handles::buffer(buf.id)?;
+        if dst.is_null() && bytes > 0 {
+            return Err(Error::invalid_argument("dst is NULL"));
+        }
+        let data: &mut [u8] = if bytes == 0 {
+            &mut []
+        } else {
+            // SAFETY: the caller guarantees `bytes` writable bytes at `dst`.
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), bytes) }
+        };
+        b.read(rank, offset, data)
+    })
+}

@@ -1,0 +1,177 @@
+//! `mcast_config_t` and its enums.
+
+use std::mem::size_of;
+
+use crate::runtime::config::{Backend, Config, MulticastMode};
+use crate::runtime::{Error, Result};
+
+/// Which driver a context uses.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastBackend {
+    /// CUDA when a driver and a device exist, else the simulator.
+    MCAST_BACKEND_AUTO = 0,
+    /// The CUDA driver (`libcuda.so.1`).
+    MCAST_BACKEND_CUDA = 1,
+    /// The simulated driver: host memory, no GPU needed.
+    MCAST_BACKEND_SIM = 2,
+}
+
+/// Values of `mcast_backend_t`, carried as an integer.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_backend_t(pub u32);
+
+/// Whether teams use multicast.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastMulticast {
+    /// Use multicast where usable, else peer-to-peer.
+    MCAST_MULTICAST_AUTO = 0,
+    /// Never use multicast.
+    MCAST_MULTICAST_OFF = 1,
+    /// A team that cannot use multicast is an error naming the reason.
+    MCAST_MULTICAST_REQUIRE = 2,
+}
+
+/// Values of `mcast_multicast_t`, carried as an integer.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_multicast_t(pub u32);
+
+/// Context configuration. Fill it with `mcast_config_init`, then change fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mcast_config_t {
+    /// `sizeof(mcast_config_t)`.
+    pub struct_size: u32,
+    /// AUTO: CUDA when a driver and a device exist, else SIM.
+    pub backend: mcast_backend_t,
+    /// AUTO: use multicast where usable, else peer-to-peer.
+    pub multicast: mcast_multicast_t,
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY; default 3.
+    pub oom_retries: u32,
+    /// First back-off in milliseconds, doubled per attempt; default 10.
+    pub retry_backoff_ms: u32,
+    /// Bound on waits for peers (device barriers, blocking steps); default 30000; 0 = forever.
+    pub timeout_ms: u32,
+    /// SIM: number of simulated GPUs; default 4.
+    pub sim_devices: u32,
+    /// SIM: bytes per simulated GPU; default 1 GiB.
+    pub sim_device_memory: u64,
+    /// SIM: multicast objects the simulated fabric holds; default 128.
+    pub sim_multicast_slots: u32,
+    /// SIM: value of the multicast-supported attribute; default 1.
+    pub sim_multicast_supported: u32,
+}
+
+impl mcast_config_t {
+    /// The C struct for `c`.
+    pub fn from_config(c: &Config) -> Self {
+        mcast_config_t {
+            struct_size: size_of::<mcast_config_t>() as u32,
+            backend: mcast_backend_t(match c.backend {
+                Backend::Auto => McastBackend::MCAST_BACKEND_AUTO,
+                Backend::Cuda => McastBackend::MCAST_BACKEND_CUDA,
+                Backend::Sim => McastBackend::MCAST_BACKEND_SIM,
+            } as u32),
+            multicast: mcast_multicast_t(match c.multicast {
+                MulticastMode::Auto => McastMulticast::MCAST_MULTICAST_AUTO,
+                MulticastMode::Off => McastMulticast::MCAST_MULTICAST_OFF,
+                MulticastMode::Require => McastMulticast::MCAST_MULTICAST_REQUIRE,
+            } as u32),
+            oom_retries: c.oom_retries,
+            retry_backoff_ms: c.retry_backoff_ms,
+            timeout_ms: c.timeout_ms,
+            sim_devices: c.sim_devices,
+            sim_device_memory: c.sim_device_memory,
+            sim_multicast_slots: c.sim_multicast_slots,
+            sim_multicast_supported: u32::from(c.sim_multicast_supported),
+        }
+    }
+
+    /// The runtime configuration, checking every field a caller may have set.
+    pub fn to_config(&self) -> Result<Config> {
+        super::check_struct_size(self.struct_size, size_of::<mcast_config_t>(), "mcast_config_t")?;
+        let backend = match self.backend.0 {
+            0 => Backend::Auto,
+            1 => Backend::Cuda,
+            2 => Backend::Sim,
+            v => return Err(Error::invalid_argument(format!("config->backend = {v} is not an mcast_backend_t"))),
+        };
+        let multicast = match self.multicast.0 {
+            0 => MulticastMode::Auto,
+            1 => MulticastMode::Off,
+            2 => MulticastMode::Require,
+            v => {
+                return Err(Error::invalid_argument(format!("config->multicast = {v} is not an mcast_multicast_t")))
+            }
+        };
+        if backend != Backend::Cuda {
+            if self.sim_devices == 0 || self.sim_devices > 64 {
+                return Err(Error::invalid_argument(format!(
+                    "config->sim_devices = {} is out of range (1 to 64)",
+                    self.sim_devices
+                )));
+            }
+            if self.sim_device_memory == 0 {
+                return Err(Error::invalid_argument("config->sim_device_memory is 0"));
+            }
+        }
+        if self.sim_multicast_supported > 1 {
+            return Err(Error::invalid_argument(format!(
+                "config->sim_multicast_supported = {} is not 0 or 1",
+                self.sim_multicast_supported
+            )));
+        }
+        Ok(Config {
+            backend,
+            multicast,
+            oom_retries: self.oom_retries,
+            retry_backoff_ms: self.retry_backoff_ms,
+            timeout_ms: self.timeout_ms,
+            sim_devices: self.sim_devices,
+            sim_device_memory: self.sim_device_memory,
+            sim_multicast_slots: self.sim_multicast_slots,
+            sim_multicast_supported: self.sim_multicast_supported == 1,
+        })
+    }
+}
+
+/// Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
+/// malformed value is ignored with a warning naming it), and sets `struct_size`. NULL is
+/// ignored. Thread-safe.
+///
+/// # Safety
+/// `config` must be NULL or valid for writing an `mcast_config_t`.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_config_init(config: *mut mcast_config_t) {
+    let _ = super::guard("mcast_config_init", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        if let Some(out) = unsafe { config.as_mut() } {
+            *out = mcast_config_t::from_config(&Config::from_env());
+        }
+        Ok(())
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::ErrorKind;
+
+    #[test]
+    fn round_trip_and_checks() {
+        let c = Config { sim_devices: 3, ..Config::default() };
+        let raw = mcast_config_t::from_config(&c);
+        assert_eq!(raw.to_config().unwrap(), c);
+        let bad = mcast_config_t { backend: mcast_backend_t(77), ..raw };
+        assert_eq!(bad.to_config().unwrap_err().kind, ErrorKind::InvalidArgument);
+        let bad = mcast_config_t { multicast: mcast_multicast_t(3), ..raw };
+        assert!(bad.to_config().unwrap_err().message.contains("multicast = 3"));
+        let bad = mcast_config_t { struct_size: 8, ..raw };
+        assert!(bad.to_config().unwrap_err().message.contains("struct_size"));
+        let bad = mcast_config_t { sim_devices: 0, ..raw };
+        assert_eq!(bad.to_config().unwrap_err().kind, ErrorKind::InvalidArgument);
+    }
+}

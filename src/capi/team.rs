@@ -1,0 +1,129 @@
+//! `mcast_team_t`: an ordered list of ranks, rank `i` on `devices[i]`.
+
+use std::ffi::{c_char, c_int};
+use std::mem::size_of;
+
+use super::context::mcast_context_t;
+use super::{copy_str, guard, mcast_status_t, out_ptr};
+use crate::runtime::handles;
+use crate::runtime::team::{Team, Transport};
+use crate::runtime::Error;
+
+/// A team. Passed by value; id 0 is never valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_team_t {
+    /// Opaque id.
+    pub id: u64,
+}
+
+/// How a team's ranks exchange data.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastTransport {
+    /// Multicast objects and multimem kernels (NVLink SHARP).
+    MCAST_TRANSPORT_MULTICAST = 1,
+    /// Peer mappings and load/store kernels.
+    MCAST_TRANSPORT_P2P = 2,
+}
+
+/// Values of `mcast_transport_t`, carried as an integer.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_transport_t(pub u32);
+
+/// What a team is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mcast_team_info_t {
+    /// `sizeof(mcast_team_info_t)`, set by the caller.
+    pub struct_size: u32,
+    /// Ranks.
+    pub size: i32,
+    /// The transport chosen at creation.
+    pub transport: mcast_transport_t,
+    /// Why P2P was chosen, or `""`.
+    pub transport_reason: [c_char; 160],
+    /// Allocation granularity the team uses.
+    pub granularity: u64,
+    /// Live multicast objects held by this team.
+    pub multicast_objects: u64,
+    /// Device bytes held per rank, all buffers and metadata.
+    pub bytes_reserved: u64,
+}
+
+/// Creates a team of `ndevices` ranks, rank `i` on `devices[i]`. The transport is chosen once:
+/// MULTICAST when policy allows and every device is usable and distinct and there are at least
+/// two ranks; otherwise P2P when every pair of devices can access each other (a device may
+/// repeat under P2P); otherwise `MCAST_ERROR_NOT_SUPPORTED`. With `MCAST_MULTICAST_REQUIRE` a
+/// team that cannot use multicast fails with `MCAST_ERROR_NOT_SUPPORTED` naming the reason.
+/// On success `*out` holds the team, destroyed with `mcast_team_destroy`; on failure nothing
+/// is left allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` or
+/// `devices` NULL, `ndevices` < 1 or above 16, a device out of range. Thread-safe.
+///
+/// # Safety
+/// `devices` must be NULL or point to `ndevices` ints; `out` NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_create(
+    ctx: mcast_context_t,
+    devices: *const c_int,
+    ndevices: c_int,
+    out: *mut mcast_team_t,
+) -> mcast_status_t {
+    guard("mcast_team_create", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(out, "out") }?;
+        if devices.is_null() {
+            return Err(Error::invalid_argument("devices is NULL"));
+        }
+        if ndevices < 1 {
+            return Err(Error::invalid_argument(format!("ndevices is {ndevices}; a team needs at least one")));
+        }
+        // SAFETY: the caller guarantees `ndevices` readable ints at `devices`.
+        let list = unsafe { std::slice::from_raw_parts(devices, ndevices as usize) };
+        let context = handles::context(ctx.id)?;
+        let team = Team::create(&context, list)?;
+        *out = mcast_team_t { id: handles::insert_team(team) };
+        Ok(())
+    })
+}
+
+/// Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
+/// live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
+/// unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+/// reported (the team is gone all the same). Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_team_destroy(team: mcast_team_t) -> mcast_status_t {
+    guard("mcast_team_destroy", || if team.id == 0 { Ok(()) } else { handles::destroy_team(team.id) })
+}
+
+/// Describes `team` in `*info`, whose `struct_size` the caller sets.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
+/// `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
+///
+/// # Safety
+/// `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_get_info(team: mcast_team_t, info: *mut mcast_team_info_t) -> mcast_status_t {
+    guard("mcast_team_get_info", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(info, "info") }?;
+        super::check_struct_size(out.struct_size, size_of::<mcast_team_info_t>(), "mcast_team_info_t")?;
+        let t = handles::team(team.id)?.info();
+        let mut v = mcast_team_info_t {
+            struct_size: out.struct_size,
+            size: t.size as i32,
+            transport: mcast_transport_t(match t.transport {
+                Transport::Multicast => McastTransport::MCAST_TRANSPORT_MULTICAST,
+                Transport::P2P => McastTransport::MCAST_TRANSPORT_P2P,
+            } as u32),
+            transport_reason: [0; 160],
+            granularity: t.granularity,
+            multicast_objects: t.multicast_objects,
+            bytes_reserved: t.bytes_reserved,
+        };
+        copy_str(&mut v.transport_reason, &t.transport_reason);
+        *out = v;
+        Ok(())
+    })
+}

@@ -1,0 +1,85 @@
+//! The simulator's own count of live resources, independent of the runtime's registry.
+
+use std::fmt;
+
+/// Live simulated resources at one moment. [`Ledger::is_empty`] after teardown proves that
+/// nothing leaked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Live physical allocations per device (memory still charged to the device budget).
+    pub allocations: Vec<u64>,
+    /// Bytes of those allocations per device.
+    pub allocation_bytes: Vec<u64>,
+    /// Physical-allocation handles not yet freed (created or imported; released-but-mapped count).
+    pub allocation_handles: u64,
+    /// Address reservations.
+    pub reservations: u64,
+    /// Bytes of address space reserved.
+    pub reserved_bytes: u64,
+    /// Mappings (unicast and multicast).
+    pub mappings: u64,
+    /// Multicast objects (each holds a fabric slot).
+    pub multicast_objects: u64,
+    /// Bindings of memory to multicast objects.
+    pub bindings: u64,
+    /// Loaded modules.
+    pub modules: u64,
+    /// Streams made by `stream_create` and not destroyed.
+    pub streams: u64,
+    /// Events not destroyed.
+    pub events: u64,
+}
+
+impl Ledger {
+    /// True when nothing is live.
+    pub fn is_empty(&self) -> bool {
+        self.allocations.iter().all(|&n| n == 0)
+            && self.allocation_handles == 0
+            && self.reservations == 0
+            && self.mappings == 0
+            && self.multicast_objects == 0
+            && self.bindings == 0
+            && self.modules == 0
+            && self.streams == 0
+            && self.events == 0
+    }
+}
+
+impl fmt::Display for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return write!(f, "nothing live");
+        }
+        let mut parts = Vec::new();
+        for (dev, (&n, &bytes)) in self
+            .allocations
+            .iter()
+            .zip(&self.allocation_bytes)
+            .enumerate()
+        {
+            if n > 0 {
+                parts.push(format!("device {dev}: {n} allocation(s), {bytes} bytes"));
+            }
+        }
+        let counts = [
+            (self.allocation_handles, "allocation handle(s)"),
+            (self.reservations, "reservation(s)"),
+            (self.mappings, "mapping(s)"),
+            (self.multicast_objects, "multicast object(s)"),
+            (self.bindings, "binding(s)"),
+            (self.modules, "module(s)"),
+            (self.streams, "stream(s)"),
+            (self.events, "event(s)"),
+        ];
+        for (n, what) in counts {
+            if n > 0 {
+                if what.starts_with("reservation") {
+                    parts.push(format!("{n} {what} ({} bytes)", self.reserved_bytes));
+                } else {
+                    parts.push(format!("{n} {what}"));
+                }
+            }
+        }
+        write!(f, "live: {}", parts.join("; "))
+    }
+}

@@ -1,0 +1,214 @@
+//! Context configuration: defaults, then the `MCAST_*` environment variables.
+
+use std::time::Duration;
+
+/// Which driver a context uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// CUDA when a driver and a device exist, else the simulator.
+    Auto,
+    /// The real CUDA driver.
+    Cuda,
+    /// The simulated driver.
+    Sim,
+}
+
+/// Whether teams use multicast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MulticastMode {
+    /// Where usable, else peer-to-peer.
+    Auto,
+    /// Never.
+    Off,
+    /// Always; a team that cannot is an error naming the reason.
+    Require,
+}
+
+/// Everything a context is configured with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Driver choice.
+    pub backend: Backend,
+    /// Multicast policy.
+    pub multicast: MulticastMode,
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY.
+    pub oom_retries: u32,
+    /// First back-off in milliseconds, doubled per attempt.
+    pub retry_backoff_ms: u32,
+    /// Bound on waits for peers in milliseconds; 0 waits forever.
+    pub timeout_ms: u32,
+    /// Simulated GPUs.
+    pub sim_devices: u32,
+    /// Bytes per simulated GPU.
+    pub sim_device_memory: u64,
+    /// Multicast objects the simulated fabric holds.
+    pub sim_multicast_slots: u32,
+    /// Value of the simulated multicast-supported attribute.
+    pub sim_multicast_supported: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: Backend::Auto,
+            multicast: MulticastMode::Auto,
+            oom_retries: 3,
+            retry_backoff_ms: 10,
+            timeout_ms: 30_000,
+            sim_devices: 4,
+            sim_device_memory: 1 << 30,
+            sim_multicast_slots: 128,
+            sim_multicast_supported: true,
+        }
+    }
+}
+
+impl Config {
+    /// The defaults, then every `MCAST_*` variable that is set. A malformed value is ignored
+    /// with a warning that names the variable.
+    pub fn from_env() -> Config {
+        Config::default().with_env(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration with the variables `lookup` returns applied.
+    pub fn with_env(mut self, lookup: impl Fn(&str) -> Option<String>) -> Config {
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        if let Some(v) = get("MCAST_BACKEND") {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => self.backend = Backend::Auto,
+                "cuda" => self.backend = Backend::Cuda,
+                "sim" => self.backend = Backend::Sim,
+                _ => warn_malformed("MCAST_BACKEND", &v, "auto, cuda or sim"),
+            }
+        }
+        if let Some(v) = get("MCAST_MULTICAST") {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => self.multicast = MulticastMode::Auto,
+                "off" => self.multicast = MulticastMode::Off,
+                "require" => self.multicast = MulticastMode::Require,
+                _ => warn_malformed("MCAST_MULTICAST", &v, "auto, off or require"),
+            }
+        }
+        parse_into(&get, "MCAST_OOM_RETRIES", &mut self.oom_retries, |n: u32| n <= 64);
+        parse_into(&get, "MCAST_RETRY_BACKOFF_MS", &mut self.retry_backoff_ms, |n: u32| n <= 60_000);
+        parse_into(&get, "MCAST_TIMEOUT_MS", &mut self.timeout_ms, |_: u32| true);
+        parse_into(&get, "MCAST_SIM_DEVICES", &mut self.sim_devices, |n: u32| (1..=64).contains(&n));
+        if let Some(v) = get("MCAST_SIM_DEVICE_MEMORY") {
+            match parse_bytes(&v) {
+                Some(n) if n > 0 => self.sim_device_memory = n,
+                _ => warn_malformed("MCAST_SIM_DEVICE_MEMORY", &v, "a byte count such as 1073741824, 512M or 4G"),
+            }
+        }
+        parse_into(&get, "MCAST_SIM_MULTICAST_SLOTS", &mut self.sim_multicast_slots, |_: u32| true);
+        if let Some(v) = get("MCAST_SIM_MULTICAST") {
+            match parse_bool(&v) {
+                Some(b) => self.sim_multicast_supported = b,
+                None => warn_malformed("MCAST_SIM_MULTICAST", &v, "0 or 1"),
+            }
+        }
+        self
+    }
+
+    /// `timeout_ms` as a duration; `None` waits forever.
+    pub fn timeout(&self) -> Option<Duration> {
+        (self.timeout_ms != 0).then(|| Duration::from_millis(u64::from(self.timeout_ms)))
+    }
+}
+
+fn warn_malformed(name: &str, value: &str, expected: &str) {
+    crate::runtime::logging::init();
+    tracing::warn!("ignoring {name}={value:?}: expected {expected}");
+}
+
+fn parse_into(get: &impl Fn(&str) -> Option<String>, name: &str, field: &mut u32, ok: impl Fn(u32) -> bool) {
+    if let Some(v) = get(name) {
+        match v.parse::<u32>() {
+            Ok(n) if ok(n) => *field = n,
+            _ => warn_malformed(name, &v, "an unsigned integer in range"),
+        }
+    }
+}
+
+/// `123`, `4K`, `512M`, `4G` (binary multiples; an optional trailing `B`/`iB`).
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim().to_ascii_uppercase();
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
+    let (digits, shift) = match t.chars().last()? {
+        'K' => (&t[..t.len() - 1], 10),
+        'M' => (&t[..t.len() - 1], 20),
+        'G' => (&t[..t.len() - 1], 30),
+        'T' => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Config {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::default().with_env(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_match_the_api_contract() {
+        let c = Config::default();
+        assert_eq!((c.oom_retries, c.retry_backoff_ms, c.timeout_ms), (3, 10, 30_000));
+        assert_eq!((c.sim_devices, c.sim_device_memory, c.sim_multicast_slots), (4, 1 << 30, 128));
+        assert!(c.sim_multicast_supported);
+        assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
+    }
+
+    #[test]
+    fn variables_override_defaults() {
+        let c = with(&[
+            ("MCAST_BACKEND", "SIM"),
+            ("MCAST_MULTICAST", "off"),
+            ("MCAST_OOM_RETRIES", "5"),
+            ("MCAST_TIMEOUT_MS", "0"),
+            ("MCAST_SIM_DEVICES", "8"),
+            ("MCAST_SIM_DEVICE_MEMORY", "512M"),
+            ("MCAST_SIM_MULTICAST", "0"),
+        ]);
+        assert_eq!(c.backend, Backend::Sim);
+        assert_eq!(c.multicast, MulticastMode::Off);
+        assert_eq!(c.oom_retries, 5);
+        assert_eq!(c.timeout(), None);
+        assert_eq!(c.sim_devices, 8);
+        assert_eq!(c.sim_device_memory, 512 << 20);
+        assert!(!c.sim_multicast_supported);
+    }
+
+    #[test]
+    fn malformed_values_are_ignored() {
+        let c = with(&[
+            ("MCAST_BACKEND", "gpu"),
+            ("MCAST_OOM_RETRIES", "-1"),
+            ("MCAST_SIM_DEVICES", "0"),
+            ("MCAST_SIM_DEVICE_MEMORY", "lots"),
+            ("MCAST_TIMEOUT_MS", "1e3"),
+        ]);
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("4K"), Some(4096));
+        assert_eq!(parse_bytes("2MiB"), Some(2 << 20));
+        assert_eq!(parse_bytes("1g"), Some(1 << 30));
+        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(parse_bytes("99999999999T"), None);
+    }
+}

@@ -1,0 +1,79 @@
+//! The process-wide tables behind the C handles. Destroying a context removes its teams and
+//! buffers, so their handles become invalid with it.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::buffer::Buffer;
+use super::context::Context;
+use super::error::{Error, Result};
+use super::registry::{HandleKind, HandleMap};
+use super::team::Team;
+
+static CONTEXTS: Mutex<HandleMap<Arc<Context>>> = Mutex::new(HandleMap::new(HandleKind::Context));
+static TEAMS: Mutex<HandleMap<Arc<Team>>> = Mutex::new(HandleMap::new(HandleKind::Team));
+static BUFFERS: Mutex<HandleMap<Arc<Buffer>>> = Mutex::new(HandleMap::new(HandleKind::Buffer));
+
+fn describe(id: u64, what: &str) -> Error {
+    if id == 0 {
+        Error::invalid_handle(format!("the {what} handle is zero"))
+    } else {
+        Error::invalid_handle(format!(
+            "{what} handle {id:#x} is not live: destroyed, stale, of another kind, or its parent was destroyed"
+        ))
+    }
+}
+
+/// Registers a context.
+pub fn insert_context(ctx: Arc<Context>) -> u64 {
+    CONTEXTS.lock().insert(ctx)
+}
+
+/// The context behind `id`.
+pub fn context(id: u64) -> Result<Arc<Context>> {
+    CONTEXTS.lock().get(id).ok_or_else(|| describe(id, "context"))
+}
+
+/// Unregisters a context and every team and buffer in it; returns it.
+pub fn remove_context(id: u64) -> Result<Arc<Context>> {
+    let ctx = CONTEXTS.lock().remove(id).ok_or_else(|| describe(id, "context"))?;
+    BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team().context(), &ctx));
+    TEAMS.lock().remove_where(|t| Arc::ptr_eq(t.context(), &ctx));
+    Ok(ctx)
+}
+
+/// Registers a team.
+pub fn insert_team(team: Arc<Team>) -> u64 {
+    TEAMS.lock().insert(team)
+}
+
+/// The team behind `id`.
+pub fn team(id: u64) -> Result<Arc<Team>> {
+    TEAMS.lock().get(id).ok_or_else(|| describe(id, "team"))
+}
+
+/// Destroys the team behind `id` (refused while it has buffers).
+pub fn destroy_team(id: u64) -> Result<()> {
+    let mut teams = TEAMS.lock();
+    let team = teams.get(id).ok_or_else(|| describe(id, "team"))?;
+    team.destroy()?;
+    teams.remove(id);
+    Ok(())
+}
+
+/// Registers a buffer.
+pub fn insert_buffer(buf: Arc<Buffer>) -> u64 {
+    BUFFERS.lock().insert(buf)
+}
+
+/// The buffer behind `id`.
+pub fn buffer(id: u64) -> Result<Arc<Buffer>> {
+    BUFFERS.lock().get(id).ok_or_else(|| describe(id, "buffer"))
+}
+
+/// Frees the buffer behind `id`.
+pub fn free_buffer(id: u64) -> Result<()> {
+    let buf = BUFFERS.lock().remove(id).ok_or_else(|| describe(id, "buffer"))?;
+    buf.free()
+}

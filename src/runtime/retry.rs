@@ -1,0 +1,49 @@
+//! The one retry policy for steps that can run out of memory or find the system not ready:
+//! trim caches, back off `retry_backoff_ms * 2^k`, retry up to `oom_retries` times; on final
+//! failure an error that names the driver call, the bytes asked, the live multicast objects and
+//! what to try.
+
+use std::time::Duration;
+
+use super::context::Context;
+use super::error::{Error, Result};
+use crate::driver::{CuResult, DResult};
+
+/// Runs `step` under the retry policy of `ctx`. `what` describes the step for messages, `bytes`
+/// is what it asks for (0 if not an allocation), and `trim` frees cached memory the caller holds
+/// (the context's other teams are trimmed too).
+pub fn retry<T>(
+    ctx: &Context,
+    what: &dyn Fn() -> String,
+    bytes: u64,
+    trim: &mut dyn FnMut() -> u64,
+    mut step: impl FnMut() -> DResult<T>,
+) -> Result<T> {
+    let retries = ctx.config().oom_retries;
+    let mut attempt = 0u32;
+    loop {
+        let err = match step() {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let retryable = matches!(
+            err.code,
+            CuResult::ERROR_OUT_OF_MEMORY | CuResult::ERROR_SYSTEM_NOT_READY | CuResult::ERROR_ILLEGAL_STATE
+        );
+        if !retryable {
+            return Err(Error::driver(err, what()));
+        }
+        if attempt >= retries {
+            let live_mc = ctx.resources.counts().multicast_objects;
+            let asked = if bytes > 0 { format!("; asked for {bytes} bytes") } else { String::new() };
+            let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
+            return Err(Error::driver(err, what())
+                .context(format!("failed{tries}{asked}; {live_mc} multicast object(s) live in this context")));
+        }
+        let freed = trim() + ctx.trim_caches();
+        let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
+        tracing::info!("{} returned {}: freed {freed} cached bytes, retrying in {backoff} ms", err.func, err.code);
+        std::thread::sleep(Duration::from_millis(backoff));
+        attempt += 1;
+    }
+}

@@ -1,0 +1,439 @@
+//! Teams and their symmetric buffers.
+//!
+//! A team is an ordered list of ranks, rank `i` on `devices[i]`, with a transport chosen once.
+//! Buffers are ranges of segments: small buffers share a segment, freed ranges are reused, an
+//! empty segment goes to a bounded cache (trimmed first when memory runs out) or is released.
+//! The team's barrier signal words live in the first [`SYNC_BYTES`] of its first segment.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::config::MulticastMode;
+use super::context::Context;
+use super::error::{Error, ErrorKind, Result};
+use super::policy;
+use super::segment::{Segment, Shape};
+use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
+use crate::kernels::{MAX_RANKS, SYNC_BYTES};
+
+/// Alignment of every buffer inside its segment.
+pub const BUFFER_ALIGN: usize = 256;
+/// Most empty segments a team keeps for reuse.
+const MAX_CACHED_SEGMENTS: usize = 2;
+/// Most bytes per rank a team keeps in empty segments.
+const MAX_CACHED_BYTES: usize = 1 << 30;
+
+/// How a team's ranks exchange data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One multicast object per segment, multimem kernels.
+    Multicast,
+    /// Peer mappings, load/store kernels.
+    P2P,
+}
+
+/// A team.
+pub struct Team {
+    ctx: Arc<Context>,
+    serial: u64,
+    devices: Vec<Device>,
+    transport: Transport,
+    reason: String,
+    granularity: usize,
+    state: Mutex<State>,
+}
+
+struct SegmentSlot {
+    seg: Arc<Segment>,
+    /// Free ranges `(offset, len)`, sorted by offset, coalesced.
+    free: Vec<(usize, usize)>,
+    buffers: usize,
+}
+
+#[derive(Default)]
+struct State {
+    segments: Vec<SegmentSlot>,
+    cache: Vec<Arc<Segment>>,
+    buffers: usize,
+    destroyed: bool,
+}
+
+/// A range of a segment handed to a buffer.
+#[derive(Clone)]
+pub struct Allocation {
+    /// The segment.
+    pub seg: Arc<Segment>,
+    /// Offset of the buffer in every rank's memory.
+    pub offset: usize,
+    /// Bytes the user asked for.
+    pub bytes: usize,
+    /// Bytes set aside (aligned).
+    reserved: usize,
+}
+
+/// What `mcast_team_get_info` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeamInfo {
+    /// Ranks.
+    pub size: usize,
+    /// Transport.
+    pub transport: Transport,
+    /// Why P2P was chosen, or empty.
+    pub transport_reason: String,
+    /// Allocation granularity.
+    pub granularity: u64,
+    /// Live multicast objects held.
+    pub multicast_objects: u64,
+    /// Device bytes held per rank.
+    pub bytes_reserved: u64,
+}
+
+fn round_up(n: usize, to: usize) -> Option<usize> {
+    n.checked_add(to - 1).map(|v| v / to * to)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Team {
+    /// Creates a team over `devices` in `ctx`.
+    pub fn create(ctx: &Arc<Context>, devices: &[i32]) -> Result<Arc<Team>> {
+        static SERIAL: AtomicU64 = AtomicU64::new(1);
+        if devices.is_empty() {
+            return Err(Error::invalid_argument("a team needs at least one device (ndevices was 0)"));
+        }
+        if devices.len() > MAX_RANKS {
+            return Err(Error::invalid_argument(format!(
+                "a team has at most {MAX_RANKS} ranks; {} devices were given",
+                devices.len()
+            )));
+        }
+        for (rank, &d) in devices.iter().enumerate() {
+            ctx.check_device(d, &format!("devices[{rank}] ="))?;
+        }
+        let reasons = devices.iter().map(|&d| ctx.multicast_reason(d)).collect::<Result<Vec<_>>>()?;
+        let mut reason = policy::team_reason(devices, &reasons);
+        let peer_problem = Self::peer_problem(ctx, devices)?;
+        if reason.is_none() {
+            reason = peer_problem.clone();
+        }
+        let transport = match (&reason, ctx.config().multicast) {
+            (None, _) => Transport::Multicast,
+            (Some(why), MulticastMode::Require) => {
+                return Err(Error::not_supported(format!("multicast is required (MCAST_MULTICAST=require) but {why}")))
+            }
+            (Some(_), _) => match &peer_problem {
+                None => Transport::P2P,
+                Some(why) => {
+                    return Err(Error::not_supported(format!(
+                        "neither multicast ({}) nor peer-to-peer ({why}) is possible for devices {devices:?}",
+                        reason.as_deref().unwrap_or("")
+                    )))
+                }
+            },
+        };
+        let granularity = Self::granularity(ctx, devices, transport)?;
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let team = Arc::new(Team {
+            ctx: ctx.clone(),
+            serial,
+            devices: devices.to_vec(),
+            transport,
+            reason: reason.unwrap_or_default(),
+            granularity,
+            state: Mutex::new(State::default()),
+        });
+        // The first segment holds the sync regions, zeroed.
+        let size = round_up(SYNC_BYTES, granularity).expect("small");
+        let seg = Segment::create(ctx, &team.shape(), size, &mut || 0)?;
+        let mut zeroed = Ok(());
+        for (rank, &dev) in devices.iter().enumerate() {
+            let base = seg.peer_base(rank, rank);
+            zeroed = ctx
+                .driver()
+                .memset_d8(dev, base, 0, SYNC_BYTES)
+                .map_err(|e| Error::driver(e, format_args!("zeroing rank {rank}'s sync region")));
+            if zeroed.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = zeroed {
+            for undo in seg.teardown(ctx) {
+                tracing::error!("rolling back team creation: {undo}");
+            }
+            return Err(e);
+        }
+        team.state.lock().segments.push(SegmentSlot {
+            free: vec![(SYNC_BYTES, size - SYNC_BYTES)],
+            seg: Arc::new(seg),
+            buffers: 0,
+        });
+        tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
+        ctx.add_team(team.clone());
+        Ok(team)
+    }
+
+    fn peer_problem(ctx: &Context, devices: &[i32]) -> Result<Option<String>> {
+        for &a in devices {
+            for &b in devices {
+                if a != b && !ctx.can_access_peer(a, b)? {
+                    return Ok(Some(format!("device {a} cannot access device {b}'s memory")));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn granularity(ctx: &Context, devices: &[i32], transport: Transport) -> Result<usize> {
+        let driver = ctx.driver();
+        let mut g = 1usize;
+        let mut lcm = |x: usize| g = g / gcd(g, x) * x;
+        for &d in devices {
+            let m = driver
+                .mem_granularity(d, Granularity::Minimum, HandleTypes::NONE)
+                .map_err(|e| Error::driver(e, format_args!("asking the allocation granularity of device {d}")))?;
+            lcm(m.max(1));
+        }
+        if transport == Transport::Multicast {
+            let prop = MulticastProp {
+                num_devices: devices.len() as u32,
+                size: 0,
+                handle_types: HandleTypes::NONE,
+                flags: 0,
+            };
+            let m = driver
+                .multicast_granularity(&prop, Granularity::Minimum)
+                .map_err(|e| Error::driver(e, "asking the multicast granularity"))?;
+            lcm(m.max(1));
+        }
+        Ok(g)
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            devices: self.devices.clone(),
+            multicast: self.transport == Transport::Multicast,
+            owner: format!("team {} (devices {:?})", self.serial, self.devices),
+        }
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Ranks.
+    pub fn size(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Device of each rank.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Checks `rank` is a rank of this team.
+    pub fn check_rank(&self, rank: i32, what: &str) -> Result<usize> {
+        if rank < 0 || rank as usize >= self.devices.len() {
+            return Err(Error::invalid_argument(format!(
+                "{what} {rank} is out of range: the team has {} rank(s)",
+                self.devices.len()
+            )));
+        }
+        Ok(rank as usize)
+    }
+
+    /// Address of rank `rank`'s sync region as seen by rank `viewer`.
+    pub fn sync_base(&self, viewer: usize, rank: usize) -> DevicePtr {
+        self.state.lock().segments[0].seg.peer_base(viewer, rank)
+    }
+
+    /// Buffers alive.
+    pub fn live_buffers(&self) -> usize {
+        self.state.lock().buffers
+    }
+
+    /// What `mcast_team_get_info` reports.
+    pub fn info(&self) -> TeamInfo {
+        let st = self.state.lock();
+        let segs = st.segments.iter().map(|s| &s.seg).chain(st.cache.iter());
+        let (mut mc, mut bytes) = (0u64, 0u64);
+        for s in segs {
+            mc += u64::from(s.has_multicast());
+            bytes += s.size as u64;
+        }
+        TeamInfo {
+            size: self.devices.len(),
+            transport: self.transport,
+            transport_reason: self.reason.clone(),
+            granularity: self.granularity as u64,
+            multicast_objects: mc,
+            bytes_reserved: bytes,
+        }
+    }
+
+    /// Sets aside `bytes` on every rank.
+    pub fn alloc(&self, bytes: usize) -> Result<Allocation> {
+        if bytes == 0 {
+            return Err(Error::invalid_argument("bytes is 0: a buffer needs at least one byte"));
+        }
+        let reserved = round_up(bytes, BUFFER_ALIGN)
+            .filter(|r| round_up(*r, self.granularity).is_some())
+            .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
+        let mut st = self.state.lock();
+        if st.destroyed {
+            return Err(Error::invalid_handle("the team was destroyed"));
+        }
+        if let Some(a) = Self::carve(&mut st, bytes, reserved) {
+            return Ok(a);
+        }
+        if let Some(i) = st.cache.iter().position(|s| s.size >= reserved) {
+            let seg = st.cache.swap_remove(i);
+            let size = seg.size;
+            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0 });
+            return Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"));
+        }
+        let size = round_up(reserved, self.granularity).expect("checked above");
+        let mut spare = std::mem::take(&mut st.cache);
+        let ctx = &self.ctx;
+        let mut trim = || {
+            let freed: usize = spare.iter().map(|s| s.size).sum();
+            for s in spare.drain(..) {
+                for e in s.teardown(ctx) {
+                    tracing::error!("trimming the segment cache: {e}");
+                }
+            }
+            freed as u64
+        };
+        let created = Segment::create(ctx, &self.shape(), size, &mut trim);
+        st.cache = spare;
+        let seg = created.map_err(|e| match e.kind {
+            ErrorKind::OutOfMemory => e.context(format!(
+                "allocating a buffer of {bytes} bytes on devices {:?}; free buffers or destroy teams, or \
+                 raise MCAST_OOM_RETRIES",
+                self.devices
+            )),
+            _ => e.context(format!("allocating a buffer of {bytes} bytes")),
+        })?;
+        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0 });
+        Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
+    }
+
+    fn carve(st: &mut State, bytes: usize, reserved: usize) -> Option<Allocation> {
+        for slot in st.segments.iter_mut() {
+            if let Some(i) = slot.free.iter().position(|&(_, len)| len >= reserved) {
+                let (off, len) = slot.free[i];
+                if len == reserved {
+                    slot.free.remove(i);
+                } else {
+                    slot.free[i] = (off + reserved, len - reserved);
+                }
+                slot.buffers += 1;
+                st.buffers += 1;
+                return Some(Allocation { seg: slot.seg.clone(), offset: off, bytes, reserved });
+            }
+        }
+        None
+    }
+
+    /// Returns a buffer's range. An empty segment other than the first goes to the cache or is
+    /// released.
+    pub fn free(&self, a: &Allocation) -> Result<()> {
+        let mut st = self.state.lock();
+        let index = st
+            .segments
+            .iter()
+            .position(|s| Arc::ptr_eq(&s.seg, &a.seg))
+            .ok_or_else(|| Error::internal("a buffer's segment is not in its team"))?;
+        let slot = &mut st.segments[index];
+        let at = slot.free.partition_point(|&(off, _)| off < a.offset);
+        slot.free.insert(at, (a.offset, a.reserved));
+        // Coalesce with the neighbours.
+        if at + 1 < slot.free.len() && slot.free[at].0 + slot.free[at].1 == slot.free[at + 1].0 {
+            slot.free[at].1 += slot.free[at + 1].1;
+            slot.free.remove(at + 1);
+        }
+        if at > 0 && slot.free[at - 1].0 + slot.free[at - 1].1 == slot.free[at].0 {
+            slot.free[at - 1].1 += slot.free[at].1;
+            slot.free.remove(at);
+        }
+        slot.buffers -= 1;
+        st.buffers -= 1;
+        if index > 0 && st.segments[index].buffers == 0 {
+            let seg = st.segments.remove(index).seg;
+            let cached: usize = st.cache.iter().map(|s| s.size).sum();
+            if st.cache.len() < MAX_CACHED_SEGMENTS && cached + seg.size <= MAX_CACHED_BYTES {
+                st.cache.push(seg);
+            } else {
+                let errors = seg.teardown(&self.ctx);
+                if let Some(e) = errors.into_iter().next() {
+                    return Err(e.context("releasing an empty segment"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every cached empty segment; returns the bytes per rank freed. Skips a team
+    /// that is busy (its own allocation trims its cache itself).
+    pub fn trim_cache(&self) -> u64 {
+        let Some(mut st) = self.state.try_lock() else { return 0 };
+        let mut freed = 0u64;
+        for s in st.cache.drain(..) {
+            freed += s.size as u64;
+            for e in s.teardown(&self.ctx) {
+                tracing::error!("trimming the segment cache: {e}");
+            }
+        }
+        freed
+    }
+
+    /// Destroys the team: refused while buffers live.
+    pub fn destroy(self: &Arc<Self>) -> Result<()> {
+        let errors = {
+            let mut st = self.state.lock();
+            if st.buffers > 0 {
+                return Err(Error::in_use(format!(
+                    "the team still has {} live buffer(s); free them with mcast_buffer_free first",
+                    st.buffers
+                )));
+            }
+            self.release_locked(&mut st)
+        };
+        self.ctx.remove_team(self);
+        match errors.into_iter().next() {
+            Some(e) => Err(e.context("destroying the team")),
+            None => Ok(()),
+        }
+    }
+
+    /// Releases every segment, live buffers or not; returns the teardown errors.
+    pub fn release_all(&self) -> Vec<Error> {
+        self.release_locked(&mut self.state.lock())
+    }
+
+    fn release_locked(&self, st: &mut State) -> Vec<Error> {
+        st.destroyed = true;
+        let mut errors = Vec::new();
+        for slot in std::mem::take(&mut st.segments) {
+            errors.extend(slot.seg.teardown(&self.ctx));
+        }
+        for seg in st.cache.drain(..) {
+            errors.extend(seg.teardown(&self.ctx));
+        }
+        st.buffers = 0;
+        errors
+    }
+}
