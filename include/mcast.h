@@ -14,6 +14,382 @@
 /** CUDA's stream struct: `cudaStream_t` and `CUstream` point to it. Declared here, never defined. */
 struct CUstream_st;
 
+/**
+ * Major version of the header (equal to the library's `Cargo.toml` version).
+ */
+#define MCAST_VERSION_MAJOR 0
+
+/**
+ * Minor version of the header.
+ */
+#define MCAST_VERSION_MINOR 1
+
+/**
+ * Patch version of the header.
+ */
+#define MCAST_VERSION_PATCH 0
+
+/**
+ * Most ranks a collective kernel takes.
+ */
+#define MAX_RANKS 16
+
+/**
+ * Bytes per rank, at the start of a team's first segment, reserved for barrier signal words
+ * and the rank's device state (epochs, error word). A multiple of the multicast granularity's
+ * divisors (4 KiB) so user buffers after it stay 4 KiB aligned.
+ */
+#define SYNC_BYTES (64 * 1024)
+
+/**
+ * Alignment of every buffer inside its segment.
+ */
+#define BUFFER_ALIGN 256
+
+/**
+ * Status codes. `MCAST_SUCCESS` is 0; the numbers never change.
+ */
+enum mcast_status_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Success.
+   */
+  MCAST_SUCCESS = 0,
+  /**
+   * NULL out-pointer, unknown enum value, zero or misaligned size/offset, range past the end,
+   * rank or device out of range.
+   */
+  MCAST_ERROR_INVALID_ARGUMENT = 1,
+  /**
+   * Zero, destroyed, stale or foreign handle.
+   */
+  MCAST_ERROR_INVALID_HANDLE = 2,
+  /**
+   * Device memory or multicast resources exhausted after the retry policy ran.
+   */
+  MCAST_ERROR_OUT_OF_MEMORY = 3,
+  /**
+   * The request needs something this system, policy or build lacks (the message names it).
+   */
+  MCAST_ERROR_NOT_SUPPORTED = 4,
+  /**
+   * `libcuda.so.1` (or NVRTC, for kernels) cannot be loaded, or there is no device.
+   */
+  MCAST_ERROR_DRIVER_UNAVAILABLE = 5,
+  /**
+   * Any other CUDA driver failure; the message names the function and `CUresult`.
+   */
+  MCAST_ERROR_DRIVER = 6,
+  /**
+   * `CUDA_ERROR_SYSTEM_NOT_READY` or `CUDA_ERROR_ILLEGAL_STATE` persisted: fabric manager or
+   * driver daemons.
+   */
+  MCAST_ERROR_SYSTEM_NOT_READY = 7,
+  /**
+   * Destroy/free refused: live dependents or work in flight.
+   */
+  MCAST_ERROR_IN_USE = 8,
+  /**
+   * A peer rank did not arrive within `timeout_ms`.
+   */
+  MCAST_ERROR_TIMEOUT = 9,
+  /**
+   * A bug: a caught panic or a broken invariant.
+   */
+  MCAST_ERROR_INTERNAL = 10,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_status_t mcast_status_t;
+#else
+typedef uint32_t mcast_status_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Which driver a context uses.
+ */
+enum mcast_backend_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * CUDA when a driver and a device exist, else the simulator.
+   */
+  MCAST_BACKEND_AUTO = 0,
+  /**
+   * The CUDA driver (`libcuda.so.1`).
+   */
+  MCAST_BACKEND_CUDA = 1,
+  /**
+   * The simulated driver: host memory, no GPU needed.
+   */
+  MCAST_BACKEND_SIM = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_backend_t mcast_backend_t;
+#else
+typedef uint32_t mcast_backend_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Whether teams use multicast.
+ */
+enum mcast_multicast_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Use multicast where usable, else peer-to-peer.
+   */
+  MCAST_MULTICAST_AUTO = 0,
+  /**
+   * Never use multicast.
+   */
+  MCAST_MULTICAST_OFF = 1,
+  /**
+   * A team that cannot use multicast is an error naming the reason.
+   */
+  MCAST_MULTICAST_REQUIRE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_multicast_t mcast_multicast_t;
+#else
+typedef uint32_t mcast_multicast_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * How a team's ranks exchange data.
+ */
+enum mcast_transport_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Multicast objects and multimem kernels (NVLink SHARP).
+   */
+  MCAST_TRANSPORT_MULTICAST = 1,
+  /**
+   * Peer mappings and load/store kernels.
+   */
+  MCAST_TRANSPORT_P2P = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_transport_t mcast_transport_t;
+#else
+typedef uint32_t mcast_transport_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * A team. Passed by value; id 0 is never valid.
+ */
+typedef struct mcast_team_t {
+  /**
+   * Opaque id.
+   */
+  uint64_t id;
+} mcast_team_t;
+
+/**
+ * A symmetric buffer. Passed by value; id 0 is never valid.
+ */
+typedef struct mcast_buffer_t {
+  /**
+   * Opaque id.
+   */
+  uint64_t id;
+} mcast_buffer_t;
+
+/**
+ * Context configuration. Fill it with `mcast_config_init`, then change fields.
+ */
+typedef struct mcast_config_t {
+  /**
+   * `sizeof(mcast_config_t)`.
+   */
+  uint32_t struct_size;
+  /**
+   * AUTO: CUDA when a driver and a device exist, else SIM.
+   */
+  mcast_backend_t backend;
+  /**
+   * AUTO: use multicast where usable, else peer-to-peer.
+   */
+  mcast_multicast_t multicast;
+  /**
+   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY; default 3.
+   */
+  uint32_t oom_retries;
+  /**
+   * First back-off in milliseconds, doubled per attempt; default 10.
+   */
+  uint32_t retry_backoff_ms;
+  /**
+   * Bound on waits for peers (device barriers, blocking steps); default 30000; 0 = forever.
+   */
+  uint32_t timeout_ms;
+  /**
+   * SIM: number of simulated GPUs; default 4.
+   */
+  uint32_t sim_devices;
+  /**
+   * SIM: bytes per simulated GPU; default 1 GiB.
+   */
+  uint64_t sim_device_memory;
+  /**
+   * SIM: multicast objects the simulated fabric holds; default 128.
+   */
+  uint32_t sim_multicast_slots;
+  /**
+   * SIM: value of the multicast-supported attribute; default 1.
+   */
+  uint32_t sim_multicast_supported;
+} mcast_config_t;
+
+/**
+ * A context: one backend (CUDA or simulated) and everything created in it. Passed by value;
+ * id 0 is never valid.
+ */
+typedef struct mcast_context_t {
+  /**
+   * Opaque id.
+   */
+  uint64_t id;
+} mcast_context_t;
+
+/**
+ * Live objects of a context.
+ */
+typedef struct mcast_live_counts_t {
+  /**
+   * `sizeof(mcast_live_counts_t)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Teams.
+   */
+  uint64_t teams;
+  /**
+   * Buffers.
+   */
+  uint64_t buffers;
+  /**
+   * Multicast objects.
+   */
+  uint64_t multicast_objects;
+  /**
+   * Physical allocations (`cuMemCreate`).
+   */
+  uint64_t physical_allocations;
+  /**
+   * Mappings (unicast, peer and multicast).
+   */
+  uint64_t mappings;
+  /**
+   * Address reservations.
+   */
+  uint64_t reservations;
+  /**
+   * Physical bytes held, all devices.
+   */
+  uint64_t device_bytes;
+} mcast_live_counts_t;
+
+/**
+ * What a device is and whether multicast is usable on it.
+ */
+typedef struct mcast_device_info_t {
+  /**
+   * `sizeof(mcast_device_info_t)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Device ordinal.
+   */
+  int32_t ordinal;
+  /**
+   * Device name, NUL-terminated.
+   */
+  char name[96];
+  /**
+   * Compute capability, major.
+   */
+  int32_t cc_major;
+  /**
+   * Compute capability, minor.
+   */
+  int32_t cc_minor;
+  /**
+   * Total device memory in bytes.
+   */
+  uint64_t total_memory;
+  /**
+   * What the driver reports (`CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`).
+   */
+  int32_t multicast_supported;
+  /**
+   * After policy, kill switches and checks.
+   */
+  int32_t multicast_usable;
+  /**
+   * Why not usable, or `""`.
+   */
+  char multicast_reason[160];
+  /**
+   * Multicast granularity, MINIMUM (0 where the driver has no multicast entry points).
+   */
+  uint64_t granularity_min;
+  /**
+   * Multicast granularity, RECOMMENDED (0 likewise).
+   */
+  uint64_t granularity_recommended;
+} mcast_device_info_t;
+
+/**
+ * What a team is.
+ */
+typedef struct mcast_team_info_t {
+  /**
+   * `sizeof(mcast_team_info_t)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Ranks.
+   */
+  int32_t size;
+  /**
+   * The transport chosen at creation.
+   */
+  mcast_transport_t transport;
+  /**
+   * Why P2P was chosen, or `""`.
+   */
+  char transport_reason[160];
+  /**
+   * Allocation granularity the team uses.
+   */
+  uint64_t granularity;
+  /**
+   * Live multicast objects held by this team.
+   */
+  uint64_t multicast_objects;
+  /**
+   * Device bytes held per rank, all buffers and metadata.
+   */
+  uint64_t bytes_reserved;
+} mcast_team_info_t;
 
 
 
@@ -21,5 +397,254 @@ struct CUstream_st;
 
 
 
+
+
+
+
+
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * Allocates `bytes` on every rank of `team` (small buffers share the team's segments; the
+ * memory is not zeroed). On the MULTICAST transport the buffer is bound to a multicast object
+ * and mapped at a multicast address on every rank; every rank also maps every peer's copy.
+ * On success `*out` holds the buffer, freed with `mcast_buffer_free`; on failure nothing is
+ * left allocated. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL or `bytes` 0;
+ * `MCAST_ERROR_OUT_OF_MEMORY`: memory or multicast objects exhausted after the retry policy.
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_alloc(struct mcast_team_t team,
+                                  size_t bytes,
+                                  struct mcast_buffer_t *out);
+
+/**
+ * Frees a buffer; its pointers become invalid. The zero handle is a no-op returning
+ * `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
+ */
+mcast_status_t mcast_buffer_free(struct mcast_buffer_t buf);
+
+/**
+ * Writes the size `buf` was allocated with into `*bytes`. Thread-safe.
+ *
+ * # Safety
+ * `bytes` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_size(struct mcast_buffer_t buf, size_t *bytes);
+
+/**
+ * Writes the address of rank `rank`'s copy, valid on that rank's device (a host address on the
+ * SIM backend), into `*ptr`. `MCAST_ERROR_INVALID_ARGUMENT`: `ptr` NULL or `rank` out of range.
+ * Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_local_ptr(struct mcast_buffer_t buf, int rank, void **ptr);
+
+/**
+ * Writes the address of rank `peer`'s copy as mapped on rank `rank`'s device into `*ptr`.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `ptr` NULL, `rank` or `peer` out of range. Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_peer_ptr(struct mcast_buffer_t buf, int rank, int peer, void **ptr);
+
+/**
+ * Writes the multicast address of `buf` on rank `rank`'s device into `*ptr`: only
+ * `multimem` instructions may use it. `MCAST_ERROR_NOT_SUPPORTED` on a P2P team.
+ * Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_multicast_ptr(struct mcast_buffer_t buf, int rank, void **ptr);
+
+/**
+ * Copies `bytes` from host memory `src` into rank `rank`'s copy at `offset`, synchronously,
+ * on any backend. `MCAST_ERROR_INVALID_ARGUMENT`: `src` NULL with `bytes` > 0, `rank` out of
+ * range, or the range past the end. Thread-safe.
+ *
+ * # Safety
+ * `src` must be NULL or valid for reading `bytes` bytes.
+ */
+mcast_status_t mcast_buffer_write(struct mcast_buffer_t buf,
+                                  int rank,
+                                  size_t offset,
+                                  const void *src,
+                                  size_t bytes);
+
+/**
+ * Copies `bytes` from rank `rank`'s copy at `offset` into host memory `dst`, synchronously,
+ * on any backend. `MCAST_ERROR_INVALID_ARGUMENT`: `dst` NULL with `bytes` > 0, `rank` out of
+ * range, or the range past the end. Thread-safe.
+ *
+ * # Safety
+ * `dst` must be NULL or valid for writing `bytes` bytes.
+ */
+mcast_status_t mcast_buffer_read(struct mcast_buffer_t buf,
+                                 int rank,
+                                 size_t offset,
+                                 void *dst,
+                                 size_t bytes);
+
+/**
+ * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
+ * malformed value is ignored with a warning naming it), and sets `struct_size`. NULL is
+ * ignored. Thread-safe.
+ *
+ * # Safety
+ * `config` must be NULL or valid for writing an `mcast_config_t`.
+ */
+void mcast_config_init(struct mcast_config_t *config);
+
+/**
+ * Creates a context. `config` NULL means the result of `mcast_config_init`. On success
+ * `*out` holds the new context, which the caller destroys with `mcast_context_destroy`; on
+ * failure `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, a bad
+ * `struct_size` or an unknown enum value in `config`; `MCAST_ERROR_DRIVER_UNAVAILABLE`:
+ * backend CUDA asked for and no driver or device. Thread-safe.
+ *
+ * # Safety
+ * `config` must be NULL or point to an `mcast_config_t`; `out` NULL or valid for writes.
+ */
+mcast_status_t mcast_context_create(const struct mcast_config_t *config,
+                                    struct mcast_context_t *out);
+
+/**
+ * Destroys a context: waits for outstanding work, releases every team and buffer still alive
+ * in the right order (their handles become invalid), logs a leak report at warn level if
+ * anything was left, and returns `MCAST_SUCCESS` (a leak is reported, not fatal). The zero
+ * handle is a no-op returning `MCAST_SUCCESS`; a destroyed or unknown handle gives
+ * `MCAST_ERROR_INVALID_HANDLE`. Thread-safe, but no other call may use the context's objects
+ * meanwhile.
+ */
+mcast_status_t mcast_context_destroy(struct mcast_context_t ctx);
+
+/**
+ * Writes the counts of live teams, buffers and driver resources of `ctx` into `*counts`,
+ * whose `struct_size` the caller sets. `MCAST_ERROR_INVALID_ARGUMENT`: `counts` NULL or
+ * `struct_size` too small; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `counts` must be NULL or valid for reading and writing `counts->struct_size` bytes.
+ */
+mcast_status_t mcast_context_live_counts(struct mcast_context_t ctx,
+                                         struct mcast_live_counts_t *counts);
+
+/**
+ * Writes a NUL-terminated report of what `ctx` holds — one line per live team and per live
+ * driver resource: kind, size, device, owner and where it was created — into `buf`,
+ * truncating to `len - 1` characters, and returns the length the full report needs (without
+ * the NUL), like `snprintf`. `buf` may be NULL when `len` is 0. An invalid `ctx` writes `""`,
+ * returns 0 and sets `mcast_last_error`. Thread-safe.
+ *
+ * # Safety
+ * `buf` must be NULL or valid for writing `len` bytes.
+ */
+size_t mcast_context_leak_report(struct mcast_context_t ctx, char *buf, size_t len);
+
+/**
+ * Writes the number of devices of `ctx` into `*count`. `MCAST_ERROR_INVALID_ARGUMENT`: `count`
+ * NULL; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `count` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_device_count(struct mcast_context_t ctx, int *count);
+
+/**
+ * Describes `device` of `ctx` in `*info`, whose `struct_size` the caller sets.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL, `struct_size` too small, `device` out of range;
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `info` must be NULL or valid for reading and writing an `mcast_device_info_t`.
+ */
+mcast_status_t mcast_device_get_info(struct mcast_context_t ctx,
+                                     int device,
+                                     struct mcast_device_info_t *info);
+
+/**
+ * Writes 1 into `*can` when `device` can access `peer`'s memory (always for itself), else 0.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `can` NULL or a device out of range;
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `can` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
+                                            int device,
+                                            int peer,
+                                            int *can);
+
+/**
+ * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value
+ * that is not a status. The string is static; never NULL. Thread-safe.
+ */
+const char *mcast_status_string(mcast_status_t status);
+
+/**
+ * A NUL-terminated message describing this thread's most recent failure: which call, which
+ * argument or which driver function and its `CUresult` name, and what to do. `""` when this
+ * thread has had no failure. Never NULL. Owned by the library; valid until this thread's next
+ * failing call. Thread-safe (each thread has its own).
+ */
+const char *mcast_last_error(void);
+
+/**
+ * Creates a team of `ndevices` ranks, rank `i` on `devices[i]`. The transport is chosen once:
+ * MULTICAST when policy allows and every device is usable and distinct and there are at least
+ * two ranks; otherwise P2P when every pair of devices can access each other (a device may
+ * repeat under P2P); otherwise `MCAST_ERROR_NOT_SUPPORTED`. With `MCAST_MULTICAST_REQUIRE` a
+ * team that cannot use multicast fails with `MCAST_ERROR_NOT_SUPPORTED` naming the reason.
+ * On success `*out` holds the team, destroyed with `mcast_team_destroy`; on failure nothing
+ * is left allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` or
+ * `devices` NULL, `ndevices` < 1 or above 16, a device out of range. Thread-safe.
+ *
+ * # Safety
+ * `devices` must be NULL or point to `ndevices` ints; `out` NULL or valid for writes.
+ */
+mcast_status_t mcast_team_create(struct mcast_context_t ctx,
+                                 const int *devices,
+                                 int ndevices,
+                                 struct mcast_team_t *out);
+
+/**
+ * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
+ * live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
+ * unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+ * reported (the team is gone all the same). Thread-safe.
+ */
+mcast_status_t mcast_team_destroy(struct mcast_team_t team);
+
+/**
+ * Describes `team` in `*info`, whose `struct_size` the caller sets.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
+ *
+ * # Safety
+ * `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
+ */
+mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
+
+/**
+ * Writes the version of the loaded library into the non-NULL pointers among `major`, `minor`
+ * and `patch` (NULL pointers are skipped). Thread-safe; cannot fail.
+ *
+ * # Safety
+ * Each pointer must be NULL or valid for writing an `int`.
+ */
+void mcast_get_version(int *major, int *minor, int *patch);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
 
 #endif  /* MCAST_H */

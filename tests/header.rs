@@ -6,8 +6,7 @@ use std::path::Path;
 #[test]
 fn header_is_up_to_date() {
     let crate_dir = env!("CARGO_MANIFEST_DIR");
-    let config = cbindgen::Config::from_file(Path::new(crate_dir).join("cbindgen.toml"))
-        .expect("cbindgen.toml parses");
+    let config = cbindgen::Config::from_file(Path::new(crate_dir).join("cbindgen.toml")).expect("cbindgen.toml parses");
     let bindings = cbindgen::Builder::new()
         .with_crate(crate_dir)
         .with_config(config)
@@ -23,8 +22,5 @@ fn header_is_up_to_date() {
         return;
     }
     let committed = std::fs::read(&path).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "include/mcast.h is stale: run MCAST_BLESS=1 cargo test --test header"
-    );
+    assert!(committed == generated, "include/mcast.h is stale: run MCAST_BLESS=1 cargo test --test header");
 }
