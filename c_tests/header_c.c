@@ -6,9 +6,7 @@ int main(void) {
   mcast_status_t status = MCAST_SUCCESS;
   mcast_context_t ctx = {0};
   mcast_config_t config;
-  mcast_stream_t stream = (struct CUstream_st *)0; /* the type cudaStream_t points to */
   (void)ctx;
   (void)config;
-  (void)stream;
   return (int)status;
 }

@@ -4,10 +4,8 @@
 int main() {
   mcast_status_t status = MCAST_SUCCESS;
   mcast_context_t ctx = {0};
-  mcast_stream_t stream = nullptr;
   const char *(*last_error)(void) = &mcast_last_error;
   (void)ctx;
-  (void)stream;
   (void)last_error;
   return static_cast<int>(status);
 }
