@@ -24,14 +24,18 @@ class Context {
   Context(const Context &) = delete;
   Context &operator=(const Context &) = delete;
   Context(Context &&other) noexcept : ctx_(std::exchange(other.ctx_, mcast_context_t{0})) {}
-  ~Context() { mcast_context_destroy(ctx_); }  // the zero handle (moved from) is a no-op
+  ~Context() {
+    mcast_context_destroy(ctx_);
+  }  // the zero handle (moved from) is a no-op
 
   int device_count() const {
     int count = 0;
     check(mcast_device_count(ctx_, &count), "mcast_device_count");
     return count;
   }
-  mcast_context_t handle() const { return ctx_; }
+  mcast_context_t handle() const {
+    return ctx_;
+  }
 
  private:
   mcast_context_t ctx_{0};

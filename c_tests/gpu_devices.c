@@ -27,9 +27,8 @@ int main(void) {
     info.struct_size = sizeof info;
     CHECK_OK(mcast_device_get_info(ctx, device, &info));
     printf("device %d: %s, sm_%d%d, %llu MiB, multicast supported %d usable %d (%s)\n", device,
-           info.name, info.cc_major, info.cc_minor,
-           (unsigned long long)(info.total_memory >> 20), info.multicast_supported,
-           info.multicast_usable, info.multicast_reason);
+           info.name, info.cc_major, info.cc_minor, (unsigned long long)(info.total_memory >> 20),
+           info.multicast_supported, info.multicast_usable, info.multicast_reason);
     CHECK(info.ordinal == device);
     CHECK(memchr(info.name, '\0', sizeof info.name) != NULL);
     CHECK(info.name[0] != '\0');
