@@ -27,7 +27,11 @@ pub struct mcast_buffer_t {
 /// # Safety
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn mcast_buffer_alloc(team: mcast_team_t, bytes: usize, out: *mut mcast_buffer_t) -> mcast_status_t {
+pub unsafe extern "C" fn mcast_buffer_alloc(
+    team: mcast_team_t,
+    bytes: usize,
+    out: *mut mcast_buffer_t,
+) -> mcast_status_t {
     guard("mcast_buffer_alloc", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
@@ -66,7 +70,11 @@ pub unsafe extern "C" fn mcast_buffer_size(buf: mcast_buffer_t, bytes: *mut usiz
 /// # Safety
 /// `ptr` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn mcast_buffer_local_ptr(buf: mcast_buffer_t, rank: c_int, ptr: *mut *mut c_void) -> mcast_status_t {
+pub unsafe extern "C" fn mcast_buffer_local_ptr(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    ptr: *mut *mut c_void,
+) -> mcast_status_t {
     guard("mcast_buffer_local_ptr", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;

@@ -103,9 +103,7 @@ impl mcast_config_t {
             0 => MulticastMode::Auto,
             1 => MulticastMode::Off,
             2 => MulticastMode::Require,
-            v => {
-                return Err(Error::invalid_argument(format!("config->multicast = {v} is not an mcast_multicast_t")))
-            }
+            v => return Err(Error::invalid_argument(format!("config->multicast = {v} is not an mcast_multicast_t"))),
         };
         if backend != Backend::Cuda {
             if self.sim_devices == 0 || self.sim_devices > 64 {

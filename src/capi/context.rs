@@ -50,7 +50,10 @@ pub struct mcast_live_counts_t {
 /// # Safety
 /// `config` must be NULL or point to an `mcast_config_t`; `out` NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn mcast_context_create(config: *const mcast_config_t, out: *mut mcast_context_t) -> mcast_status_t {
+pub unsafe extern "C" fn mcast_context_create(
+    config: *const mcast_config_t,
+    out: *mut mcast_context_t,
+) -> mcast_status_t {
     guard("mcast_context_create", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;

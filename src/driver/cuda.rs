@@ -41,8 +41,8 @@ use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
-    Granularity, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
+    LaunchConfig, MemHandle, Module, MulticastProp, Stream,
 };
 
 /// A `CUresult` as the integer the driver returns (never read as a Rust enum).
@@ -51,10 +51,7 @@ type Raw = u32;
 /// The error [`CudaDriver::load`] returns when no CUDA driver library can be loaded
 /// (`libcuda.so`, `libcuda.so.1`, ... as cudarc searches them). The runtime reports it as
 /// `MCAST_ERROR_DRIVER_UNAVAILABLE`.
-pub const LIBRARY_ABSENT: DriverError = DriverError {
-    func: "cuInit",
-    code: CuResult::ERROR_NOT_INITIALIZED,
-};
+pub const LIBRARY_ABSENT: DriverError = DriverError { func: "cuInit", code: CuResult::ERROR_NOT_INITIALIZED };
 
 /// True when a CUDA driver library (`libcuda`) can be loaded on this machine.
 ///
@@ -237,10 +234,7 @@ fn alloc_prop(dev: cu::CUdevice, types: HandleTypes) -> cu::CUmemAllocationProp 
     cu::CUmemAllocationProp {
         type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: alloc_handle_types(types),
-        location: cu::CUmemLocation {
-            type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: dev,
-        },
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
         win32HandleMetaData: ptr::null_mut(),
         allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
@@ -334,25 +328,15 @@ impl CudaDriver {
             // the symbol's address itself, converted to its real signature by `Api::resolve`.
             unsafe { lib.get::<*mut c_void>(name).ok().map(|sym| *sym) }
         };
-        let api = Api::resolve(&lookup)
-            .map_err(|name| DriverError::new(name, CuResult::ERROR_NOT_FOUND))?;
+        let api = Api::resolve(&lookup).map_err(|name| DriverError::new(name, CuResult::ERROR_NOT_FOUND))?;
         if api.cuEventElapsedTime_v2.is_none() && api.cuEventElapsedTime.is_none() {
-            return Err(DriverError::new(
-                "cuEventElapsedTime",
-                CuResult::ERROR_NOT_FOUND,
-            ));
+            return Err(DriverError::new("cuEventElapsedTime", CuResult::ERROR_NOT_FOUND));
         }
         // SAFETY: `cuInit` takes flags by value; 0 is the only valid value.
         check("cuInit", unsafe { (api.cuInit)(0) })?;
-        let driver = CudaDriver {
-            api,
-            contexts: Mutex::new(HashMap::new()),
-        };
+        let driver = CudaDriver { api, contexts: Mutex::new(HashMap::new()) };
         if driver.device_count()? == 0 {
-            return Err(DriverError::new(
-                "cuDeviceGetCount",
-                CuResult::ERROR_NO_DEVICE,
-            ));
+            return Err(DriverError::new("cuDeviceGetCount", CuResult::ERROR_NO_DEVICE));
         }
         let missing = driver.api.missing_optional();
         if !missing.is_empty() {
@@ -370,9 +354,7 @@ impl CudaDriver {
     fn cu_device(&self, dev: Device) -> DResult<cu::CUdevice> {
         let mut device: cu::CUdevice = 0;
         // SAFETY: the out-pointer is a local; the ordinal is checked by the driver.
-        check("cuDeviceGet", unsafe {
-            (self.api.cuDeviceGet)(&mut device, dev)
-        })?;
+        check("cuDeviceGet", unsafe { (self.api.cuDeviceGet)(&mut device, dev) })?;
         Ok(device)
     }
 
@@ -386,16 +368,8 @@ impl CudaDriver {
         let mut ctx: cu::CUcontext = ptr::null_mut();
         // SAFETY: `device` came from `cuDeviceGet`; the out-pointer is a local. The retain is
         // balanced by `cuDevicePrimaryCtxRelease` in `Drop`.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, device)
-        })?;
-        contexts.insert(
-            dev,
-            Retained {
-                device,
-                ctx: ctx as usize,
-            },
-        );
+        check("cuDevicePrimaryCtxRetain", unsafe { (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, device) })?;
+        contexts.insert(dev, Retained { device, ctx: ctx as usize });
         Ok(ctx)
     }
 
@@ -403,13 +377,8 @@ impl CudaDriver {
     fn enter(&self, dev: Device) -> DResult<CtxGuard<'_>> {
         let ctx = self.primary_ctx(dev)?;
         // SAFETY: `ctx` is a primary context this driver retained and has not released.
-        check("cuCtxPushCurrent", unsafe {
-            (self.api.cuCtxPushCurrent_v2)(ctx)
-        })?;
-        Ok(CtxGuard {
-            api: &self.api,
-            pushed: true,
-        })
+        check("cuCtxPushCurrent", unsafe { (self.api.cuCtxPushCurrent_v2)(ctx) })?;
+        Ok(CtxGuard { api: &self.api, pushed: true })
     }
 
     /// Makes sure some context is current (the caller's, else device 0's primary context),
@@ -419,24 +388,16 @@ impl CudaDriver {
         // SAFETY: the out-pointer is a local.
         let raw = unsafe { (self.api.cuCtxGetCurrent)(&mut current) };
         if raw == CuResult::SUCCESS.0 && !current.is_null() {
-            return CtxGuard {
-                api: &self.api,
-                pushed: false,
-            };
+            return CtxGuard { api: &self.api, pushed: false };
         }
-        self.enter(0).unwrap_or(CtxGuard {
-            api: &self.api,
-            pushed: false,
-        })
+        self.enter(0).unwrap_or(CtxGuard { api: &self.api, pushed: false })
     }
 
     /// `cuDeviceGetAttribute`.
     fn attribute(&self, device: cu::CUdevice, attr: cu::CUdevice_attribute) -> DResult<i32> {
         let mut value: c_int = 0;
         // SAFETY: the out-pointer is a local; `attr` is a valid attribute enumerator.
-        check("cuDeviceGetAttribute", unsafe {
-            (self.api.cuDeviceGetAttribute)(&mut value, attr, device)
-        })?;
+        check("cuDeviceGetAttribute", unsafe { (self.api.cuDeviceGetAttribute)(&mut value, attr, device) })?;
         Ok(value)
     }
 
@@ -453,9 +414,7 @@ impl CudaDriver {
     /// `cuStreamSynchronize` of the legacy default stream of the current context.
     fn sync_default_stream(&self) -> DResult<()> {
         // SAFETY: the NULL stream is the legacy default stream of the current context.
-        check("cuStreamSynchronize", unsafe {
-            (self.api.cuStreamSynchronize)(ptr::null_mut())
-        })
+        check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(ptr::null_mut()) })
     }
 }
 
@@ -486,18 +445,14 @@ impl Driver for CudaDriver {
     fn driver_version(&self) -> DResult<i32> {
         let mut version: c_int = 0;
         // SAFETY: the out-pointer is a local.
-        check("cuDriverGetVersion", unsafe {
-            (self.api.cuDriverGetVersion)(&mut version)
-        })?;
+        check("cuDriverGetVersion", unsafe { (self.api.cuDriverGetVersion)(&mut version) })?;
         Ok(version)
     }
 
     fn device_count(&self) -> DResult<i32> {
         let mut count: c_int = 0;
         // SAFETY: the out-pointer is a local.
-        check("cuDeviceGetCount", unsafe {
-            (self.api.cuDeviceGetCount)(&mut count)
-        })?;
+        check("cuDeviceGetCount", unsafe { (self.api.cuDeviceGetCount)(&mut count) })?;
         Ok(count)
     }
 
@@ -515,27 +470,18 @@ impl Driver for CudaDriver {
         };
         let mut total: usize = 0;
         // SAFETY: the out-pointer is a local; `device` came from `cuDeviceGet`.
-        check("cuDeviceTotalMem", unsafe {
-            (self.api.cuDeviceTotalMem_v2)(&mut total, device)
-        })?;
+        check("cuDeviceTotalMem", unsafe { (self.api.cuDeviceTotalMem_v2)(&mut total, device) })?;
         Ok(DeviceProps {
             name,
             cc_major: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             cc_minor: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             total_memory: total as u64,
             sm_count: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-            multicast_supported: self
-                .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)?,
-            vmm_supported: self.attribute_flag(
-                device,
-                A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            )?,
-            posix_fd_supported: self.attribute_flag(
-                device,
-                A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-            )?,
-            fabric_supported: self
-                .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+            multicast_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)?,
+            vmm_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
+            posix_fd_supported: self
+                .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
+            fabric_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
         })
     }
 
@@ -547,9 +493,7 @@ impl Driver for CudaDriver {
         }
         let mut can: c_int = 0;
         // SAFETY: the out-pointer is a local; both devices came from `cuDeviceGet`.
-        check("cuDeviceCanAccessPeer", unsafe {
-            (self.api.cuDeviceCanAccessPeer)(&mut can, a, b)
-        })?;
+        check("cuDeviceCanAccessPeer", unsafe { (self.api.cuDeviceCanAccessPeer)(&mut can, a, b) })?;
         Ok(can != 0)
     }
 
@@ -567,21 +511,12 @@ impl Driver for CudaDriver {
         self.api.cuMulticastBindMem_v2.is_some() && self.api.cuMulticastBindAddr_v2.is_some()
     }
 
-    fn mem_granularity(
-        &self,
-        dev: Device,
-        option: Granularity,
-        handle_types: HandleTypes,
-    ) -> DResult<usize> {
+    fn mem_granularity(&self, dev: Device, option: Granularity, handle_types: HandleTypes) -> DResult<usize> {
         let device = self.cu_device(dev)?;
         let prop = alloc_prop(device, handle_types);
         let option = match option {
-            Granularity::Minimum => {
-                cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
-            }
-            Granularity::Recommended => {
-                cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-            }
+            Granularity::Minimum => cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            Granularity::Recommended => cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
         };
         let _ctx = self.enter(dev)?;
         let mut granularity: usize = 0;
@@ -592,20 +527,13 @@ impl Driver for CudaDriver {
         Ok(granularity)
     }
 
-    fn mem_create(
-        &self,
-        dev: Device,
-        size: usize,
-        handle_types: HandleTypes,
-    ) -> DResult<MemHandle> {
+    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
         let device = self.cu_device(dev)?;
         let prop = alloc_prop(device, handle_types);
         let _ctx = self.enter(dev)?;
         let mut handle: cu::CUmemGenericAllocationHandle = 0;
         // SAFETY: `prop` and the out-pointer are locals that outlive the call; flags must be 0.
-        check("cuMemCreate", unsafe {
-            (self.api.cuMemCreate)(&mut handle, size, &prop, 0)
-        })?;
+        check("cuMemCreate", unsafe { (self.api.cuMemCreate)(&mut handle, size, &prop, 0) })?;
         Ok(MemHandle(handle))
     }
 
@@ -619,32 +547,20 @@ impl Driver for CudaDriver {
         let _ctx = self.enter_any();
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: the out-pointer is a local; no fixed address is requested; flags must be 0.
-        check("cuMemAddressReserve", unsafe {
-            (self.api.cuMemAddressReserve)(&mut ptr, size, alignment, 0, 0)
-        })?;
+        check("cuMemAddressReserve", unsafe { (self.api.cuMemAddressReserve)(&mut ptr, size, alignment, 0, 0) })?;
         Ok(ptr)
     }
 
     fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the range.
-        check("cuMemAddressFree", unsafe {
-            (self.api.cuMemAddressFree)(ptr, size)
-        })
+        check("cuMemAddressFree", unsafe { (self.api.cuMemAddressFree)(ptr, size) })
     }
 
-    fn mem_map(
-        &self,
-        ptr: DevicePtr,
-        size: usize,
-        offset: usize,
-        handle: MemHandle,
-    ) -> DResult<()> {
+    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the range and handle; flags must be 0.
-        check("cuMemMap", unsafe {
-            (self.api.cuMemMap)(ptr, size, offset, handle.0, 0)
-        })
+        check("cuMemMap", unsafe { (self.api.cuMemMap)(ptr, size, offset, handle.0, 0) })
     }
 
     fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
@@ -657,18 +573,13 @@ impl Driver for CudaDriver {
         let descs: Vec<cu::CUmemAccessDesc> = devices
             .iter()
             .map(|&dev| cu::CUmemAccessDesc {
-                location: cu::CUmemLocation {
-                    type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: dev,
-                },
+                location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
                 flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             })
             .collect();
         let _ctx = self.enter_any();
         // SAFETY: `descs` holds `descs.len()` initialised descriptors and outlives the call.
-        check("cuMemSetAccess", unsafe {
-            (self.api.cuMemSetAccess)(ptr, size, descs.as_ptr(), descs.len())
-        })
+        check("cuMemSetAccess", unsafe { (self.api.cuMemSetAccess)(ptr, size, descs.as_ptr(), descs.len()) })
     }
 
     fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
@@ -685,10 +596,7 @@ impl Driver for CudaDriver {
             )
         })?;
         if fd < 0 {
-            return Err(DriverError::new(
-                "cuMemExportToShareableHandle",
-                CuResult::ERROR_UNKNOWN,
-            ));
+            return Err(DriverError::new("cuMemExportToShareableHandle", CuResult::ERROR_UNKNOWN));
         }
         // SAFETY: the driver returned a new file descriptor that we now own.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -711,33 +619,21 @@ impl Driver for CudaDriver {
     }
 
     fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize> {
-        let f = self
-            .api
-            .cuMulticastGetGranularity
-            .ok_or(not_supported("cuMulticastGetGranularity"))?;
+        let f = self.api.cuMulticastGetGranularity.ok_or(not_supported("cuMulticastGetGranularity"))?;
         let prop = multicast_prop(prop);
         let option = match option {
-            Granularity::Minimum => {
-                cu::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_MINIMUM
-            }
-            Granularity::Recommended => {
-                cu::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED
-            }
+            Granularity::Minimum => cu::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_MINIMUM,
+            Granularity::Recommended => cu::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED,
         };
         let _ctx = self.enter_any();
         let mut granularity: usize = 0;
         // SAFETY: `prop` and the out-pointer are locals that outlive the call.
-        check("cuMulticastGetGranularity", unsafe {
-            f(&mut granularity, &prop, option)
-        })?;
+        check("cuMulticastGetGranularity", unsafe { f(&mut granularity, &prop, option) })?;
         Ok(granularity)
     }
 
     fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle> {
-        let f = self
-            .api
-            .cuMulticastCreate
-            .ok_or(not_supported("cuMulticastCreate"))?;
+        let f = self.api.cuMulticastCreate.ok_or(not_supported("cuMulticastCreate"))?;
         let prop = multicast_prop(prop);
         let _ctx = self.enter_any();
         let mut handle: cu::CUmemGenericAllocationHandle = 0;
@@ -747,10 +643,7 @@ impl Driver for CudaDriver {
     }
 
     fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastAddDevice
-            .ok_or(not_supported("cuMulticastAddDevice"))?;
+        let f = self.api.cuMulticastAddDevice.ok_or(not_supported("cuMulticastAddDevice"))?;
         let device = self.cu_device(dev)?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the handle and device.
@@ -766,15 +659,10 @@ impl Driver for CudaDriver {
         size: usize,
         flags: u64,
     ) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastBindMem
-            .ok_or(not_supported("cuMulticastBindMem"))?;
+        let f = self.api.cuMulticastBindMem.ok_or(not_supported("cuMulticastBindMem"))?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates handles, offsets and flags.
-        check("cuMulticastBindMem", unsafe {
-            f(mc.0, mc_offset, mem.0, mem_offset, size, flags)
-        })
+        check("cuMulticastBindMem", unsafe { f(mc.0, mc_offset, mem.0, mem_offset, size, flags) })
     }
 
     fn multicast_bind_mem_v2(
@@ -787,16 +675,11 @@ impl Driver for CudaDriver {
         size: usize,
         flags: u64,
     ) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastBindMem_v2
-            .ok_or(not_supported("cuMulticastBindMem_v2"))?;
+        let f = self.api.cuMulticastBindMem_v2.ok_or(not_supported("cuMulticastBindMem_v2"))?;
         let device = self.cu_device(dev)?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates handles, device, offsets and flags.
-        check("cuMulticastBindMem_v2", unsafe {
-            f(mc.0, device, mc_offset, mem.0, mem_offset, size, flags)
-        })
+        check("cuMulticastBindMem_v2", unsafe { f(mc.0, device, mc_offset, mem.0, mem_offset, size, flags) })
     }
 
     fn multicast_bind_addr(
@@ -807,15 +690,10 @@ impl Driver for CudaDriver {
         size: usize,
         flags: u64,
     ) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastBindAddr
-            .ok_or(not_supported("cuMulticastBindAddr"))?;
+        let f = self.api.cuMulticastBindAddr.ok_or(not_supported("cuMulticastBindAddr"))?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the handle, address range and flags.
-        check("cuMulticastBindAddr", unsafe {
-            f(mc.0, mc_offset, ptr, size, flags)
-        })
+        check("cuMulticastBindAddr", unsafe { f(mc.0, mc_offset, ptr, size, flags) })
     }
 
     fn multicast_bind_addr_v2(
@@ -827,35 +705,19 @@ impl Driver for CudaDriver {
         size: usize,
         flags: u64,
     ) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastBindAddr_v2
-            .ok_or(not_supported("cuMulticastBindAddr_v2"))?;
+        let f = self.api.cuMulticastBindAddr_v2.ok_or(not_supported("cuMulticastBindAddr_v2"))?;
         let device = self.cu_device(dev)?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the handle, device, address range and flags.
-        check("cuMulticastBindAddr_v2", unsafe {
-            f(mc.0, device, mc_offset, ptr, size, flags)
-        })
+        check("cuMulticastBindAddr_v2", unsafe { f(mc.0, device, mc_offset, ptr, size, flags) })
     }
 
-    fn multicast_unbind(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        size: usize,
-    ) -> DResult<()> {
-        let f = self
-            .api
-            .cuMulticastUnbind
-            .ok_or(not_supported("cuMulticastUnbind"))?;
+    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()> {
+        let f = self.api.cuMulticastUnbind.ok_or(not_supported("cuMulticastUnbind"))?;
         let device = self.cu_device(dev)?;
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the handle, device and range.
-        check("cuMulticastUnbind", unsafe {
-            f(mc.0, device, mc_offset, size)
-        })
+        check("cuMulticastUnbind", unsafe { f(mc.0, device, mc_offset, size) })
     }
 
     fn stream_create(&self, dev: Device) -> DResult<Stream> {
@@ -863,10 +725,7 @@ impl Driver for CudaDriver {
         let mut stream: cu::CUstream = ptr::null_mut();
         // SAFETY: the out-pointer is a local; the flag is a valid `CUstream_flags` value.
         check("cuStreamCreate", unsafe {
-            (self.api.cuStreamCreate)(
-                &mut stream,
-                cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint,
-            )
+            (self.api.cuStreamCreate)(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
         })?;
         Ok(Stream(stream as usize))
     }
@@ -874,17 +733,13 @@ impl Driver for CudaDriver {
     fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: the stream value is the caller's; the driver validates it.
-        check("cuStreamDestroy", unsafe {
-            (self.api.cuStreamDestroy_v2)(stream_ptr(stream))
-        })
+        check("cuStreamDestroy", unsafe { (self.api.cuStreamDestroy_v2)(stream_ptr(stream)) })
     }
 
     fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: the stream value is the caller's (NULL: the legacy default stream).
-        check("cuStreamSynchronize", unsafe {
-            (self.api.cuStreamSynchronize)(stream_ptr(stream))
-        })
+        check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(stream_ptr(stream)) })
     }
 
     fn event_create(&self, dev: Device) -> DResult<Event> {
@@ -900,35 +755,27 @@ impl Driver for CudaDriver {
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: event and stream values are the caller's; the driver validates them.
-        check("cuEventRecord", unsafe {
-            (self.api.cuEventRecord)(event_ptr(event), stream_ptr(stream))
-        })
+        check("cuEventRecord", unsafe { (self.api.cuEventRecord)(event_ptr(event), stream_ptr(stream)) })
     }
 
     fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {
         let _ctx = self.enter(dev)?;
         // SAFETY: the event value is the caller's; the driver validates it.
-        check("cuEventSynchronize", unsafe {
-            (self.api.cuEventSynchronize)(event_ptr(end))
-        })?;
+        check("cuEventSynchronize", unsafe { (self.api.cuEventSynchronize)(event_ptr(end)) })?;
         let mut ms: f32 = 0.0;
         let elapsed = match (self.api.cuEventElapsedTime_v2, self.api.cuEventElapsedTime) {
             (Some(f), _) | (None, Some(f)) => f,
             (None, None) => return Err(not_supported("cuEventElapsedTime")),
         };
         // SAFETY: the out-pointer is a local; event values are the caller's.
-        check("cuEventElapsedTime", unsafe {
-            elapsed(&mut ms, event_ptr(start), event_ptr(end))
-        })?;
+        check("cuEventElapsedTime", unsafe { elapsed(&mut ms, event_ptr(start), event_ptr(end)) })?;
         Ok(ms)
     }
 
     fn event_destroy(&self, dev: Device, event: Event) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: the event value is the caller's; the driver validates it.
-        check("cuEventDestroy", unsafe {
-            (self.api.cuEventDestroy_v2)(event_ptr(event))
-        })
+        check("cuEventDestroy", unsafe { (self.api.cuEventDestroy_v2)(event_ptr(event)) })
     }
 
     /// Copies, then synchronizes the legacy default stream: from pageable memory
@@ -941,9 +788,7 @@ impl Driver for CudaDriver {
         let _ctx = self.enter(dev)?;
         // SAFETY: `src` is readable for `src.len()` bytes for the duration of the call; the
         // driver validates `dst`.
-        check("cuMemcpyHtoD", unsafe {
-            (self.api.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len())
-        })?;
+        check("cuMemcpyHtoD", unsafe { (self.api.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len()) })?;
         self.sync_default_stream()
     }
 
@@ -954,9 +799,7 @@ impl Driver for CudaDriver {
         let _ctx = self.enter(dev)?;
         // SAFETY: `dst` is writable for `dst.len()` bytes and the copy is synchronous (it
         // returns once the bytes are in `dst`); the driver validates `src`.
-        check("cuMemcpyDtoH", unsafe {
-            (self.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len())
-        })
+        check("cuMemcpyDtoH", unsafe { (self.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
     }
 
     /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for
@@ -967,9 +810,7 @@ impl Driver for CudaDriver {
         }
         let _ctx = self.enter(dev)?;
         // SAFETY: plain values; the driver validates the range.
-        check("cuMemsetD8", unsafe {
-            (self.api.cuMemsetD8_v2)(dst, value, bytes)
-        })?;
+        check("cuMemsetD8", unsafe { (self.api.cuMemsetD8_v2)(dst, value, bytes) })?;
         self.sync_default_stream()
     }
 
@@ -981,18 +822,14 @@ impl Driver for CudaDriver {
         let mut module: cu::CUmodule = ptr::null_mut();
         // SAFETY: `data` is a complete binary image or NUL-terminated text that outlives the
         // call (the driver copies what it keeps); the out-pointer is a local.
-        check("cuModuleLoadData", unsafe {
-            (self.api.cuModuleLoadData)(&mut module, data.as_ptr().cast())
-        })?;
+        check("cuModuleLoadData", unsafe { (self.api.cuModuleLoadData)(&mut module, data.as_ptr().cast()) })?;
         Ok(Module(module as usize))
     }
 
     fn module_unload(&self, dev: Device, module: Module) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: the module value is the caller's; the driver validates it.
-        check("cuModuleUnload", unsafe {
-            (self.api.cuModuleUnload)(module.0 as cu::CUmodule)
-        })
+        check("cuModuleUnload", unsafe { (self.api.cuModuleUnload)(module.0 as cu::CUmodule) })
     }
 
     fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
@@ -1013,11 +850,7 @@ impl Driver for CudaDriver {
         stream: Stream,
         params: &mut [*mut c_void],
     ) -> DResult<()> {
-        let params_ptr = if params.is_empty() {
-            ptr::null_mut()
-        } else {
-            params.as_mut_ptr()
-        };
+        let params_ptr = if params.is_empty() { ptr::null_mut() } else { params.as_mut_ptr() };
         let _ctx = self.enter(dev)?;
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
@@ -1050,9 +883,7 @@ mod tests {
     /// Never called: only its address stands in for driver entry points.
     extern "C" fn placeholder() {}
 
-    fn fake_lookup(
-        missing: &'static [&'static str],
-    ) -> impl Fn(&'static str) -> Option<*mut c_void> {
+    fn fake_lookup(missing: &'static [&'static str]) -> impl Fn(&'static str) -> Option<*mut c_void> {
         move |name| (!missing.contains(&name)).then_some(placeholder as *mut c_void)
     }
 
@@ -1111,14 +942,8 @@ mod tests {
 
     #[test]
     fn resolve_names_the_missing_required_symbol() {
-        assert_eq!(
-            Api::resolve(&fake_lookup(&["cuMemMap"])).err(),
-            Some("cuMemMap")
-        );
-        assert_eq!(
-            Api::resolve(&fake_lookup(&["cuDeviceTotalMem_v2"])).err(),
-            Some("cuDeviceTotalMem_v2")
-        );
+        assert_eq!(Api::resolve(&fake_lookup(&["cuMemMap"])).err(), Some("cuMemMap"));
+        assert_eq!(Api::resolve(&fake_lookup(&["cuDeviceTotalMem_v2"])).err(), Some("cuDeviceTotalMem_v2"));
         let null = |_: &'static str| Some(ptr::null_mut());
         assert_eq!(Api::resolve(&null).err(), Some(REQUIRED_SYMBOLS[0]));
     }
@@ -1130,37 +955,22 @@ mod tests {
             Err(name) => panic!("{name} reported missing"),
         };
         assert!(api.missing_optional().is_empty());
-        let api = match Api::resolve(&fake_lookup(&[
-            "cuMulticastBindMem_v2",
-            "cuMulticastCreate",
-        ])) {
+        let api = match Api::resolve(&fake_lookup(&["cuMulticastBindMem_v2", "cuMulticastCreate"])) {
             Ok(api) => api,
             Err(name) => panic!("{name} reported missing"),
         };
         assert!(api.cuMulticastCreate.is_none());
         assert!(api.cuMulticastBindMem_v2.is_none());
         assert!(api.cuMulticastBindAddr_v2.is_some());
-        assert_eq!(
-            api.missing_optional(),
-            vec!["cuMulticastCreate", "cuMulticastBindMem_v2"]
-        );
+        assert_eq!(api.missing_optional(), vec!["cuMulticastCreate", "cuMulticastBindMem_v2"]);
     }
 
     #[test]
     fn handle_types_map_to_cuda_bits() {
         use cu::CUmemAllocationHandleType as H;
-        assert_eq!(
-            alloc_handle_types(HandleTypes::NONE),
-            H::CU_MEM_HANDLE_TYPE_NONE
-        );
-        assert_eq!(
-            alloc_handle_types(HandleTypes::POSIX_FD),
-            H::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        );
-        assert_eq!(
-            alloc_handle_types(HandleTypes::FABRIC),
-            H::CU_MEM_HANDLE_TYPE_FABRIC
-        );
+        assert_eq!(alloc_handle_types(HandleTypes::NONE), H::CU_MEM_HANDLE_TYPE_NONE);
+        assert_eq!(alloc_handle_types(HandleTypes::POSIX_FD), H::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        assert_eq!(alloc_handle_types(HandleTypes::FABRIC), H::CU_MEM_HANDLE_TYPE_FABRIC);
         assert_eq!(
             alloc_handle_types(HandleTypes(HandleTypes::POSIX_FD.0 | HandleTypes::FABRIC.0)),
             H::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | H::CU_MEM_HANDLE_TYPE_FABRIC
@@ -1180,19 +990,10 @@ mod tests {
     #[test]
     fn alloc_prop_is_pinned_device_memory() {
         let prop = alloc_prop(3, HandleTypes::POSIX_FD);
-        assert_eq!(
-            prop.type_,
-            cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
-        );
-        assert_eq!(
-            prop.location.type_,
-            cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
-        );
+        assert_eq!(prop.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        assert_eq!(prop.location.type_, cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
         assert_eq!(prop.location.id, 3);
-        assert_eq!(
-            prop.requestedHandleTypes,
-            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        );
+        assert_eq!(prop.requestedHandleTypes, cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         assert!(prop.win32HandleMetaData.is_null());
     }
 
@@ -1210,19 +1011,10 @@ mod tests {
     #[test]
     fn errors_name_the_function() {
         assert_eq!(check("cuMemMap", 0), Ok(()));
-        assert_eq!(
-            check("cuMemMap", 2),
-            Err(DriverError::new("cuMemMap", CuResult::ERROR_OUT_OF_MEMORY))
-        );
+        assert_eq!(check("cuMemMap", 2), Err(DriverError::new("cuMemMap", CuResult::ERROR_OUT_OF_MEMORY)));
         // A code newer than any binding survives as a number.
-        assert_eq!(
-            check("cuMemMap", 12345).map_err(|e| e.code),
-            Err(CuResult(12345))
-        );
-        assert_eq!(
-            not_supported("cuMulticastCreate").code,
-            CuResult::ERROR_NOT_SUPPORTED
-        );
+        assert_eq!(check("cuMemMap", 12345).map_err(|e| e.code), Err(CuResult(12345)));
+        assert_eq!(not_supported("cuMulticastCreate").code, CuResult::ERROR_NOT_SUPPORTED);
     }
 
     // ---- GPU tests: `cargo test gpu_ -- --include-ignored`. They skip where no driver loads,
@@ -1325,10 +1117,7 @@ mod tests {
                 d.can_access_peer(dev, peer).unwrap();
             }
         }
-        assert_eq!(
-            d.device_props(count).err().map(|e| e.code),
-            Some(CuResult::ERROR_INVALID_DEVICE)
-        );
+        assert_eq!(d.device_props(count).err().map(|e| e.code), Some(CuResult::ERROR_INVALID_DEVICE));
     }
 
     #[test]
@@ -1356,9 +1145,7 @@ mod tests {
         }
         let m = map_one(&d, 0, HandleTypes::POSIX_FD);
         let fd = d.mem_export_fd(m.handle).unwrap();
-        let imported = d
-            .mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd))
-            .unwrap();
+        let imported = d.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
         // The imported handle maps the same memory.
         let ptr = d.mem_address_reserve(m.size, m.size).unwrap();
         d.mem_map(ptr, m.size, 0, imported).unwrap();
@@ -1386,15 +1173,8 @@ mod tests {
         d.event_record(0, start, stream).unwrap();
         let mut out: u64 = m.ptr;
         let mut base: u32 = 1000;
-        let mut params = [
-            (&mut out as *mut u64).cast::<c_void>(),
-            (&mut base as *mut u32).cast::<c_void>(),
-        ];
-        let config = LaunchConfig {
-            grid: [1, 1, 1],
-            block: [64, 1, 1],
-            shared_bytes: 0,
-        };
+        let mut params = [(&mut out as *mut u64).cast::<c_void>(), (&mut base as *mut u32).cast::<c_void>()];
+        let config = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_bytes: 0 };
         d.launch(0, func, &config, stream, &mut params).unwrap();
         d.event_record(0, end, stream).unwrap();
         let ms = d.event_elapsed_ms(0, start, end).unwrap();
@@ -1430,12 +1210,7 @@ mod tests {
         let last = d.device_count().unwrap() - 1;
         let mine = d.primary_ctx(last).unwrap();
         // SAFETY: `mine` is a primary context the driver retained.
-        assert_eq!(
-            check("cuCtxPushCurrent", unsafe {
-                (d.api.cuCtxPushCurrent_v2)(mine)
-            }),
-            Ok(())
-        );
+        assert_eq!(check("cuCtxPushCurrent", unsafe { (d.api.cuCtxPushCurrent_v2)(mine) }), Ok(()));
         let module = d.module_load(0, FILL_PTX.as_bytes()).unwrap();
         assert_eq!(current_ctx(&d), mine as usize);
         let missing = d.module_function(0, module, c"no_such_kernel").err();
@@ -1447,12 +1222,7 @@ mod tests {
         assert_eq!(current_ctx(&d), mine as usize);
         let mut popped: cu::CUcontext = ptr::null_mut();
         // SAFETY: we pushed `mine` above; the out-pointer is a local.
-        assert_eq!(
-            check("cuCtxPopCurrent", unsafe {
-                (d.api.cuCtxPopCurrent_v2)(&mut popped)
-            }),
-            Ok(())
-        );
+        assert_eq!(check("cuCtxPopCurrent", unsafe { (d.api.cuCtxPopCurrent_v2)(&mut popped) }), Ok(()));
         assert_eq!(popped, mine);
         assert_eq!(current_ctx(&d), before);
     }

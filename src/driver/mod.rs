@@ -329,8 +329,14 @@ pub trait Driver: Send + Sync + 'static {
     ) -> DResult<()>;
 
     /// `cuMulticastBindAddr`.
-    fn multicast_bind_addr(&self, mc: MemHandle, mc_offset: usize, ptr: DevicePtr, size: usize, flags: u64)
-        -> DResult<()>;
+    fn multicast_bind_addr(
+        &self,
+        mc: MemHandle,
+        mc_offset: usize,
+        ptr: DevicePtr,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()>;
 
     /// `cuMulticastBindAddr_v2`.
     fn multicast_bind_addr_v2(

@@ -88,10 +88,7 @@ impl Context {
                 Err(why) => (Arc::new(Self::simulator(&config)?), Backend::Sim, format!("{why}; using the simulator")),
             },
         };
-        let count = driver
-            .device_count()
-            .map_err(|e| Error::driver(e, "counting devices"))?
-            .max(0) as usize;
+        let count = driver.device_count().map_err(|e| Error::driver(e, "counting devices"))?.max(0) as usize;
         tracing::info!("context on backend {} ({backend_reason}), {count} device(s)", driver.backend_name());
         Ok(Context {
             config,
@@ -106,8 +103,9 @@ impl Context {
 
     fn simulator(config: &Config) -> Result<SimDriver> {
         let faults = match std::env::var("MCAST_SIM_FAULTS") {
-            Ok(spec) if !spec.trim().is_empty() => parse_faults(&spec)
-                .map_err(|e| Error::invalid_argument(format!("MCAST_SIM_FAULTS={spec:?}: {e}")))?,
+            Ok(spec) if !spec.trim().is_empty() => {
+                parse_faults(&spec).map_err(|e| Error::invalid_argument(format!("MCAST_SIM_FAULTS={spec:?}: {e}")))?
+            }
             _ => Default::default(),
         };
         Ok(SimDriver::new(SimConfig {
@@ -173,12 +171,7 @@ impl Context {
         let props = self.props(dev)?;
         let reason = self.multicast_reason(dev)?;
         let (granularity_min, granularity_recommended) = if self.driver.has_multicast_api() {
-            let prop = MulticastProp {
-                num_devices: 1,
-                size: 0,
-                handle_types: HandleTypes::NONE,
-                flags: 0,
-            };
+            let prop = MulticastProp { num_devices: 1, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
             let g = |o| self.driver.multicast_granularity(&prop, o).map(|g| g as u64).unwrap_or(0);
             (g(Granularity::Minimum), g(Granularity::Recommended))
         } else {

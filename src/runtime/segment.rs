@@ -152,12 +152,8 @@ impl Parts {
         let driver = ctx.driver().clone();
         let size = self.size;
         let owner = shape.owner.as_str();
-        let prop = MulticastProp {
-            num_devices: shape.devices.len() as u32,
-            size,
-            handle_types: HandleTypes::NONE,
-            flags: 0,
-        };
+        let prop =
+            MulticastProp { num_devices: shape.devices.len() as u32, size, handle_types: HandleTypes::NONE, flags: 0 };
         let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
         let handle = retry(ctx, &what, size as u64, trim, || driver.multicast_create(&prop))?;
         let id = ctx.resources.track(ResourceKind::MulticastObject, size as u64, None, owner);
@@ -219,7 +215,8 @@ impl Parts {
         if let Some(mc) = self.mc.take() {
             for (rank, (va, map)) in mc.views.into_iter().enumerate() {
                 if let Some(map) = map {
-                    if check(driver.mem_unmap(va.value, self.size), format!("unmapping rank {rank}'s multicast range")) {
+                    if check(driver.mem_unmap(va.value, self.size), format!("unmapping rank {rank}'s multicast range"))
+                    {
                         res.untrack(map);
                     }
                 }

@@ -202,12 +202,8 @@ impl Team {
             lcm(m.max(1));
         }
         if transport == Transport::Multicast {
-            let prop = MulticastProp {
-                num_devices: devices.len() as u32,
-                size: 0,
-                handle_types: HandleTypes::NONE,
-                flags: 0,
-            };
+            let prop =
+                MulticastProp { num_devices: devices.len() as u32, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
             let m = driver
                 .multicast_granularity(&prop, Granularity::Minimum)
                 .map_err(|e| Error::driver(e, "asking the multicast granularity"))?;

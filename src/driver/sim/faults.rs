@@ -97,9 +97,7 @@ impl FaultPlan {
 pub fn parse_faults(spec: &str) -> Result<FaultPlan, String> {
     let mut rules = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        rules.push(
-            parse_item(item).map_err(|why| format!("MCAST_SIM_FAULTS item `{item}`: {why}"))?,
-        );
+        rules.push(parse_item(item).map_err(|why| format!("MCAST_SIM_FAULTS item `{item}`: {why}"))?);
     }
     Ok(FaultPlan { rules })
 }
@@ -111,8 +109,7 @@ fn parse_item(item: &str) -> Result<FaultRule, String> {
         return Err(format!("unknown driver function `{func}`"));
     }
     let (code, when) = rest.split_once('@').ok_or("expected CODE@N after `=`")?;
-    let code =
-        CuResult::from_name(code).ok_or_else(|| format!("unknown CUresult `{}`", code.trim()))?;
+    let code = CuResult::from_name(code).ok_or_else(|| format!("unknown CUresult `{}`", code.trim()))?;
     if code == CuResult::SUCCESS {
         return Err("CUDA_SUCCESS is not a fault".into());
     }
@@ -130,12 +127,7 @@ fn parse_item(item: &str) -> Result<FaultRule, String> {
     } else {
         (number(when)?, Some(1))
     };
-    Ok(FaultRule {
-        func: func.to_string(),
-        code,
-        first,
-        count,
-    })
+    Ok(FaultRule { func: func.to_string(), code, first, count })
 }
 
 /// A rule with the call count at which it was armed (0 for the configured plan).
@@ -156,14 +148,7 @@ pub(super) struct Calls {
 impl Calls {
     pub(super) fn new(plan: &FaultPlan) -> Calls {
         Calls {
-            armed: plan
-                .rules
-                .iter()
-                .map(|rule| Armed {
-                    rule: rule.clone(),
-                    base: 0,
-                })
-                .collect(),
+            armed: plan.rules.iter().map(|rule| Armed { rule: rule.clone(), base: 0 }).collect(),
             ..Calls::default()
         }
     }
@@ -174,10 +159,7 @@ impl Calls {
         *n += 1;
         let n = *n;
         self.log.push(func);
-        self.armed
-            .iter()
-            .find(|a| a.rule.func == func && a.rule.hits(n - a.base))
-            .map(|a| a.rule.code)
+        self.armed.iter().find(|a| a.rule.func == func && a.rule.hits(n - a.base)).map(|a| a.rule.code)
     }
 
     pub(super) fn arm(&mut self, rule: FaultRule) {

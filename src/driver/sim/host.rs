@@ -34,8 +34,7 @@ impl Memfd {
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = libc::off_t::try_from(size)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let len = libc::off_t::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: `fd` is a valid memfd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
             return Err(io::Error::last_os_error());
@@ -55,12 +54,7 @@ impl Memfd {
         if shadow == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Memfd {
-            fd,
-            shadow: shadow.cast(),
-            size,
-            identity,
-        })
+        Ok(Memfd { fd, shadow: shadow.cast(), size, identity })
     }
 
     /// The descriptor.
@@ -105,9 +99,7 @@ pub(super) fn fd_identity(fd: RawFd) -> io::Result<(u64, u64)> {
 
 /// Reserves `size` bytes of address space aligned to `align` (a power of two), inaccessible.
 pub(super) fn reserve(size: usize, align: usize) -> io::Result<u64> {
-    let total = size
-        .checked_add(align)
-        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let total = size.checked_add(align).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel chooses.
     let base = unsafe {
         libc::mmap(
@@ -146,8 +138,7 @@ pub(super) fn unreserve(ptr: u64, size: usize) {
 
 /// Maps `size` bytes of `fd` from `offset` read-write at `ptr`, replacing what is there.
 pub(super) fn map_fixed(ptr: u64, size: usize, fd: RawFd, offset: usize) -> io::Result<()> {
-    let off =
-        libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let off = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: the caller guarantees `[ptr, ptr + size)` lies in a reservation it owns and that
     // nothing else is mapped there, so MAP_FIXED replaces only our own PROT_NONE pages.
     let got = unsafe {

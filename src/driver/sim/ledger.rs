@@ -51,12 +51,7 @@ impl fmt::Display for Ledger {
             return write!(f, "nothing live");
         }
         let mut parts = Vec::new();
-        for (dev, (&n, &bytes)) in self
-            .allocations
-            .iter()
-            .zip(&self.allocation_bytes)
-            .enumerate()
-        {
+        for (dev, (&n, &bytes)) in self.allocations.iter().zip(&self.allocation_bytes).enumerate() {
             if n > 0 {
                 parts.push(format!("device {dev}: {n} allocation(s), {bytes} bytes"));
             }

@@ -34,8 +34,8 @@ pub use faults::{parse_faults, FaultPlan, FaultRule, FUNCTION_NAMES};
 pub use ledger::Ledger;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
-    Granularity, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
+    LaunchConfig, MemHandle, Module, MulticastProp, Stream,
 };
 use faults::Calls;
 use host::Memfd;
@@ -183,17 +183,11 @@ impl State {
     }
 
     fn live_alloc(&self, handle: MemHandle) -> R<&Alloc> {
-        self.allocs
-            .get(&handle)
-            .filter(|a| !a.released)
-            .ok_or(INVALID_VALUE)
+        self.allocs.get(&handle).filter(|a| !a.released).ok_or(INVALID_VALUE)
     }
 
     fn live_mc(&self, handle: MemHandle) -> R<&Mc> {
-        self.mcs
-            .get(&handle)
-            .filter(|m| !m.released)
-            .ok_or(INVALID_VALUE)
+        self.mcs.get(&handle).filter(|m| !m.released).ok_or(INVALID_VALUE)
     }
 
     fn phys_of(&self, alloc: &Alloc) -> R<&Phys> {
@@ -299,17 +293,10 @@ impl SimDriver {
     /// Runs `work` on the worker of `(dev, stream)` after everything enqueued there before: the
     /// simulated kernel launch (counted, and faultable, as `cuLaunchKernel`). Any `stream` value
     /// is accepted; `Stream(0)` is the legacy default stream of `dev`.
-    pub fn enqueue(
-        &self,
-        dev: Device,
-        stream: Stream,
-        work: Box<dyn FnOnce() + Send>,
-    ) -> DResult<()> {
+    pub fn enqueue(&self, dev: Device, stream: Stream, work: Box<dyn FnOnce() + Send>) -> DResult<()> {
         self.call("cuLaunchKernel", || {
             self.check_dev(dev)?;
-            self.workers
-                .enqueue((dev, stream.0), work)
-                .map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+            self.workers.enqueue((dev, stream.0), work).map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
         })
     }
 
@@ -335,9 +322,7 @@ impl SimDriver {
                 let phys = st.phys.get(&b.phys)?;
                 // SAFETY: mem_offset + size <= phys.size was checked at bind time, so the offset
                 // stays inside the shadow mapping.
-                Some((b.dev, unsafe {
-                    phys.memfd.shadow().add(b.mem_offset + (off - b.mc_offset))
-                }))
+                Some((b.dev, unsafe { phys.memfd.shadow().add(b.mem_offset + (off - b.mc_offset)) }))
             })
             .collect();
         if hits.is_empty() {
@@ -351,11 +336,7 @@ impl SimDriver {
     pub fn ledger(&self) -> Ledger {
         let st = self.state.lock();
         let n = self.config.devices as usize;
-        let mut ledger = Ledger {
-            allocations: vec![0; n],
-            allocation_bytes: vec![0; n],
-            ..Ledger::default()
-        };
+        let mut ledger = Ledger { allocations: vec![0; n], allocation_bytes: vec![0; n], ..Ledger::default() };
         for p in st.phys.values() {
             ledger.allocations[p.dev as usize] += 1;
             ledger.allocation_bytes[p.dev as usize] += p.size as u64;
@@ -380,12 +361,7 @@ impl SimDriver {
     /// Makes calls of `func` fail with `code`: the `nth` call from now (1 = the next one) and the
     /// `count - 1` after it, or every call from the `nth` on when `count` is `None`.
     pub fn inject(&self, func: &str, code: CuResult, nth: u64, count: Option<u64>) {
-        self.calls.lock().arm(FaultRule {
-            func: func.to_string(),
-            code,
-            first: nth.max(1),
-            count,
-        });
+        self.calls.lock().arm(FaultRule { func: func.to_string(), code, first: nth.max(1), count });
     }
 
     /// Removes every fault rule, configured or injected.
@@ -434,12 +410,7 @@ impl SimDriver {
     }
 
     /// Waits until every device of `mc` was added; panics when the watchdog expires.
-    fn wait_for_team(
-        &self,
-        st: &mut MutexGuard<'_, State>,
-        mc: MemHandle,
-        func: &'static str,
-    ) -> R<()> {
+    fn wait_for_team(&self, st: &mut MutexGuard<'_, State>, mc: MemHandle, func: &'static str) -> R<()> {
         let deadline = Instant::now() + self.config.watchdog;
         loop {
             let obj = st.live_mc(mc)?;
@@ -513,11 +484,7 @@ impl SimDriver {
         if (obj.prop.handle_types.is_shareable() || obj.imported) && !mem_shareable {
             return Err(INVALID_VALUE);
         }
-        Ok(BindSource {
-            phys: alloc.phys,
-            mem_offset,
-            dev: phys.dev,
-        })
+        Ok(BindSource { phys: alloc.phys, mem_offset, dev: phys.dev })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -540,18 +507,14 @@ impl SimDriver {
         if src.dev != target || !obj.devices.contains(&target) {
             return Err(CuResult::ERROR_INVALID_DEVICE);
         }
-        if obj.bindings.iter().any(|b| {
-            b.dev == target && b.mc_offset < mc_offset + size && mc_offset < b.mc_offset + b.size
-        }) {
+        if obj
+            .bindings
+            .iter()
+            .any(|b| b.dev == target && b.mc_offset < mc_offset + size && mc_offset < b.mc_offset + b.size)
+        {
             return Err(INVALID_VALUE);
         }
-        let binding = Binding {
-            dev: target,
-            mc_offset,
-            size,
-            phys: src.phys,
-            mem_offset: src.mem_offset,
-        };
+        let binding = Binding { dev: target, mc_offset, size, phys: src.phys, mem_offset: src.mem_offset };
         if let Some(p) = st.phys.get_mut(&src.phys) {
             p.refs += 1;
         }
@@ -562,14 +525,7 @@ impl SimDriver {
     }
 
     /// The rules of `cuMemMap`; returns whether `handle` is a multicast object.
-    fn map_check(
-        &self,
-        st: &State,
-        ptr: u64,
-        size: usize,
-        offset: usize,
-        handle: MemHandle,
-    ) -> R<bool> {
+    fn map_check(&self, st: &State, ptr: u64, size: usize, offset: usize, handle: MemHandle) -> R<bool> {
         let (multicast, total, g) = if let Ok(alloc) = st.live_alloc(handle) {
             (false, st.phys_of(alloc)?.size, self.config.mem_granularity)
         } else {
@@ -586,11 +542,7 @@ impl SimDriver {
             return Err(INVALID_VALUE);
         }
         let end = ptr.checked_add(size as u64).ok_or(INVALID_VALUE)?;
-        let (&rstart, &rsize) = st
-            .reservations
-            .range(..=ptr)
-            .next_back()
-            .ok_or(INVALID_VALUE)?;
+        let (&rstart, &rsize) = st.reservations.range(..=ptr).next_back().ok_or(INVALID_VALUE)?;
         if end > rstart + rsize as u64 {
             return Err(INVALID_VALUE);
         }
@@ -640,9 +592,7 @@ impl Driver for SimDriver {
     }
 
     fn device_count(&self) -> DResult<i32> {
-        self.call("cuDeviceGetCount", || {
-            i32::try_from(self.config.devices).map_err(|_| INVALID_VALUE)
-        })
+        self.call("cuDeviceGetCount", || i32::try_from(self.config.devices).map_err(|_| INVALID_VALUE))
     }
 
     fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
@@ -678,61 +628,29 @@ impl Driver for SimDriver {
         true
     }
 
-    fn mem_granularity(
-        &self,
-        dev: Device,
-        _option: Granularity,
-        _handle_types: HandleTypes,
-    ) -> DResult<usize> {
+    fn mem_granularity(&self, dev: Device, _option: Granularity, _handle_types: HandleTypes) -> DResult<usize> {
         self.call("cuMemGetAllocationGranularity", || {
             self.check_dev(dev)?;
             Ok(self.config.mem_granularity)
         })
     }
 
-    fn mem_create(
-        &self,
-        dev: Device,
-        size: usize,
-        handle_types: HandleTypes,
-    ) -> DResult<MemHandle> {
+    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
         self.call("cuMemCreate", || {
             self.check_dev(dev)?;
             if size == 0 || size % self.config.mem_granularity != 0 {
                 return Err(INVALID_VALUE);
             }
             let mut st = self.state.lock();
-            let used: u64 = st
-                .phys
-                .values()
-                .filter(|p| p.dev == dev)
-                .map(|p| p.size as u64)
-                .sum();
+            let used: u64 = st.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
             if used.saturating_add(size as u64) > self.config.device_memory {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
             let memfd = Memfd::create(size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
             let id = st.fresh_id();
-            st.phys.insert(
-                id,
-                Phys {
-                    memfd,
-                    dev,
-                    size,
-                    handle_types,
-                    refs: 1,
-                },
-            );
+            st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
             let handle = MemHandle(st.fresh_id());
-            st.allocs.insert(
-                handle,
-                Alloc {
-                    phys: id,
-                    imported: false,
-                    released: false,
-                    maps: 0,
-                },
-            );
+            st.allocs.insert(handle, Alloc { phys: id, imported: false, released: false, maps: 0 });
             Ok(handle)
         })
     }
@@ -747,11 +665,7 @@ impl Driver for SimDriver {
                 }
                 return Ok(());
             }
-            let obj = st
-                .mcs
-                .get_mut(&handle)
-                .filter(|m| !m.released)
-                .ok_or(INVALID_VALUE)?;
+            let obj = st.mcs.get_mut(&handle).filter(|m| !m.released).ok_or(INVALID_VALUE)?;
             obj.released = true;
             if obj.maps == 0 {
                 st.free_mc(handle);
@@ -790,13 +704,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mem_map(
-        &self,
-        ptr: DevicePtr,
-        size: usize,
-        offset: usize,
-        handle: MemHandle,
-    ) -> DResult<()> {
+    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
         self.call("cuMemMap", || {
             let mut st = self.state.lock();
             let multicast = self.map_check(&st, ptr, size, offset, handle)?;
@@ -810,19 +718,12 @@ impl Driver for SimDriver {
             } else {
                 let alloc = st.live_alloc(handle)?;
                 let fd = st.phys_of(alloc)?.memfd.raw_fd();
-                host::map_fixed(ptr, size, fd, offset)
-                    .map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+                host::map_fixed(ptr, size, fd, offset).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
                 if let Some(a) = st.allocs.get_mut(&handle) {
                     a.maps += 1;
                 }
             }
-            let mapping = Mapping {
-                size,
-                handle,
-                offset,
-                multicast,
-                access: BTreeSet::new(),
-            };
+            let mapping = Mapping { size, handle, offset, multicast, access: BTreeSet::new() };
             st.mappings.insert(ptr, mapping);
             Ok(())
         })
@@ -832,9 +733,7 @@ impl Driver for SimDriver {
         self.call("cuMemUnmap", || {
             let mut st = self.state.lock();
             let starts = st.covering(ptr, size)?;
-            let last_end = starts
-                .last()
-                .and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
+            let last_end = starts.last().and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
             if starts.first() != Some(&ptr) || last_end != Some(ptr + size as u64) {
                 return Err(INVALID_VALUE);
             }
@@ -873,9 +772,7 @@ impl Driver for SimDriver {
             }
             let mut st = self.state.lock();
             let starts = st.covering(ptr, size)?;
-            let last_end = starts
-                .last()
-                .and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
+            let last_end = starts.last().and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
             if starts.first() != Some(&ptr) || last_end != Some(ptr + size as u64) {
                 return Err(INVALID_VALUE);
             }
@@ -911,23 +808,13 @@ impl Driver for SimDriver {
             let (&id, _) = st
                 .phys
                 .iter()
-                .find(|(_, p)| {
-                    p.memfd.identity() == identity && p.handle_types.contains(HandleTypes::POSIX_FD)
-                })
+                .find(|(_, p)| p.memfd.identity() == identity && p.handle_types.contains(HandleTypes::POSIX_FD))
                 .ok_or(INVALID_VALUE)?;
             let handle = MemHandle(st.fresh_id());
             if let Some(p) = st.phys.get_mut(&id) {
                 p.refs += 1;
             }
-            st.allocs.insert(
-                handle,
-                Alloc {
-                    phys: id,
-                    imported: true,
-                    released: false,
-                    maps: 0,
-                },
-            );
+            st.allocs.insert(handle, Alloc { phys: id, imported: true, released: false, maps: 0 });
             Ok(handle)
         })
     }
@@ -999,17 +886,7 @@ impl Driver for SimDriver {
         flags: u64,
     ) -> DResult<()> {
         let f = "cuMulticastBindMem";
-        self.call(f, || {
-            self.bind(
-                f,
-                mc,
-                None,
-                mc_offset,
-                BindMemory::Handle(mem, mem_offset),
-                size,
-                flags,
-            )
-        })
+        self.call(f, || self.bind(f, mc, None, mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
     }
 
     fn multicast_bind_mem_v2(
@@ -1023,17 +900,7 @@ impl Driver for SimDriver {
         flags: u64,
     ) -> DResult<()> {
         let f = "cuMulticastBindMem_v2";
-        self.call(f, || {
-            self.bind(
-                f,
-                mc,
-                Some(dev),
-                mc_offset,
-                BindMemory::Handle(mem, mem_offset),
-                size,
-                flags,
-            )
-        })
+        self.call(f, || self.bind(f, mc, Some(dev), mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
     }
 
     fn multicast_bind_addr(
@@ -1045,17 +912,7 @@ impl Driver for SimDriver {
         flags: u64,
     ) -> DResult<()> {
         let f = "cuMulticastBindAddr";
-        self.call(f, || {
-            self.bind(
-                f,
-                mc,
-                None,
-                mc_offset,
-                BindMemory::Address(ptr),
-                size,
-                flags,
-            )
-        })
+        self.call(f, || self.bind(f, mc, None, mc_offset, BindMemory::Address(ptr), size, flags))
     }
 
     fn multicast_bind_addr_v2(
@@ -1068,37 +925,19 @@ impl Driver for SimDriver {
         flags: u64,
     ) -> DResult<()> {
         let f = "cuMulticastBindAddr_v2";
-        self.call(f, || {
-            self.bind(
-                f,
-                mc,
-                Some(dev),
-                mc_offset,
-                BindMemory::Address(ptr),
-                size,
-                flags,
-            )
-        })
+        self.call(f, || self.bind(f, mc, Some(dev), mc_offset, BindMemory::Address(ptr), size, flags))
     }
 
-    fn multicast_unbind(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        size: usize,
-    ) -> DResult<()> {
+    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()> {
         self.call("cuMulticastUnbind", || {
             let mut st = self.state.lock();
             let obj = st.live_mc(mc)?;
             self.check_dev(dev)?;
             let g = self.mc_gran();
-            if size == 0 || size % g != 0 || mc_offset % g != 0 || mc_offset.checked_add(size).exceeds(obj.prop.size)
-            {
+            if size == 0 || size % g != 0 || mc_offset % g != 0 || mc_offset.checked_add(size).exceeds(obj.prop.size) {
                 return Err(INVALID_VALUE);
             }
-            let Some(i) =
-                obj.bindings.iter().position(|b| b.dev == dev && b.mc_offset == mc_offset && b.size == size)
+            let Some(i) = obj.bindings.iter().position(|b| b.dev == dev && b.mc_offset == mc_offset && b.size == size)
             else {
                 tracing::error!(
                     "mcast sim: cuMulticastUnbind(mc {:#x}, dev {dev}, offset {mc_offset}, size {size}) matches no \
@@ -1161,12 +1000,7 @@ impl Driver for SimDriver {
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
         self.call("cuEventRecord", || {
             self.check_dev(dev)?;
-            let cell = self
-                .state
-                .lock()
-                .events
-                .get(&event.0)
-                .map(|(_, c)| c.clone());
+            let cell = self.state.lock().events.get(&event.0).map(|(_, c)| c.clone());
             let cell = cell.ok_or(CuResult::ERROR_INVALID_HANDLE)?;
             cell.state.lock().recorded += 1;
             let reach = cell.clone();
@@ -1188,12 +1022,7 @@ impl Driver for SimDriver {
             self.check_dev(dev)?;
             let (a, b) = {
                 let st = self.state.lock();
-                let get = |e: Event| {
-                    st.events
-                        .get(&e.0)
-                        .map(|(_, c)| c.clone())
-                        .ok_or(CuResult::ERROR_INVALID_HANDLE)
-                };
+                let get = |e: Event| st.events.get(&e.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE);
                 (get(start)?, get(end)?)
             };
             let (Some(t0), Some(t1)) = (a.synchronize(), b.synchronize()) else {
@@ -1211,12 +1040,7 @@ impl Driver for SimDriver {
     fn event_destroy(&self, dev: Device, event: Event) -> DResult<()> {
         self.call("cuEventDestroy", || {
             self.check_dev(dev)?;
-            self.state
-                .lock()
-                .events
-                .remove(&event.0)
-                .map(|_| ())
-                .ok_or(CuResult::ERROR_INVALID_HANDLE)
+            self.state.lock().events.remove(&event.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
         })
     }
 
@@ -1271,12 +1095,7 @@ impl Driver for SimDriver {
     fn module_unload(&self, dev: Device, module: Module) -> DResult<()> {
         self.call("cuModuleUnload", || {
             self.check_dev(dev)?;
-            self.state
-                .lock()
-                .modules
-                .remove(&module.0)
-                .map(|_| ())
-                .ok_or(CuResult::ERROR_INVALID_HANDLE)
+            self.state.lock().modules.remove(&module.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
         })
     }
 

@@ -13,11 +13,7 @@ const IV: CuResult = CuResult::ERROR_INVALID_VALUE;
 const ID: CuResult = CuResult::ERROR_INVALID_DEVICE;
 
 fn config() -> SimConfig {
-    SimConfig {
-        device_memory: 64 * MIB as u64,
-        watchdog: Duration::from_secs(5),
-        ..SimConfig::default()
-    }
+    SimConfig { device_memory: 64 * MIB as u64, watchdog: Duration::from_secs(5), ..SimConfig::default() }
 }
 
 fn sim() -> SimDriver {
@@ -29,12 +25,7 @@ fn code<T: std::fmt::Debug>(r: DResult<T>) -> CuResult {
 }
 
 fn prop(n: u32, size: usize, handle_types: HandleTypes) -> MulticastProp {
-    MulticastProp {
-        num_devices: n,
-        size,
-        handle_types,
-        flags: 0,
-    }
+    MulticastProp { num_devices: n, size, handle_types, flags: 0 }
 }
 
 /// A multicast object for devices `0..n`, all added.
@@ -69,10 +60,7 @@ fn devices_and_invalid_ordinals() {
     assert_eq!(s.device_count().unwrap(), 4);
     assert_eq!(s.driver_version().unwrap(), 13000);
     let p = s.device_props(3).unwrap();
-    assert_eq!(
-        (p.name.as_str(), p.cc_major, p.cc_minor, p.sm_count),
-        ("mcast simulated GPU", 9, 0, 132)
-    );
+    assert_eq!((p.name.as_str(), p.cc_major, p.cc_minor, p.sm_count), ("mcast simulated GPU", 9, 0, 132));
     assert_eq!(p.total_memory, 64 * MIB as u64);
     assert!(p.multicast_supported && p.vmm_supported && p.posix_fd_supported && p.fabric_supported);
     assert_eq!(code(s.device_props(4)), ID);
@@ -102,14 +90,9 @@ fn create_needs_at_least_one_device() {
 #[test]
 fn create_size_multiple_of_minimum_granularity() {
     let s = sim();
-    assert_eq!(
-        code(s.multicast_create(&prop(2, G + 4096, HandleTypes::NONE))),
-        IV
-    );
+    assert_eq!(code(s.multicast_create(&prop(2, G + 4096, HandleTypes::NONE))), IV);
     assert_eq!(code(s.multicast_create(&prop(2, 0, HandleTypes::NONE))), IV);
-    let mc = s
-        .multicast_create(&prop(2, 3 * G, HandleTypes::NONE))
-        .unwrap();
+    let mc = s.multicast_create(&prop(2, 3 * G, HandleTypes::NONE)).unwrap();
     s.mem_release(mc).unwrap();
 }
 
@@ -118,10 +101,7 @@ fn create_size_multiple_of_minimum_granularity() {
 #[test]
 fn create_flags_must_be_zero() {
     let s = sim();
-    let p = MulticastProp {
-        flags: 1,
-        ..prop(2, G, HandleTypes::NONE)
-    };
+    let p = MulticastProp { flags: 1, ..prop(2, G, HandleTypes::NONE) };
     assert_eq!(code(s.multicast_create(&p)), IV);
 }
 
@@ -129,27 +109,18 @@ fn create_flags_must_be_zero() {
 /// [CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED]": without it, CUDA_ERROR_NOT_SUPPORTED.
 #[test]
 fn create_refused_without_multicast_support() {
-    let s = SimDriver::new(SimConfig {
-        multicast_supported: false,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { multicast_supported: false, ..config() });
     assert!(!s.device_props(0).unwrap().multicast_supported);
     let p = prop(2, G, HandleTypes::NONE);
     assert_eq!(code(s.multicast_create(&p)), CuResult::ERROR_NOT_SUPPORTED);
-    assert_eq!(
-        code(s.multicast_granularity(&p, Granularity::Minimum)),
-        CuResult::ERROR_NOT_SUPPORTED
-    );
+    assert_eq!(code(s.multicast_granularity(&p, Granularity::Minimum)), CuResult::ERROR_NOT_SUPPORTED);
 }
 
 /// DESIGN.md: "Out of multicast slots: `CUDA_ERROR_OUT_OF_MEMORY`." (cuMulticastCreate
 /// "Returns ... CUDA_ERROR_OUT_OF_MEMORY".) Releasing one frees its slot.
 #[test]
 fn create_out_of_slots_is_out_of_memory() {
-    let s = SimDriver::new(SimConfig {
-        multicast_slots: 3,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { multicast_slots: 3, ..config() });
     let p = prop(2, G, HandleTypes::NONE);
     let mcs: Vec<_> = (0..3).map(|_| s.multicast_create(&p).unwrap()).collect();
     assert_eq!(code(s.multicast_create(&p)), CuResult::ERROR_OUT_OF_MEMORY);
@@ -169,32 +140,12 @@ fn create_out_of_slots_is_out_of_memory() {
 fn granularity_minimum_and_recommended() {
     let s = sim();
     let p = prop(2, G, HandleTypes::NONE);
-    assert_eq!(
-        s.multicast_granularity(&p, Granularity::Minimum).unwrap(),
-        2 * MIB
-    );
-    assert_eq!(
-        s.multicast_granularity(&p, Granularity::Recommended)
-            .unwrap(),
-        512 * MIB
-    );
-    assert_eq!(
-        code(s.multicast_granularity(&prop(0, G, HandleTypes::NONE), Granularity::Minimum)),
-        IV
-    );
-    let s = SimDriver::new(SimConfig {
-        multicast_granularity_min: 4 * MIB,
-        ..config()
-    });
-    assert_eq!(
-        s.multicast_granularity(&p, Granularity::Minimum).unwrap(),
-        4 * MIB
-    );
-    assert_eq!(
-        s.mem_granularity(0, Granularity::Recommended, HandleTypes::NONE)
-            .unwrap(),
-        2 * MIB
-    );
+    assert_eq!(s.multicast_granularity(&p, Granularity::Minimum).unwrap(), 2 * MIB);
+    assert_eq!(s.multicast_granularity(&p, Granularity::Recommended).unwrap(), 512 * MIB);
+    assert_eq!(code(s.multicast_granularity(&prop(0, G, HandleTypes::NONE), Granularity::Minimum)), IV);
+    let s = SimDriver::new(SimConfig { multicast_granularity_min: 4 * MIB, ..config() });
+    assert_eq!(s.multicast_granularity(&p, Granularity::Minimum).unwrap(), 4 * MIB);
+    assert_eq!(s.mem_granularity(0, Granularity::Recommended, HandleTypes::NONE).unwrap(), 2 * MIB);
 }
 
 // ---- cuMulticastAddDevice ----
@@ -254,29 +205,14 @@ fn bind_flags_must_be_zero() {
 /// [cuMulticastGetGranularity] with the flag [CU_MULTICAST_GRANULARITY_MINIMUM]."
 #[test]
 fn bind_mem_offsets_and_size_multiple_of_minimum() {
-    let s = SimDriver::new(SimConfig {
-        multicast_granularity_min: 4 * MIB,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { multicast_granularity_min: 4 * MIB, ..config() });
     let m = 4 * MIB;
     let mc = team(&s, 2, 2 * m, HandleTypes::NONE);
     let h = s.mem_create(0, 2 * m, HandleTypes::NONE).unwrap();
     assert_eq!(code(s.multicast_bind_mem(mc, 0, h, 0, G, 0)), IV, "size");
-    assert_eq!(
-        code(s.multicast_bind_mem(mc, G, h, 0, m, 0)),
-        IV,
-        "mcOffset"
-    );
-    assert_eq!(
-        code(s.multicast_bind_mem(mc, 0, h, G, m, 0)),
-        IV,
-        "memOffset"
-    );
-    assert_eq!(
-        code(s.multicast_bind_mem_v2(mc, 0, 0, h, G, m, 0)),
-        IV,
-        "memOffset v2"
-    );
+    assert_eq!(code(s.multicast_bind_mem(mc, G, h, 0, m, 0)), IV, "mcOffset");
+    assert_eq!(code(s.multicast_bind_mem(mc, 0, h, G, m, 0)), IV, "memOffset");
+    assert_eq!(code(s.multicast_bind_mem_v2(mc, 0, 0, h, G, m, 0)), IV, "memOffset v2");
     s.multicast_bind_mem(mc, m, h, m, m, 0).unwrap();
 }
 
@@ -285,26 +221,15 @@ fn bind_mem_offsets_and_size_multiple_of_minimum() {
 /// [CU_MULTICAST_GRANULARITY_MINIMUM]."
 #[test]
 fn bind_addr_memptr_multiple_of_minimum() {
-    let s = SimDriver::new(SimConfig {
-        multicast_granularity_min: 4 * MIB,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { multicast_granularity_min: 4 * MIB, ..config() });
     let m = 4 * MIB;
     let mc = team(&s, 2, 2 * m, HandleTypes::NONE);
     let h = s.mem_create(0, 2 * m, HandleTypes::NONE).unwrap();
     let p = s.mem_address_reserve(2 * m, m).unwrap();
     assert_eq!(p % m as u64, 0);
     s.mem_map(p, 2 * m, 0, h).unwrap();
-    assert_eq!(
-        code(s.multicast_bind_addr(mc, 0, p + G as u64, m, 0)),
-        IV,
-        "memptr"
-    );
-    assert_eq!(
-        code(s.multicast_bind_addr_v2(mc, 0, 0, p + G as u64, m, 0)),
-        IV,
-        "memptr v2"
-    );
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, p + G as u64, m, 0)), IV, "memptr");
+    assert_eq!(code(s.multicast_bind_addr_v2(mc, 0, 0, p + G as u64, m, 0)), IV, "memptr v2");
     assert_eq!(code(s.multicast_bind_addr(mc, G, p, m, 0)), IV, "mcOffset");
     s.multicast_bind_addr(mc, 0, p, m, 0).unwrap();
 }
@@ -317,11 +242,7 @@ fn bind_mem_within_allocation() {
     let h = s.mem_create(0, 2 * G, HandleTypes::NONE).unwrap();
     assert_eq!(code(s.multicast_bind_mem(mc, 0, h, G, 2 * G, 0)), IV);
     assert_eq!(code(s.multicast_bind_mem(mc, 0, h, 0, 3 * G, 0)), IV);
-    assert_eq!(
-        code(s.multicast_bind_mem(mc, 0, h, usize::MAX - G + 1, G, 0)),
-        IV,
-        "overflow"
-    );
+    assert_eq!(code(s.multicast_bind_mem(mc, 0, h, usize::MAX - G + 1, G, 0)), IV, "overflow");
     s.multicast_bind_mem(mc, 0, h, G, G, 0).unwrap();
 }
 
@@ -357,32 +278,12 @@ fn bind_v2_memory_on_dev_and_dev_added() {
     let s = sim();
     let mc = team(&s, 2, G, HandleTypes::NONE); // devices 0 and 1
     let (h0, p0) = mapped(&s, 0, G, HandleTypes::NONE);
-    assert_eq!(
-        code(s.multicast_bind_mem_v2(mc, 1, 0, h0, 0, G, 0)),
-        ID,
-        "memory on another device"
-    );
-    assert_eq!(
-        code(s.multicast_bind_addr_v2(mc, 1, 0, p0, G, 0)),
-        ID,
-        "memory on another device"
-    );
+    assert_eq!(code(s.multicast_bind_mem_v2(mc, 1, 0, h0, 0, G, 0)), ID, "memory on another device");
+    assert_eq!(code(s.multicast_bind_addr_v2(mc, 1, 0, p0, G, 0)), ID, "memory on another device");
     let (h2, p2) = mapped(&s, 2, G, HandleTypes::NONE);
-    assert_eq!(
-        code(s.multicast_bind_mem_v2(mc, 2, 0, h2, 0, G, 0)),
-        ID,
-        "dev not added"
-    );
-    assert_eq!(
-        code(s.multicast_bind_addr_v2(mc, 2, 0, p2, G, 0)),
-        ID,
-        "dev not added"
-    );
-    assert_eq!(
-        code(s.multicast_bind_mem_v2(mc, 9, 0, h0, 0, G, 0)),
-        ID,
-        "no such device"
-    );
+    assert_eq!(code(s.multicast_bind_mem_v2(mc, 2, 0, h2, 0, G, 0)), ID, "dev not added");
+    assert_eq!(code(s.multicast_bind_addr_v2(mc, 2, 0, p2, G, 0)), ID, "dev not added");
+    assert_eq!(code(s.multicast_bind_mem_v2(mc, 9, 0, h0, 0, G, 0)), ID, "no such device");
     s.multicast_bind_mem_v2(mc, 0, 0, h0, 0, G, 0).unwrap();
     let (_h1, p1) = mapped(&s, 1, G, HandleTypes::NONE);
     s.multicast_bind_addr_v2(mc, 1, 0, p1, G, 0).unwrap();
@@ -401,9 +302,7 @@ fn shareable_objects_bind_only_shareable_memory() {
     let shared = s.mem_create(0, G, HandleTypes::POSIX_FD).unwrap();
     s.multicast_bind_mem(mc, 0, shared, 0, G, 0).unwrap();
     let fd = s.mem_export_fd(shared).unwrap();
-    let imported = s
-        .mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd))
-        .unwrap();
+    let imported = s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
     s.multicast_bind_mem(mc, G, imported, 0, G, 0).unwrap();
     // A non-shareable object takes either kind.
     let mc2 = team(&s, 2, G, HandleTypes::NONE);
@@ -418,28 +317,12 @@ fn bind_addr_needs_mapped_allocation() {
     let s = sim();
     let mc = team(&s, 2, 4 * G, HandleTypes::NONE);
     let host = [0u8; 16];
-    assert_eq!(
-        code(s.multicast_bind_addr(mc, 0, host.as_ptr() as u64, G, 0)),
-        IV,
-        "host memory"
-    );
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, host.as_ptr() as u64, G, 0)), IV, "host memory");
     let bare = s.mem_address_reserve(2 * G, 0).unwrap();
-    assert_eq!(
-        code(s.multicast_bind_addr(mc, 0, bare, G, 0)),
-        IV,
-        "reserved, not mapped"
-    );
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, bare, G, 0)), IV, "reserved, not mapped");
     let (_h, p) = mapped(&s, 0, 2 * G, HandleTypes::NONE);
-    assert_eq!(
-        code(s.multicast_bind_addr(mc, 0, p, 3 * G, 0)),
-        IV,
-        "larger than the allocation"
-    );
-    assert_eq!(
-        code(s.multicast_bind_addr(mc, 0, p + G as u64, 2 * G, 0)),
-        IV,
-        "past its end"
-    );
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, p, 3 * G, 0)), IV, "larger than the allocation");
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, p + G as u64, 2 * G, 0)), IV, "past its end");
     s.multicast_bind_addr(mc, 0, p + G as u64, G, 0).unwrap();
 }
 
@@ -454,8 +337,7 @@ fn bind_overlapping_same_device_refused() {
     s.multicast_bind_mem(mc, 0, h0, 0, 2 * G, 0).unwrap();
     assert_eq!(code(s.multicast_bind_mem(mc, G, h0, 2 * G, 2 * G, 0)), IV);
     s.multicast_bind_mem(mc, 0, h1, 0, 2 * G, 0).unwrap();
-    s.multicast_bind_mem(mc, 2 * G, h0, 2 * G, 2 * G, 0)
-        .unwrap();
+    s.multicast_bind_mem(mc, 2 * G, h0, 2 * G, 2 * G, 0).unwrap();
     assert_eq!(s.ledger().bindings, 3);
 }
 
@@ -475,10 +357,7 @@ fn bind_blocks_until_all_devices_added() {
             r
         });
         std::thread::sleep(Duration::from_millis(100));
-        assert!(
-            !done.load(Ordering::SeqCst),
-            "bind returned before the last device was added"
-        );
+        assert!(!done.load(Ordering::SeqCst), "bind returned before the last device was added");
         s.multicast_add_device(mc, 1).unwrap();
         binder.join().unwrap().unwrap();
     });
@@ -504,10 +383,7 @@ fn map_of_multicast_blocks_until_all_devices_added() {
         std::thread::sleep(Duration::from_millis(50));
         s.multicast_add_device(mc, 1).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            !done.load(Ordering::SeqCst),
-            "cuMemMap returned with 2 of 3 devices added"
-        );
+        assert!(!done.load(Ordering::SeqCst), "cuMemMap returned with 2 of 3 devices added");
         s.multicast_add_device(mc, 2).unwrap();
         mapper.join().unwrap().unwrap();
     });
@@ -519,10 +395,7 @@ fn map_of_multicast_blocks_until_all_devices_added() {
 #[test]
 #[should_panic(expected = "1 of 2 added); real hardware would hang forever")]
 fn watchdog_turns_endless_bind_into_panic() {
-    let s = SimDriver::new(SimConfig {
-        watchdog: Duration::from_millis(200),
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { watchdog: Duration::from_millis(200), ..config() });
     let mc = s.multicast_create(&prop(2, G, HandleTypes::NONE)).unwrap();
     s.multicast_add_device(mc, 0).unwrap();
     let h = s.mem_create(0, G, HandleTypes::NONE).unwrap();
@@ -532,19 +405,12 @@ fn watchdog_turns_endless_bind_into_panic() {
 /// The watchdog names the blocked call for cuMemMap too.
 #[test]
 fn watchdog_names_blocked_map() {
-    let s = SimDriver::new(SimConfig {
-        watchdog: Duration::from_millis(100),
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { watchdog: Duration::from_millis(100), ..config() });
     let mc = s.multicast_create(&prop(2, G, HandleTypes::NONE)).unwrap();
     let va = s.mem_address_reserve(G, 0).unwrap();
-    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.mem_map(va, G, 0, mc)))
-        .unwrap_err();
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.mem_map(va, G, 0, mc))).unwrap_err();
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(
-        msg.contains("cuMemMap") && msg.contains("0 of 2 added"),
-        "{msg}"
-    );
+    assert!(msg.contains("cuMemMap") && msg.contains("0 of 2 added"), "{msg}");
 }
 
 // ---- cuMulticastUnbind ----
@@ -577,22 +443,10 @@ fn unbind_must_match_a_bind_exactly() {
     s.multicast_bind_mem(mc, 0, h, 0, 2 * G, 0).unwrap();
     assert_eq!(code(s.multicast_unbind(mc, 0, 0, G)), IV, "smaller size");
     assert_eq!(code(s.multicast_unbind(mc, 0, 0, 4 * G)), IV, "larger size");
-    assert_eq!(
-        code(s.multicast_unbind(mc, 1, 0, 2 * G)),
-        IV,
-        "another device"
-    );
-    assert_eq!(
-        code(s.multicast_unbind(mc, 0, 2 * G, 2 * G)),
-        IV,
-        "never bound"
-    );
+    assert_eq!(code(s.multicast_unbind(mc, 1, 0, 2 * G)), IV, "another device");
+    assert_eq!(code(s.multicast_unbind(mc, 0, 2 * G, 2 * G)), IV, "never bound");
     s.multicast_unbind(mc, 0, 0, 2 * G).unwrap();
-    assert_eq!(
-        code(s.multicast_unbind(mc, 0, 0, 2 * G)),
-        IV,
-        "already unbound"
-    );
+    assert_eq!(code(s.multicast_unbind(mc, 0, 0, 2 * G)), IV, "already unbound");
     assert_eq!(s.ledger().bindings, 0);
 }
 
@@ -622,42 +476,18 @@ fn map_rules() {
     let va = s.mem_address_reserve(4 * G, 0).unwrap();
     assert_eq!(va % G as u64, 0);
     let host = [0u8; 8];
-    assert_eq!(
-        code(s.mem_map(host.as_ptr() as u64, G, 0, h)),
-        IV,
-        "not reserved"
-    );
-    assert_eq!(
-        code(s.mem_map(va + 3 * G as u64, 2 * G, 0, h)),
-        IV,
-        "leaves the reservation"
-    );
-    assert_eq!(
-        code(s.mem_map(va + 4096, G, 0, h)),
-        IV,
-        "misaligned address"
-    );
+    assert_eq!(code(s.mem_map(host.as_ptr() as u64, G, 0, h)), IV, "not reserved");
+    assert_eq!(code(s.mem_map(va + 3 * G as u64, 2 * G, 0, h)), IV, "leaves the reservation");
+    assert_eq!(code(s.mem_map(va + 4096, G, 0, h)), IV, "misaligned address");
     assert_eq!(code(s.mem_map(va, G, 4096, h)), IV, "misaligned offset");
     assert_eq!(code(s.mem_map(va, 2 * G, G, h)), IV, "past the allocation");
-    assert_eq!(
-        code(s.mem_map(va, G, 0, MemHandle(99))),
-        IV,
-        "no such handle"
-    );
+    assert_eq!(code(s.mem_map(va, G, 0, MemHandle(99))), IV, "no such handle");
     s.mem_map(va, 2 * G, 0, h).unwrap();
-    assert_eq!(
-        code(s.mem_map(va + G as u64, G, 0, h)),
-        IV,
-        "already mapped"
-    );
+    assert_eq!(code(s.mem_map(va + G as u64, G, 0, h)), IV, "already mapped");
     assert_eq!(code(s.mem_address_free(va, 4 * G)), IV, "still mapped");
     assert_eq!(code(s.mem_unmap(va, G)), IV, "part of a mapping");
     s.mem_unmap(va, 2 * G).unwrap();
-    assert_eq!(
-        code(s.mem_address_free(va, 2 * G)),
-        IV,
-        "not the reserved size"
-    );
+    assert_eq!(code(s.mem_address_free(va, 2 * G)), IV, "not the reserved size");
     s.mem_address_free(va, 4 * G).unwrap();
     s.mem_release(h).unwrap();
     assert_eq!(code(s.mem_release(h)), IV, "released twice");
@@ -675,29 +505,17 @@ fn access_needs_set_access_for_the_device() {
     assert_eq!(code(s.memcpy_htod(0, va, &[1, 2, 3])), IV, "no access yet");
     assert_eq!(code(s.mem_set_access(va, 2 * G, &[])), IV);
     assert_eq!(code(s.mem_set_access(va, 2 * G, &[5])), ID);
-    assert_eq!(
-        code(s.mem_set_access(va, 4 * G, &[0])),
-        IV,
-        "past the mapping"
-    );
+    assert_eq!(code(s.mem_set_access(va, 4 * G, &[0])), IV, "past the mapping");
     s.mem_set_access(va, 2 * G, &[0]).unwrap();
     s.memcpy_htod(0, va + 10, &[1, 2, 3]).unwrap();
-    assert_eq!(
-        code(s.memcpy_htod(1, va, &[1])),
-        IV,
-        "device 1 has no access"
-    );
+    assert_eq!(code(s.memcpy_htod(1, va, &[1])), IV, "device 1 has no access");
     let mut out = [0u8; 4];
     assert_eq!(code(s.memcpy_dtoh(1, &mut out, va + 9)), IV);
     s.mem_set_access(va, 2 * G, &[1]).unwrap();
     s.memcpy_dtoh(1, &mut out, va + 9).unwrap();
     assert_eq!(out, [0, 1, 2, 3]);
     s.memset_d8(0, va + 2 * G as u64 - 4, 7, 4).unwrap();
-    assert_eq!(
-        code(s.memset_d8(0, va + 2 * G as u64 - 4, 7, 5)),
-        IV,
-        "past the mapping"
-    );
+    assert_eq!(code(s.memset_d8(0, va + 2 * G as u64 - 4, 7, 5)), IV, "past the mapping");
     s.memcpy_dtoh(0, &mut out, va + 2 * G as u64 - 4).unwrap();
     assert_eq!(out, [7; 4]);
     unmapped_free(&s, h, va, 2 * G);
@@ -709,18 +527,11 @@ fn access_needs_set_access_for_the_device() {
 /// [cuMemRelease].")
 #[test]
 fn release_of_mapped_handles_is_deferred() {
-    let s = SimDriver::new(SimConfig {
-        multicast_slots: 1,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { multicast_slots: 1, ..config() });
     let (h, va) = mapped(&s, 0, G, HandleTypes::NONE);
     s.memcpy_htod(0, va, b"kept").unwrap();
     s.mem_release(h).unwrap();
-    assert_eq!(
-        code(s.mem_map(va, G, 0, h)),
-        IV,
-        "the handle is gone for the caller"
-    );
+    assert_eq!(code(s.mem_map(va, G, 0, h)), IV, "the handle is gone for the caller");
     let mut out = [0u8; 4];
     s.memcpy_dtoh(0, &mut out, va).unwrap();
     assert_eq!(&out, b"kept", "memory stays while mapped");
@@ -732,11 +543,7 @@ fn release_of_mapped_handles_is_deferred() {
     s.mem_map(va, G, 0, mc).unwrap();
     s.mem_release(mc).unwrap();
     let p = prop(1, G, HandleTypes::NONE);
-    assert_eq!(
-        code(s.multicast_create(&p)),
-        CuResult::ERROR_OUT_OF_MEMORY,
-        "slot held while mapped"
-    );
+    assert_eq!(code(s.multicast_create(&p)), CuResult::ERROR_OUT_OF_MEMORY, "slot held while mapped");
     s.mem_unmap(va, G).unwrap();
     let mc2 = s.multicast_create(&p).unwrap();
     s.mem_release(mc2).unwrap();
@@ -748,28 +555,15 @@ fn release_of_mapped_handles_is_deferred() {
 /// `CUDA_ERROR_OUT_OF_MEMORY`." (cuMemCreate returns CUDA_ERROR_OUT_OF_MEMORY.)
 #[test]
 fn memory_budget_gives_out_of_memory() {
-    let s = SimDriver::new(SimConfig {
-        device_memory: 8 * MIB as u64,
-        ..config()
-    });
+    let s = SimDriver::new(SimConfig { device_memory: 8 * MIB as u64, ..config() });
     let a = s.mem_create(0, 6 * MIB, HandleTypes::NONE).unwrap();
-    assert_eq!(
-        code(s.mem_create(0, 4 * MIB, HandleTypes::NONE)),
-        CuResult::ERROR_OUT_OF_MEMORY
-    );
+    assert_eq!(code(s.mem_create(0, 4 * MIB, HandleTypes::NONE)), CuResult::ERROR_OUT_OF_MEMORY);
     let b = s.mem_create(1, 8 * MIB, HandleTypes::NONE).unwrap(); // per device
     let c = s.mem_create(0, 2 * MIB, HandleTypes::NONE).unwrap();
-    assert_eq!(
-        s.ledger().allocation_bytes[..2],
-        [8 * MIB as u64, 8 * MIB as u64]
-    );
+    assert_eq!(s.ledger().allocation_bytes[..2], [8 * MIB as u64, 8 * MIB as u64]);
     s.mem_release(a).unwrap();
     let d = s.mem_create(0, 6 * MIB, HandleTypes::NONE).unwrap();
-    assert_eq!(
-        code(s.mem_create(0, G + 1, HandleTypes::NONE)),
-        IV,
-        "not a granularity multiple"
-    );
+    assert_eq!(code(s.mem_create(0, G + 1, HandleTypes::NONE)), IV, "not a granularity multiple");
     for h in [b, c, d] {
         s.mem_release(h).unwrap();
     }
@@ -787,9 +581,7 @@ fn export_and_import_share_memory() {
     assert_eq!(code(s.mem_export_fd(fabric)), IV);
     let (h, va) = mapped(&s, 0, G, HandleTypes::POSIX_FD);
     let fd = s.mem_export_fd(h).unwrap();
-    let imported = s
-        .mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd))
-        .unwrap();
+    let imported = s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
     assert_ne!(imported, h);
     assert_eq!(s.ledger().allocations[0], 3, "an import is no new memory");
     let vb = s.mem_address_reserve(G, 0).unwrap();
@@ -801,10 +593,7 @@ fn export_and_import_share_memory() {
     assert_eq!(&out, b"same");
     assert_eq!(code(s.mem_import_fd(-1)), IV);
     let stranger = std::fs::File::open("/proc/self/stat").unwrap();
-    assert_eq!(
-        code(s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&stranger))),
-        IV
-    );
+    assert_eq!(code(s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&stranger))), IV);
 }
 
 // ---- multimem translation ----
@@ -815,27 +604,16 @@ fn export_and_import_share_memory() {
 fn multicast_targets_ld_reduce_and_st() {
     let s = sim();
     let mc = team(&s, 3, 2 * G, HandleTypes::NONE);
-    let ranks: Vec<_> = [2, 0, 1]
-        .iter()
-        .map(|&d| (d, mapped(&s, d, 2 * G, HandleTypes::NONE)))
-        .collect();
+    let ranks: Vec<_> = [2, 0, 1].iter().map(|&d| (d, mapped(&s, d, 2 * G, HandleTypes::NONE))).collect();
     for &(d, (h, va)) in &ranks {
         s.multicast_bind_mem(mc, 0, h, 0, 2 * G, 0).unwrap();
-        let vals: Vec<u8> = (0..64u32)
-            .flat_map(|i| (i * 10 + d as u32 + 1).to_le_bytes())
-            .collect();
+        let vals: Vec<u8> = (0..64u32).flat_map(|i| (i * 10 + d as u32 + 1).to_le_bytes()).collect();
         s.memcpy_htod(d, va + 4096, &vals).unwrap();
     }
     let mva = s.mem_address_reserve(2 * G, 0).unwrap();
     s.mem_map(mva, 2 * G, 0, mc).unwrap();
-    assert!(
-        s.multicast_targets(mva + 2 * G as u64 - 4, 8).is_none(),
-        "leaves the mapping"
-    );
-    assert!(
-        s.multicast_targets(ranks[0].1 .1, 8).is_none(),
-        "a unicast address"
-    );
+    assert!(s.multicast_targets(mva + 2 * G as u64 - 4, 8).is_none(), "leaves the mapping");
+    assert!(s.multicast_targets(ranks[0].1 .1, 8).is_none(), "a unicast address");
     let targets = s.multicast_targets(mva + 4096, 256).unwrap();
     assert_eq!(targets.len(), 3);
     // Ordered by device ordinal: the first target is device 0's memory.
@@ -857,15 +635,8 @@ fn multicast_targets_ld_reduce_and_st() {
     for &(d, (_, va)) in &ranks {
         let mut out = vec![0u8; 256];
         s.memcpy_dtoh(d, &mut out, va + 4096).unwrap();
-        let got: Vec<u32> = out
-            .chunks(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        assert_eq!(
-            got,
-            (0..64u32).map(|i| 30 * i + 6).collect::<Vec<_>>(),
-            "device {d}"
-        );
+        let got: Vec<u32> = out.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(got, (0..64u32).map(|i| 30 * i + 6).collect::<Vec<_>>(), "device {d}");
     }
 }
 
@@ -874,19 +645,14 @@ fn multicast_targets_ld_reduce_and_st() {
 fn multicast_targets_skip_unbound_devices() {
     let s = sim();
     let mc = team(&s, 3, 2 * G, HandleTypes::NONE);
-    let h: Vec<_> = (0..3)
-        .map(|d| s.mem_create(d, 2 * G, HandleTypes::NONE).unwrap())
-        .collect();
+    let h: Vec<_> = (0..3).map(|d| s.mem_create(d, 2 * G, HandleTypes::NONE).unwrap()).collect();
     s.multicast_bind_mem(mc, 0, h[0], 0, 2 * G, 0).unwrap();
     s.multicast_bind_mem(mc, G, h[2], 0, G, 0).unwrap();
     let mva = s.mem_address_reserve(2 * G, 0).unwrap();
     s.mem_map(mva, 2 * G, 0, mc).unwrap();
     assert_eq!(s.multicast_targets(mva, 64).unwrap().len(), 1);
     assert_eq!(s.multicast_targets(mva + G as u64, 64).unwrap().len(), 2);
-    assert!(
-        s.multicast_targets(mva + G as u64 - 32, 64).unwrap().len() == 1,
-        "straddles device 2's region"
-    );
+    assert!(s.multicast_targets(mva + G as u64 - 32, 64).unwrap().len() == 1, "straddles device 2's region");
     s.multicast_unbind(mc, 0, 0, 2 * G).unwrap();
     assert!(s.multicast_targets(mva, 64).is_none());
 }
@@ -919,55 +685,31 @@ fn workers_run_in_order_and_synchronize_waits() {
     // Any stream value works, the default stream included; synchronizing an idle one returns.
     let flag = Arc::new(AtomicUsize::new(0));
     let f = flag.clone();
-    s.enqueue(
-        0,
-        Stream(0xdead_beef),
-        Box::new(move || f.store(7, Ordering::SeqCst)),
-    )
-    .unwrap();
+    s.enqueue(0, Stream(0xdead_beef), Box::new(move || f.store(7, Ordering::SeqCst))).unwrap();
     s.stream_synchronize(0, Stream(0xdead_beef)).unwrap();
     assert_eq!(flag.load(Ordering::SeqCst), 7);
     s.stream_synchronize(3, Stream::DEFAULT).unwrap();
     assert_eq!(code(s.enqueue(4, Stream::DEFAULT, Box::new(|| {}))), ID);
-    assert_eq!(
-        code(s.stream_destroy(0, stream)),
-        CuResult::ERROR_INVALID_HANDLE,
-        "wrong device"
-    );
+    assert_eq!(code(s.stream_destroy(0, stream)), CuResult::ERROR_INVALID_HANDLE, "wrong device");
     s.stream_destroy(1, stream).unwrap();
-    assert_eq!(
-        code(s.stream_destroy(1, stream)),
-        CuResult::ERROR_INVALID_HANDLE
-    );
+    assert_eq!(code(s.stream_destroy(1, stream)), CuResult::ERROR_INVALID_HANDLE);
 }
 
 #[test]
 fn events_time_the_work_between_them() {
     let s = sim();
     let (a, b) = (s.event_create(0).unwrap(), s.event_create(0).unwrap());
-    assert_eq!(
-        code(s.event_elapsed_ms(0, a, b)),
-        CuResult::ERROR_INVALID_HANDLE,
-        "never recorded"
-    );
+    assert_eq!(code(s.event_elapsed_ms(0, a, b)), CuResult::ERROR_INVALID_HANDLE, "never recorded");
     let st = Stream(5);
     s.event_record(0, a, st).unwrap();
-    s.enqueue(
-        0,
-        st,
-        Box::new(|| std::thread::sleep(Duration::from_millis(40))),
-    )
-    .unwrap();
+    s.enqueue(0, st, Box::new(|| std::thread::sleep(Duration::from_millis(40)))).unwrap();
     s.event_record(0, b, st).unwrap();
     let ms = s.event_elapsed_ms(0, a, b).unwrap();
     assert!((35.0..1000.0).contains(&ms), "{ms} ms");
     s.event_destroy(0, a).unwrap();
     s.event_destroy(0, b).unwrap();
     assert_eq!(code(s.event_destroy(0, b)), CuResult::ERROR_INVALID_HANDLE);
-    assert_eq!(
-        code(s.event_record(0, b, st)),
-        CuResult::ERROR_INVALID_HANDLE
-    );
+    assert_eq!(code(s.event_record(0, b, st)), CuResult::ERROR_INVALID_HANDLE);
 }
 
 #[test]
@@ -976,22 +718,12 @@ fn modules_and_launch() {
     assert_eq!(code(s.module_load(0, &[])), CuResult::ERROR_INVALID_IMAGE);
     let m = s.module_load(0, b"\x7fELF cubin").unwrap();
     let f = s.module_function(0, m, c"mc_allreduce").unwrap();
-    let cfg = LaunchConfig {
-        grid: [1; 3],
-        block: [1; 3],
-        shared_bytes: 0,
-    };
-    assert_eq!(
-        code(s.launch(0, f, &cfg, Stream::DEFAULT, &mut [])),
-        CuResult::ERROR_NOT_SUPPORTED
-    );
+    let cfg = LaunchConfig { grid: [1; 3], block: [1; 3], shared_bytes: 0 };
+    assert_eq!(code(s.launch(0, f, &cfg, Stream::DEFAULT, &mut [])), CuResult::ERROR_NOT_SUPPORTED);
     assert_eq!(s.ledger().modules, 1);
     s.module_unload(0, m).unwrap();
     assert_eq!(code(s.module_unload(0, m)), CuResult::ERROR_INVALID_HANDLE);
-    assert_eq!(
-        code(s.module_function(0, m, c"x")),
-        CuResult::ERROR_INVALID_HANDLE
-    );
+    assert_eq!(code(s.module_function(0, m, c"x")), CuResult::ERROR_INVALID_HANDLE);
 }
 
 #[test]
@@ -1012,38 +744,22 @@ fn drop_runs_queued_work_and_joins_workers() {
     .unwrap();
     assert_eq!(s.worker_threads(), 1);
     drop(s);
-    assert!(
-        ran.load(Ordering::SeqCst),
-        "queued work ran before the drop returned"
-    );
-    assert_eq!(
-        Arc::strong_count(&token),
-        1,
-        "the worker and its closure are gone"
-    );
+    assert!(ran.load(Ordering::SeqCst), "queued work ran before the drop returned");
+    assert_eq!(Arc::strong_count(&token), 1, "the worker and its closure are gone");
 }
 
 // ---- faults and call log ----
 
 #[test]
 fn parse_faults_valid_items() {
-    let plan = parse_faults("cuMulticastBindMem=OUT_OF_MEMORY@2, cuMemCreate=CUDA_ERROR_OUT_OF_MEMORY@1x3,cuMemMap=801@4+,")
-        .unwrap();
-    let rule = |func: &str, code, first, count| FaultRule {
-        func: func.into(),
-        code,
-        first,
-        count,
-    };
+    let plan =
+        parse_faults("cuMulticastBindMem=OUT_OF_MEMORY@2, cuMemCreate=CUDA_ERROR_OUT_OF_MEMORY@1x3,cuMemMap=801@4+,")
+            .unwrap();
+    let rule = |func: &str, code, first, count| FaultRule { func: func.into(), code, first, count };
     assert_eq!(
         plan.rules,
         vec![
-            rule(
-                "cuMulticastBindMem",
-                CuResult::ERROR_OUT_OF_MEMORY,
-                2,
-                Some(1)
-            ),
+            rule("cuMulticastBindMem", CuResult::ERROR_OUT_OF_MEMORY, 2, Some(1)),
             rule("cuMemCreate", CuResult::ERROR_OUT_OF_MEMORY, 1, Some(3)),
             rule("cuMemMap", CuResult::ERROR_NOT_SUPPORTED, 4, None),
         ]
@@ -1062,10 +778,7 @@ fn parse_faults_malformed_items_are_named() {
         ("cuMemCreat=OUT_OF_MEMORY@1", "cuMemCreat"),
         ("cuMemMap=NO_SUCH_CODE@1", "NO_SUCH_CODE"),
         ("cuMemMap=SUCCESS@1", "cuMemMap=SUCCESS@1"),
-        (
-            "cuMemCreate=OUT_OF_MEMORY@1,cuMemMap=OUT_OF_MEMORY@0",
-            "cuMemMap=OUT_OF_MEMORY@0",
-        ),
+        ("cuMemCreate=OUT_OF_MEMORY@1,cuMemMap=OUT_OF_MEMORY@0", "cuMemMap=OUT_OF_MEMORY@0"),
         ("cuMemMap=OUT_OF_MEMORY@2x0", "2x0"),
         ("cuMemMap=OUT_OF_MEMORY@x", "@x"),
         ("cuMemMap=OUT_OF_MEMORY@-1+", "-1+"),
@@ -1077,26 +790,16 @@ fn parse_faults_malformed_items_are_named() {
 
 #[test]
 fn configured_faults_fail_the_chosen_calls_without_effect() {
-    let faults =
-        parse_faults("cuMemCreate=OUT_OF_MEMORY@2x2,cuMulticastCreate=SYSTEM_NOT_READY@1").unwrap();
+    let faults = parse_faults("cuMemCreate=OUT_OF_MEMORY@2x2,cuMulticastCreate=SYSTEM_NOT_READY@1").unwrap();
     let s = SimDriver::new(SimConfig { faults, ..config() });
     let a = s.mem_create(0, G, HandleTypes::NONE).unwrap();
     let e = s.mem_create(0, G, HandleTypes::NONE).unwrap_err();
-    assert_eq!(
-        e,
-        DriverError::new("cuMemCreate", CuResult::ERROR_OUT_OF_MEMORY)
-    );
-    assert_eq!(
-        code(s.mem_create(0, G, HandleTypes::NONE)),
-        CuResult::ERROR_OUT_OF_MEMORY
-    );
+    assert_eq!(e, DriverError::new("cuMemCreate", CuResult::ERROR_OUT_OF_MEMORY));
+    assert_eq!(code(s.mem_create(0, G, HandleTypes::NONE)), CuResult::ERROR_OUT_OF_MEMORY);
     assert_eq!(s.ledger().allocations[0], 1, "failed calls created nothing");
     let b = s.mem_create(0, G, HandleTypes::NONE).unwrap();
     let p = prop(1, G, HandleTypes::NONE);
-    assert_eq!(
-        code(s.multicast_create(&p)),
-        CuResult::ERROR_SYSTEM_NOT_READY
-    );
+    assert_eq!(code(s.multicast_create(&p)), CuResult::ERROR_SYSTEM_NOT_READY);
     assert_eq!(s.ledger().multicast_objects, 0);
     let mc = s.multicast_create(&p).unwrap();
     for h in [a, b, mc] {
@@ -1111,28 +814,14 @@ fn injected_faults_count_from_injection_and_clear() {
     let mc = team(&s, 1, 2 * G, HandleTypes::NONE);
     let h = s.mem_create(0, 2 * G, HandleTypes::NONE).unwrap();
     s.multicast_bind_mem(mc, 0, h, 0, G, 0).unwrap();
-    s.inject(
-        "cuMulticastBindMem",
-        CuResult::ERROR_OUT_OF_MEMORY,
-        1,
-        Some(1),
-    );
-    assert_eq!(
-        code(s.multicast_bind_mem(mc, G, h, G, G, 0)),
-        CuResult::ERROR_OUT_OF_MEMORY
-    );
+    s.inject("cuMulticastBindMem", CuResult::ERROR_OUT_OF_MEMORY, 1, Some(1));
+    assert_eq!(code(s.multicast_bind_mem(mc, G, h, G, G, 0)), CuResult::ERROR_OUT_OF_MEMORY);
     assert_eq!(s.ledger().bindings, 1, "a faulted bind binds nothing");
     s.multicast_bind_mem(mc, G, h, G, G, 0).unwrap();
     s.inject("cuMulticastUnbind", CuResult::ERROR_ILLEGAL_STATE, 2, None);
     s.multicast_unbind(mc, 0, 0, G).unwrap();
-    assert_eq!(
-        code(s.multicast_unbind(mc, 0, G, G)),
-        CuResult::ERROR_ILLEGAL_STATE
-    );
-    assert_eq!(
-        code(s.multicast_unbind(mc, 0, G, G)),
-        CuResult::ERROR_ILLEGAL_STATE
-    );
+    assert_eq!(code(s.multicast_unbind(mc, 0, G, G)), CuResult::ERROR_ILLEGAL_STATE);
+    assert_eq!(code(s.multicast_unbind(mc, 0, G, G)), CuResult::ERROR_ILLEGAL_STATE);
     s.clear_faults();
     s.multicast_unbind(mc, 0, G, G).unwrap();
     assert_eq!(s.call_count("cuMulticastUnbind"), 4);
@@ -1171,9 +860,7 @@ fn ledger_tracks_a_full_multicast_lifecycle_to_empty() {
     let s = sim();
     let t0 = Instant::now();
     let mc = team(&s, 2, 2 * G, HandleTypes::NONE);
-    let ranks: Vec<_> = (0..2)
-        .map(|d| mapped(&s, d, 2 * G, HandleTypes::NONE))
-        .collect();
+    let ranks: Vec<_> = (0..2).map(|d| mapped(&s, d, 2 * G, HandleTypes::NONE)).collect();
     for &(h, _) in &ranks {
         s.multicast_bind_mem(mc, 0, h, 0, 2 * G, 0).unwrap();
     }
@@ -1184,29 +871,16 @@ fn ledger_tracks_a_full_multicast_lifecycle_to_empty() {
     let module = s.module_load(0, b"image").unwrap();
     let l = s.ledger();
     assert_eq!(
-        (
-            l.allocations[..2].to_vec(),
-            l.reservations,
-            l.mappings,
-            l.multicast_objects,
-            l.bindings
-        ),
+        (l.allocations[..2].to_vec(), l.reservations, l.mappings, l.multicast_objects, l.bindings),
         (vec![1, 1], 3, 3, 1, 2)
     );
     assert_eq!((l.modules, l.streams, l.events), (1, 1, 1));
     let shown = l.to_string();
-    assert!(
-        shown.contains("1 multicast object(s)") && shown.contains("2 binding(s)"),
-        "{shown}"
-    );
+    assert!(shown.contains("1 multicast object(s)") && shown.contains("2 binding(s)"), "{shown}");
     s.mem_release(mc).unwrap(); // deferred: still mapped
     assert_eq!(s.ledger().multicast_objects, 1);
     s.mem_unmap(mva, 2 * G).unwrap();
-    assert_eq!(
-        (s.ledger().multicast_objects, s.ledger().bindings),
-        (0, 0),
-        "bindings go with the object"
-    );
+    assert_eq!((s.ledger().multicast_objects, s.ledger().bindings), (0, 0), "bindings go with the object");
     s.mem_address_free(mva, 2 * G).unwrap();
     for (h, va) in ranks {
         unmapped_free(&s, h, va, 2 * G);

@@ -46,10 +46,7 @@ impl Workers {
             }
         };
         // The receiver lives as long as the worker thread, which only ends on `Stop`.
-        worker
-            .tx
-            .send(Job::Run(work))
-            .map_err(|_| std::io::Error::other("worker stopped"))
+        worker.tx.send(Job::Run(work)).map_err(|_| std::io::Error::other("worker stopped"))
     }
 
     /// Waits until everything enqueued so far on `key` has run.
@@ -82,12 +79,7 @@ impl Workers {
 
     /// Number of worker threads alive (including retired ones still draining).
     pub(super) fn threads(&self) -> usize {
-        let retired = self
-            .retired
-            .lock()
-            .iter()
-            .filter(|t| !t.is_finished())
-            .count();
+        let retired = self.retired.lock().iter().filter(|t| !t.is_finished()).count();
         self.live.lock().len() + retired
     }
 
@@ -108,9 +100,7 @@ impl Workers {
 fn run(rx: mpsc::Receiver<Job>) {
     while let Ok(Job::Run(work)) = rx.recv() {
         if catch_unwind(AssertUnwindSafe(work)).is_err() {
-            tracing::error!(
-                "mcast sim: a stream work item panicked; the stream goes on with the next one"
-            );
+            tracing::error!("mcast sim: a stream work item panicked; the stream goes on with the next one");
         }
     }
 }
