@@ -83,7 +83,7 @@ fn small_buffers_share_segments_and_fit_in_few_multicast_slots() {
     let info = team_info(team);
     assert!(info.multicast_objects <= 2, "{} multicast objects for 800 KiB", info.multicast_objects);
     assert!(info.bytes_reserved <= 4 * MIB as u64);
-    assert_eq!(ledger(&c).multicast_objects as u64, info.multicast_objects);
+    assert_eq!(ledger(&c).multicast_objects, info.multicast_objects);
     // Distinct, non-overlapping ranges: write a pattern per buffer, read all back.
     for (i, b) in bufs.iter().enumerate() {
         let data = vec![i as u8; 4096];

@@ -60,15 +60,24 @@ pub struct LiveCounts {
 /// The CUDA driver, loaded once per process.
 fn cuda_driver() -> std::result::Result<Arc<CudaDriver>, String> {
     static CUDA: OnceLock<std::result::Result<Arc<CudaDriver>, String>> = OnceLock::new();
-    CUDA.get_or_init(|| match CudaDriver::load() {
+    CUDA.get_or_init(|| {
+        if !crate::driver::cuda::library_present() {
+            return Err("libcuda.so.1 (the NVIDIA driver) could not be loaded".to_string());
+        }
+        cuda_driver_load()
+    })
+    .clone()
+}
+
+fn cuda_driver_load() -> std::result::Result<Arc<CudaDriver>, String> {
+    match CudaDriver::load() {
         Ok(d) => match d.device_count() {
             Ok(n) if n > 0 => Ok(Arc::new(d)),
             Ok(_) => Err("the CUDA driver reports no device".to_string()),
             Err(e) => Err(format!("the CUDA driver cannot count devices: {e}")),
         },
         Err(e) => Err(format!("the CUDA driver is unavailable: {e}")),
-    })
-    .clone()
+    }
 }
 
 impl Context {
