@@ -6,6 +6,15 @@
 
 use crate::driver::{Device, DevicePtr, Stream};
 
+pub mod abi;
+pub mod cache;
+pub mod cuda;
+pub mod error;
+pub mod nvrtc;
+
+pub use cuda::launch;
+pub use error::KernelError;
+
 /// Most ranks a collective kernel takes.
 pub const MAX_RANKS: usize = 16;
 
@@ -37,8 +46,16 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in `mcast_dtype_t` order.
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64];
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+    ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
