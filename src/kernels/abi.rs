@@ -148,12 +148,8 @@ const REDUCING: [KernelKind; 5] = [
     KernelKind::AllReduceMc,
     KernelKind::ReduceScatterMc,
 ];
-const COPYING: [KernelKind; 4] = [
-    KernelKind::BroadcastP2p,
-    KernelKind::BroadcastMc,
-    KernelKind::AllGatherP2p,
-    KernelKind::AllGatherMc,
-];
+const COPYING: [KernelKind; 4] =
+    [KernelKind::BroadcastP2p, KernelKind::BroadcastMc, KernelKind::AllGatherP2p, KernelKind::AllGatherMc];
 
 /// Number of kernel ids (some reducing ids have no entry point, see [`KernelId::exists`]).
 pub const KERNEL_IDS: usize = REDUCING.len() * 24 + COPYING.len();
@@ -169,10 +165,7 @@ pub struct KernelId {
 
 /// True when `multimem.ld_reduce` has a form for `dtype` and `op` (f32/f64 min/max have none).
 pub fn multimem_has_reduction(dtype: DType, op: RedOp) -> bool {
-    !matches!(
-        (dtype, op),
-        (DType::F32 | DType::F64, RedOp::Min | RedOp::Max)
-    )
+    !matches!((dtype, op), (DType::F32 | DType::F64, RedOp::Min | RedOp::Max))
 }
 
 impl KernelId {
@@ -182,10 +175,7 @@ impl KernelId {
         for kind in REDUCING {
             for dtype in DType::ALL {
                 for op in RedOp::ALL {
-                    v.push(KernelId {
-                        kind,
-                        red: Some((dtype, op)),
-                    });
+                    v.push(KernelId { kind, red: Some((dtype, op)) });
                 }
             }
         }
@@ -206,9 +196,7 @@ impl KernelId {
     /// True when the source defines this entry point (the multicast f32/f64 min/max do not).
     pub fn exists(self) -> bool {
         match (self.kind, self.red) {
-            (KernelKind::AllReduceMc | KernelKind::ReduceScatterMc, Some((d, o))) => {
-                multimem_has_reduction(d, o)
-            }
+            (KernelKind::AllReduceMc | KernelKind::ReduceScatterMc, Some((d, o))) => multimem_has_reduction(d, o),
             (k, red) => REDUCING.contains(&k) == red.is_some(),
         }
     }
@@ -256,11 +244,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         return Err(format!("rank {} >= nranks {}", l.rank, l.nranks));
     }
     if l.data.len() != n || l.sync.len() != n {
-        return Err(format!(
-            "{} data and {} sync addresses for {n} ranks",
-            l.data.len(),
-            l.sync.len()
-        ));
+        return Err(format!("{} data and {} sync addresses for {n} ranks", l.data.len(), l.sync.len()));
     }
     if l.count == 0 {
         return Ok(None);
@@ -283,11 +267,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = if mc && fb.is_none() {
-                KernelKind::BroadcastMc
-            } else {
-                KernelKind::BroadcastP2p
-            };
+            let kind = if mc && fb.is_none() { KernelKind::BroadcastMc } else { KernelKind::BroadcastP2p };
             (kind, None, l.count, fb)
         }
         Collective::AllGather => {
@@ -299,11 +279,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = if mc && fb.is_none() {
-                KernelKind::AllGatherMc
-            } else {
-                KernelKind::AllGatherP2p
-            };
+            let kind = if mc && fb.is_none() { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
             (kind, None, total, fb)
         }
         Collective::AllReduce { dtype, op } | Collective::ReduceScatter { dtype, op } => {
@@ -314,10 +290,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             }
             if me % es != 0 {
-                return Err(format!(
-                    "address {me:#x} not aligned to the {}-byte element",
-                    es
-                ));
+                return Err(format!("address {me:#x} not aligned to the {}-byte element", es));
             }
             let unit = es.max(4);
             let fb = if !mc {
@@ -339,14 +312,8 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             (kind, Some((dtype, op)), bytes, fb)
         }
     };
-    let blocks = bytes
-        .div_ceil(BYTES_PER_BLOCK)
-        .clamp(1, GRID_MAX_BLOCKS as u64) as u32;
-    Ok(Some(Plan {
-        kernel: KernelId { kind, red },
-        blocks,
-        fallback,
-    }))
+    let blocks = bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, GRID_MAX_BLOCKS as u64) as u32;
+    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
 }
 
 /// The argument struct for `l` built for `variant` (no allocation).
@@ -382,4 +349,173 @@ pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
         }
     }
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::Stream;
+    use std::collections::HashSet;
+    use std::mem::offset_of;
+
+    fn define(name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let line = SOURCE.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} not in source"));
+        line[prefix.len()..].trim().parse().unwrap_or_else(|_| panic!("{name}: {line}"))
+    }
+
+    #[test]
+    fn source_defines_match_rust_consts() {
+        assert_eq!(define("MCAST_MAX_RANKS"), MAX_RANKS as u64);
+        assert_eq!(define("MCAST_MAX_BLOCKS"), MAX_BLOCKS as u64);
+        assert_eq!(define("MCAST_THREADS"), THREADS as u64);
+        assert_eq!(define("MCAST_UNROLL"), UNROLL as u64);
+        assert_eq!(define("MCAST_SIGNAL_OFFSET"), SIGNAL_OFFSET as u64);
+        assert_eq!(define("MCAST_SIGNAL_STRIDE"), SIGNAL_STRIDE as u64);
+        assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
+        assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
+        assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
+        assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
+        assert!(SOURCE.contains(&format!("sizeof(McastArgs) == {KERNEL_ARGS_SIZE}")));
+    }
+
+    #[test]
+    fn kernel_args_layout() {
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 304);
+        assert_eq!(offset_of!(KernelArgs, data), 0);
+        assert_eq!(offset_of!(KernelArgs, sync), 128);
+        assert_eq!(offset_of!(KernelArgs, data_mc), 256);
+        assert_eq!(offset_of!(KernelArgs, sync_mc), 264);
+        assert_eq!(offset_of!(KernelArgs, count), 272);
+        assert_eq!(offset_of!(KernelArgs, timeout_ns), 280);
+        assert_eq!(offset_of!(KernelArgs, rank), 288);
+        assert_eq!(offset_of!(KernelArgs, nranks), 292);
+        assert_eq!(offset_of!(KernelArgs, root), 296);
+        assert_eq!(offset_of!(KernelArgs, reserved), 300);
+        // The C struct states the same offsets in comments; check they are there.
+        for (field, off) in [("data_mc", 256), ("count", 272), ("rank", 288), ("root", 296)] {
+            assert!(
+                SOURCE.lines().any(|l| l.contains(&format!("u64 {field};"))
+                    || l.contains(&format!("u32 {field};")) && l.contains(&format!("// {off}"))),
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn kernel_names_every_combination() {
+        let all = KernelId::all();
+        assert_eq!(all.len(), KERNEL_IDS);
+        let mut names = HashSet::new();
+        for (i, id) in all.iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?}");
+            assert!(names.insert(id.name()), "duplicate {}", id.name());
+        }
+        let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
+        assert_eq!(existing.len(), 3 * 24 + 2 * 20 + 4);
+        let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
+        assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
+        assert_eq!(
+            name(KernelKind::AllReduceP2pTwoShot, DType::F32, RedOp::Max),
+            "mcast_all_reduce_p2p_twoshot_f32_max"
+        );
+        assert_eq!(name(KernelKind::ReduceScatterMc, DType::I64, RedOp::Min), "mcast_reduce_scatter_mc_i64_min");
+        assert_eq!(KernelId { kind: KernelKind::AllGatherMc, red: None }.name(), "mcast_all_gather_mc");
+        assert!(!KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F64, RedOp::Min)) }.exists());
+        assert!(KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F16, RedOp::Min)) }.exists());
+    }
+
+    #[test]
+    fn source_defines_exactly_the_existing_entry_points() {
+        // Expand the entry-point macros of the source textually: P2P_OPS for every dtype, MC_OPS or
+        // MC_RED lines for the multicast ones, and the four copy kernels.
+        let mut defined = HashSet::new();
+        for line in SOURCE.lines() {
+            let line = line.trim();
+            let args = |s: &str| -> Vec<String> {
+                s[s.find('(').unwrap() + 1..s.find(')').unwrap()].split(',').map(|x| x.trim().to_string()).collect()
+            };
+            if line.starts_with("P2P_OPS(") {
+                let d = &args(line)[0];
+                for o in ["sum", "min", "max"] {
+                    for s in ["all_reduce_p2p", "all_reduce_p2p_twoshot", "reduce_scatter_p2p"] {
+                        defined.insert(format!("mcast_{s}_{d}_{o}"));
+                    }
+                }
+            } else if line.starts_with("MC_OPS(") || line.starts_with("MC_RED(") {
+                let a = args(line);
+                let ops = if line.starts_with("MC_OPS(") { vec!["sum", "min", "max"] } else { vec![a[2].as_str()] };
+                for o in ops {
+                    for s in ["all_reduce_mc", "reduce_scatter_mc"] {
+                        defined.insert(format!("mcast_{s}_{}_{o}", a[0]));
+                    }
+                }
+            } else if let Some(rest) = line.strip_prefix("KERNEL mcast_").filter(|r| !r.contains("##")) {
+                defined.insert(format!("mcast_{}", &rest[..rest.find('(').unwrap()]));
+            }
+        }
+        let expected: HashSet<String> = KernelId::all().into_iter().filter(|k| k.exists()).map(|k| k.name()).collect();
+        assert_eq!(defined, expected);
+    }
+
+    fn launch(collective: Collective, path: Path, count: u64) -> Launch {
+        Launch {
+            collective,
+            path,
+            rank: 1,
+            nranks: 2,
+            dev: 0,
+            stream: Stream::DEFAULT,
+            data: vec![0x1000_0000, 0x2000_0000],
+            data_mc: None,
+            sync: vec![0x3000_0000, 0x4000_0000],
+            sync_mc: None,
+            count,
+            timeout_ns: 5,
+        }
+    }
+
+    #[test]
+    fn plan_chooses_kernels_and_fallbacks() {
+        let ar = |d, o| Collective::AllReduce { dtype: d, op: o };
+        let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(p.blocks, 1);
+        let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pTwoShot);
+        assert_eq!(p.blocks, GRID_MAX_BLOCKS);
+        let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert!(p.fallback.is_some());
+        let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.fallback), (KernelKind::AllReduceMc, None));
+        let p = plan(&launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        let rs = Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Sum };
+        assert_eq!(plan(&launch(rs, Path::Multicast, 7)).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterMc);
+        let p = plan(&launch(Collective::AllGather, Path::Multicast, 6)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllGatherP2p);
+        let p = plan(&launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::BroadcastMc);
+        assert!(plan(&launch(Collective::Broadcast { root: 2 }, Path::P2P, 8)).is_err());
+        assert_eq!(plan(&launch(Collective::AllGather, Path::P2P, 0)).unwrap(), None);
+        let mut l = launch(Collective::AllGather, Path::P2P, 8);
+        l.data.pop();
+        assert!(plan(&l).is_err());
+    }
+
+    #[test]
+    fn kernel_args_from_launch() {
+        let mut l = launch(Collective::Broadcast { root: 1 }, Path::Multicast, 64);
+        let a = kernel_args(&l, Variant::Emulated);
+        assert_eq!((a.data[0], a.data[1], a.data[2]), (0x1000_0000, 0x2000_0000, 0));
+        assert_eq!((a.data_mc, a.sync_mc), (0x2000_0000, 0x4000_0000));
+        assert_eq!((a.rank, a.nranks, a.root, a.count, a.timeout_ns), (1, 2, 1, 64, 5));
+        l.data_mc = Some(0x9000_0000);
+        l.sync_mc = Some(0xa000_0000);
+        let a = kernel_args(&l, Variant::Multimem);
+        assert_eq!((a.data_mc, a.sync_mc), (0x9000_0000, 0xa000_0000));
+    }
 }

@@ -48,20 +48,9 @@ pub struct CacheKey {
 
 impl CacheKey {
     /// The key of `source` compiled with `options` by NVRTC `nvrtc` for `arch`.
-    pub fn new(
-        source: &str,
-        options: &[String],
-        nvrtc: (i32, i32),
-        arch: &str,
-        variant: Variant,
-    ) -> CacheKey {
+    pub fn new(source: &str, options: &[String], nvrtc: (i32, i32), arch: &str, variant: Variant) -> CacheKey {
         let opts = options.join("\u{1}");
-        CacheKey {
-            source_hash: fnv1a(&[source.as_bytes(), opts.as_bytes()]),
-            nvrtc,
-            arch: arch.to_string(),
-            variant,
-        }
+        CacheKey { source_hash: fnv1a(&[source.as_bytes(), opts.as_bytes()]), nvrtc, arch: arch.to_string(), variant }
     }
 
     /// The cache file name.
@@ -133,15 +122,8 @@ pub fn write(dir: &Path, key: &CacheKey, image: &[u8]) -> std::io::Result<()> {
     buf.extend_from_slice(&fnv1a(&[image]).to_le_bytes());
     buf.extend_from_slice(image);
     let final_path = dir.join(key.file_name());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}.{nanos}",
-        key.file_name(),
-        std::process::id()
-    ));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let tmp = dir.join(format!(".{}.tmp.{}.{nanos}", key.file_name(), std::process::id()));
     let r = std::fs::write(&tmp, &buf).and_then(|_| std::fs::rename(&tmp, &final_path));
     if r.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -187,15 +169,100 @@ pub fn cubin(arch: &str, variant: Variant) -> Result<Arc<Vec<u8>>, KernelError> 
     let dir = cache_dir();
     get_or_build(dir.as_deref(), &key, || {
         let target = format!("{arch} {}", variant.name());
-        let out = nv.compile(
-            super::abi::SOURCE,
-            super::abi::SOURCE_NAME,
-            &options,
-            &target,
-        )?;
+        let out = nv.compile(super::abi::SOURCE, super::abi::SOURCE_NAME, &options, &target)?;
         if !out.log.is_empty() {
             tracing::debug!("NVRTC log for {target}:\n{}", out.log);
         }
         Ok(out.cubin)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mcast-cache-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn key_covers_source_nvrtc_arch_variant_and_options() {
+        let o = vec!["--gpu-architecture=sm_90".to_string()];
+        let k = CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Multimem);
+        assert_eq!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src2", &o, (13, 0), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_100", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated));
+        assert_ne!(
+            k.source_hash,
+            CacheKey::new("src", &["-DX".to_string()], (13, 0), "sm_90", Variant::Multimem).source_hash
+        );
+        let names: std::collections::HashSet<String> = [
+            k.file_name(),
+            CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem).file_name(),
+            CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated).file_name(),
+        ]
+        .into();
+        assert_eq!(names.len(), 3);
+        assert_eq!(fnv1a(&[b"a"]), fnv1a(&[b"a"]));
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn cache_dir_from_environment() {
+        let s = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(cache_dir_from(s("off"), s("/x"), s("/h")), None);
+        assert_eq!(cache_dir_from(s("/c"), s("/x"), s("/h")), Some(PathBuf::from("/c")));
+        assert_eq!(cache_dir_from(None, s("/x"), s("/h")), Some(PathBuf::from("/x/mcast")));
+        assert_eq!(cache_dir_from(None, None, s("/h")), Some(PathBuf::from("/h/.cache/mcast")));
+        assert_eq!(cache_dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn round_trip_and_corrupt_files_are_rebuilt() {
+        let dir = tmpdir("corrupt");
+        let key = CacheKey::new("corrupt-test", &[], (1, 2), "sm_90", Variant::Emulated);
+        assert_eq!(read(&dir, &key), None);
+        write(&dir, &key, b"cubin-bytes").unwrap();
+        assert_eq!(read(&dir, &key).as_deref(), Some(&b"cubin-bytes"[..]));
+        // No temporary files left behind.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        let path = dir.join(key.file_name());
+        let good = std::fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        for bad in [&b""[..], &b"garbage"[..], &good[..good.len() - 1], &flipped[..], &good[..HEADER]] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(read(&dir, &key), None);
+        }
+        // get_or_build ignores the corrupt file, builds and rewrites it.
+        let mut built = 0;
+        let img = get_or_build(Some(&dir), &key, || {
+            built += 1;
+            Ok(b"rebuilt".to_vec())
+        })
+        .unwrap();
+        assert_eq!((img.as_slice(), built), (&b"rebuilt"[..], 1));
+        assert_eq!(read(&dir, &key).as_deref(), Some(&b"rebuilt"[..]));
+        // Now in memory: no rebuild, even with the disk copy gone.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let img = get_or_build(Some(&dir), &key, || panic!("rebuilt from memory")).unwrap();
+        assert_eq!(img.as_slice(), b"rebuilt");
+    }
+
+    #[test]
+    fn disk_hit_skips_build_and_errors_propagate() {
+        let dir = tmpdir("hit");
+        let key = CacheKey::new("hit-test", &[], (1, 2), "sm_90", Variant::Multimem);
+        write(&dir, &key, b"from-disk").unwrap();
+        let img = get_or_build(Some(&dir), &key, || panic!("should come from disk")).unwrap();
+        assert_eq!(img.as_slice(), b"from-disk");
+        let key2 = CacheKey::new("err-test", &[], (1, 2), "sm_90", Variant::Multimem);
+        let e = get_or_build(None, &key2, || Err(KernelError::Unsupported("x".into()))).unwrap_err();
+        assert_eq!(e, KernelError::Unsupported("x".into()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

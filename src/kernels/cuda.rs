@@ -44,8 +44,7 @@ pub fn emulate_forced() -> bool {
 /// address; the emulated build otherwise (it also holds the P2P kernels, and compiles for any
 /// architecture).
 pub fn variant_for(l: &Launch) -> Variant {
-    if l.path == Path::Multicast && l.data_mc.is_some() && l.sync_mc.is_some() && !emulate_forced()
-    {
+    if l.path == Path::Multicast && l.data_mc.is_some() && l.sync_mc.is_some() && !emulate_forced() {
         Variant::Multimem
     } else {
         Variant::Emulated
@@ -54,11 +53,7 @@ pub fn variant_for(l: &Launch) -> Variant {
 
 /// Loads (compiling or from cache) the module of `variant` on `dev`, once per driver and device.
 /// Call it before CUDA-graph capture to keep compilation and loading out of the capture.
-pub fn prepare(
-    driver: &dyn Driver,
-    dev: Device,
-    variant: Variant,
-) -> Result<Arc<LoadedModule>, KernelError> {
+pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc<LoadedModule>, KernelError> {
     let key = (driver_key(driver), dev, variant);
     if let Some(m) = modules().lock().get(&key) {
         return Ok(m.clone());
@@ -124,9 +119,7 @@ pub fn unload_all(driver: &dyn Driver) -> Result<(), KernelError> {
 /// no allocation once the module of this device and build is loaded.
 pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
     if driver.as_sim().is_some() {
-        return Err(KernelError::Unsupported(
-            "the simulator runs collectives on the host, not with kernels".into(),
-        ));
+        return Err(KernelError::Unsupported("the simulator runs collectives on the host, not with kernels".into()));
     }
     let Some(plan) = abi::plan(l).map_err(KernelError::Unsupported)? else {
         return Ok(());
@@ -140,15 +133,10 @@ pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
     }
     let variant = variant_for(l);
     let module = prepare(driver, l.dev, variant)?;
-    let func = module.functions[plan.kernel.index()].ok_or_else(|| {
-        KernelError::Unsupported(format!("no entry point {}", plan.kernel.name()))
-    })?;
+    let func = module.functions[plan.kernel.index()]
+        .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", plan.kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, variant);
-    let config = LaunchConfig {
-        grid: [plan.blocks, 1, 1],
-        block: [abi::THREADS, 1, 1],
-        shared_bytes: 0,
-    };
+    let config = LaunchConfig { grid: [plan.blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
     let mut params = [&mut args as *mut KernelArgs as *mut c_void];
     driver.launch(l.dev, func, &config, l.stream, &mut params)?;
     Ok(())

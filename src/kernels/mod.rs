@@ -46,16 +46,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in `mcast_dtype_t` order.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I32,
-        DType::U32,
-        DType::I64,
-        DType::U64,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64];
 
     /// Bytes per element.
     pub fn size(self) -> usize {

@@ -92,9 +92,7 @@ fn libs_in_dir(dir: &Path) -> Vec<String> {
         .filter(|n| n.starts_with("libnvrtc.so"))
         .collect();
     v.sort_by(|a, b| b.cmp(a));
-    v.into_iter()
-        .map(|n| dir.join(n).to_string_lossy().into_owned())
-        .collect()
+    v.into_iter().map(|n| dir.join(n).to_string_lossy().into_owned()).collect()
 }
 
 impl Nvrtc {
@@ -107,9 +105,7 @@ impl Nvrtc {
                 if path.is_dir() {
                     let libs = libs_in_dir(path);
                     if libs.is_empty() {
-                        return Err(format!(
-                            "MCAST_NVRTC_PATH={p}: no libnvrtc.so* in that directory"
-                        ));
+                        return Err(format!("MCAST_NVRTC_PATH={p}: no libnvrtc.so* in that directory"));
                     }
                     (libs, true)
                 } else {
@@ -138,16 +134,9 @@ impl Nvrtc {
             }
         }
         if explicit {
-            Err(format!(
-                "MCAST_NVRTC_PATH={}: {}",
-                env_path.unwrap_or(""),
-                errors.join("; ")
-            ))
+            Err(format!("MCAST_NVRTC_PATH={}: {}", env_path.unwrap_or(""), errors.join("; ")))
         } else {
-            Err(format!(
-                "no NVRTC library found (tried {})",
-                candidates.join(", ")
-            ))
+            Err(format!("no NVRTC library found (tried {})", candidates.join(", ")))
         }
     }
 
@@ -201,30 +190,16 @@ impl Nvrtc {
     fn err(&self, what: &str, rc: c_int) -> KernelError {
         // SAFETY: nvrtcGetErrorString returns a static string.
         let s = unsafe { (self.err_str)(rc) };
-        let text = if s.is_null() {
-            String::new()
-        } else {
-            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-        };
-        KernelError::Compile {
-            target: what.to_string(),
-            log: format!("NVRTC error {rc} {text}"),
-        }
+        let text =
+            if s.is_null() { String::new() } else { unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned() };
+        KernelError::Compile { target: what.to_string(), log: format!("NVRTC error {rc} {text}") }
     }
 
     /// Compiles `source` with `options`; `target` names the build in errors. A failed compile
     /// returns [`KernelError::Compile`] with the log.
-    pub fn compile(
-        &self,
-        source: &str,
-        name: &str,
-        options: &[String],
-        target: &str,
-    ) -> Result<Compiled, KernelError> {
-        let src = CString::new(source)
-            .map_err(|_| KernelError::Unsupported("NUL in kernel source".into()))?;
-        let cname = CString::new(name)
-            .map_err(|_| KernelError::Unsupported("NUL in source name".into()))?;
+    pub fn compile(&self, source: &str, name: &str, options: &[String], target: &str) -> Result<Compiled, KernelError> {
+        let src = CString::new(source).map_err(|_| KernelError::Unsupported("NUL in kernel source".into()))?;
+        let cname = CString::new(name).map_err(|_| KernelError::Unsupported("NUL in source name".into()))?;
         let opts: Vec<CString> = options
             .iter()
             .map(|o| CString::new(o.as_str()))
@@ -233,16 +208,8 @@ impl Nvrtc {
         let optp: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
         let mut prog: Prog = std::ptr::null_mut();
         // SAFETY: valid C strings; no headers.
-        let rc = unsafe {
-            (self.create)(
-                &mut prog,
-                src.as_ptr(),
-                cname.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
+        let rc =
+            unsafe { (self.create)(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
         if rc != 0 {
             return Err(self.err(target, rc));
         }
@@ -256,33 +223,15 @@ impl Nvrtc {
         let g = Guard(self, prog);
         // SAFETY: live program, option pointers valid for the call.
         let rc = unsafe { (self.compile)(g.1, optp.len() as c_int, optp.as_ptr()) };
-        let log = self
-            .get(g.1, self.log_size, self.log)
-            .map(|b| text(&b))
-            .unwrap_or_default();
+        let log = self.get(g.1, self.log_size, self.log).map(|b| text(&b)).unwrap_or_default();
         if rc != 0 {
-            let log = if log.is_empty() {
-                self.err(target, rc).to_string()
-            } else {
-                log
-            };
-            return Err(KernelError::Compile {
-                target: target.to_string(),
-                log,
-            });
+            let log = if log.is_empty() { self.err(target, rc).to_string() } else { log };
+            return Err(KernelError::Compile { target: target.to_string(), log });
         }
-        let cubin = self
-            .get(g.1, self.cubin_size, self.cubin)
-            .map_err(|rc| self.err(target, rc))?;
-        let ptx = self
-            .get(g.1, self.ptx_size, self.ptx)
-            .map(|b| text(&b))
-            .unwrap_or_default();
+        let cubin = self.get(g.1, self.cubin_size, self.cubin).map_err(|rc| self.err(target, rc))?;
+        let ptx = self.get(g.1, self.ptx_size, self.ptx).map(|b| text(&b)).unwrap_or_default();
         if cubin.is_empty() {
-            return Err(KernelError::Compile {
-                target: target.to_string(),
-                log: "NVRTC produced no cubin".into(),
-            });
+            return Err(KernelError::Compile { target: target.to_string(), log: "NVRTC produced no cubin".into() });
         }
         Ok(Compiled { cubin, ptx, log })
     }
@@ -324,10 +273,7 @@ pub fn nvrtc() -> Result<&'static Nvrtc, KernelError> {
 
 /// NVRTC options for `arch` (`"sm_90"`) and `variant`.
 pub fn options(arch: &str, variant: super::abi::Variant) -> Vec<String> {
-    let mut o = vec![
-        format!("--gpu-architecture={arch}"),
-        "-std=c++17".to_string(),
-    ];
+    let mut o = vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string()];
     if let Some(d) = variant.define() {
         o.push(d.to_string());
     }
@@ -337,4 +283,47 @@ pub fn options(arch: &str, variant: super::abi::Variant) -> Vec<String> {
 /// The architecture name for a compute capability (`sm_90`).
 pub fn arch_for(cc_major: i32, cc_minor: i32) -> String {
     format!("sm_{cc_major}{cc_minor}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_nvrtc_path_is_an_error_with_a_hint() {
+        let e = Nvrtc::load(Some("/nonexistent/libnvrtc.so.13")).err().expect("must fail");
+        assert!(e.contains("MCAST_NVRTC_PATH=/nonexistent/libnvrtc.so.13"), "{e}");
+        let ke = KernelError::NvrtcUnavailable(e);
+        assert!(ke.is_unavailable());
+        let msg = ke.to_string();
+        assert!(msg.contains("pip install nvidia-cuda-nvrtc"), "{msg}");
+        assert!(msg.contains("MCAST_NVRTC_PATH"), "{msg}");
+        assert!(msg.contains("LD_LIBRARY_PATH"), "{msg}");
+    }
+
+    #[test]
+    fn nvrtc_path_to_a_directory_without_nvrtc_or_a_non_library() {
+        let dir = std::env::temp_dir();
+        let e = Nvrtc::load(Some(dir.join("mcast-no-such-dir-xyz").to_str().unwrap())).err().unwrap();
+        assert!(e.contains("MCAST_NVRTC_PATH"), "{e}");
+        let empty = dir.join(format!("mcast-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = Nvrtc::load(Some(empty.to_str().unwrap())).err().unwrap();
+        assert!(e.contains("no libnvrtc.so"), "{e}");
+        let fake = empty.join("libnvrtc.so.99");
+        std::fs::write(&fake, b"not an ELF").unwrap();
+        let e = Nvrtc::load(Some(empty.to_str().unwrap())).err().unwrap();
+        assert!(e.contains("MCAST_NVRTC_PATH"), "{e}");
+        std::fs::remove_dir_all(&empty).unwrap();
+    }
+
+    #[test]
+    fn options_and_arch() {
+        assert_eq!(arch_for(9, 0), "sm_90");
+        assert_eq!(arch_for(10, 0), "sm_100");
+        let o = options("sm_90", super::super::abi::Variant::Emulated);
+        assert!(o.contains(&"--gpu-architecture=sm_90".to_string()));
+        assert!(o.contains(&"-DMCAST_EMULATE_MULTIMEM".to_string()));
+        assert!(!options("sm_90", super::super::abi::Variant::Multimem).iter().any(|x| x.contains("EMULATE")));
+    }
 }
