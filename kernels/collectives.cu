@@ -113,9 +113,15 @@ __device__ __forceinline__ float bf16_to_f32(u16 h) {
 #endif
 }
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
   u16 h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
+#else
+  const u32 u = f32_as_u32(f);  // round to nearest even, as cvt.rn.bf16.f32
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+  return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 __device__ __forceinline__ float f16_to_f32(u16 h) {
   float f;
