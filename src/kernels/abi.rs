@@ -93,7 +93,7 @@ const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 pub enum Variant {
     /// Real `multimem` instructions (sm_90+).
     Multimem,
-    /// `-DMCAST_EMULATE_MULTIMEM`: multimem replaced by loops over peer pointers (any sm_70+).
+    /// `-DMCAST_EMULATE_MULTIMEM`: multimem replaced by loops over peer pointers (any sm_75+).
     Emulated,
 }
 

@@ -59,9 +59,9 @@ pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc
         return Ok(m.clone());
     }
     let props = driver.device_props(dev)?;
-    if props.cc_major < 7 {
+    if (props.cc_major, props.cc_minor) < (7, 5) {
         return Err(KernelError::Unsupported(format!(
-            "device {dev} has compute capability {}.{}; the kernels need 7.0+",
+            "device {dev} has compute capability {}.{}; the kernels need 7.5+ (NVRTC 13)",
             props.cc_major, props.cc_minor
         )));
     }
