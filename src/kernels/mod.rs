@@ -6,6 +6,15 @@
 
 use crate::driver::{Device, DevicePtr, Stream};
 
+pub mod abi;
+pub mod cache;
+pub mod cuda;
+pub mod error;
+pub mod nvrtc;
+
+pub use cuda::launch;
+pub use error::KernelError;
+
 /// Most ranks a collective kernel takes.
 pub const MAX_RANKS: usize = 16;
 

@@ -1,0 +1,521 @@
+//! The ABI between the host and `kernels/collectives.cu`: the kernel argument struct, the sync
+//! region layout, launch geometry and kernel names. Everything here mirrors a `#define` or struct
+//! of the ABI section of the CUDA source; a test parses the source and compares.
+
+use super::{Collective, DType, Launch, Path, RedOp, MAX_RANKS, SYNC_BYTES};
+
+/// The kernel source (header-free CUDA C++, compiled with NVRTC).
+pub const SOURCE: &str = include_str!("../../kernels/collectives.cu");
+/// Name given to the source in NVRTC messages.
+pub const SOURCE_NAME: &str = "collectives.cu";
+
+/// Threads per block of every collective kernel (`MCAST_THREADS`).
+pub const THREADS: u32 = 512;
+/// 16-byte accesses in flight per thread (`MCAST_UNROLL`).
+pub const UNROLL: u32 = 4;
+/// Barrier slots in the sync region: the most blocks any kernel may use (`MCAST_MAX_BLOCKS`).
+pub const MAX_BLOCKS: u32 = 32;
+/// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
+/// about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
+/// every rank of a collective must launch the same grid (block b pairs with block b).
+pub const GRID_MAX_BLOCKS: u32 = 16;
+/// Bytes of work per block before another block is added (one block-round of vectors).
+pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
+/// P2P all-reduce: one-shot up to this many bytes per rank, two-shot above. A placeholder to be
+/// measured on hardware (PyTorch uses one-shot up to 256 KiB, vLLM up to 512 KiB on <= 4 GPUs).
+pub const ONE_SHOT_MAX_BYTES: u64 = 256 * 1024;
+
+/// Sync region layout (per rank, [`SYNC_BYTES`] bytes, zeroed at team creation).
+///
+/// `[SIGNAL_OFFSET, LOCAL_OFFSET)`: signal words written by every rank of the team (by peers
+/// through peer mappings or `multimem.red`, and by the rank itself): one `u32` arrival counter per
+/// block slot `b` at `SIGNAL_OFFSET + b * SIGNAL_STRIDE`.
+pub const SIGNAL_OFFSET: usize = 0;
+/// Stride of the per-slot signal counters (one 128-byte line each).
+pub const SIGNAL_STRIDE: usize = 128;
+/// Start of the local state: written only by this rank's own kernels (never by peers).
+pub const LOCAL_OFFSET: usize = 4096;
+/// `u32` device error word: [`ERR_NONE`] or the first error code (set atomically, sticky). The
+/// runtime reads it after `cuStreamSynchronize`; while it is set every collective kernel of this
+/// rank returns at once without touching data (the barrier counters are no longer consistent:
+/// the runtime must quiesce all ranks and zero their sync regions, or drop the team).
+pub const ERROR_WORD_OFFSET: usize = 4096;
+/// `u32` detail of the first error: `(block slot + 1) | (barrier index in the kernel << 8)`.
+pub const ERROR_INFO_OFFSET: usize = 4100;
+/// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
+/// `b` (the target of slot `b`'s counter is that number times `nranks`).
+pub const EPOCH_OFFSET: usize = 4352;
+/// End of the used part of the sync region; the rest is reserved.
+pub const SYNC_USED_BYTES: usize = 8192;
+/// Error word value: no error.
+pub const ERR_NONE: u32 = 0;
+/// Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
+pub const ERR_TIMEOUT: u32 = 1;
+
+const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= SYNC_USED_BYTES);
+const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
+const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
+const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
+
+/// The kernel argument (`struct McastArgs`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelArgs {
+    /// Per rank: byte `offset` of that rank's copy, valid on this device (unused ranks 0).
+    pub data: [u64; MAX_RANKS],
+    /// Per rank: its sync region, valid on this device.
+    pub sync: [u64; MAX_RANKS],
+    /// Multicast address of `data` (emulated build: `data[rank]`; P2P: 0).
+    pub data_mc: u64,
+    /// Multicast address of the sync region (emulated build: `sync[rank]`; P2P: 0).
+    pub sync_mc: u64,
+    /// Elements or bytes, as [`Launch::count`].
+    pub count: u64,
+    /// Barrier spin bound, 0 = forever.
+    pub timeout_ns: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Team size.
+    pub nranks: u32,
+    /// Broadcast root (0 otherwise).
+    pub root: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
+pub const KERNEL_ARGS_SIZE: usize = 304;
+const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
+const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
+
+/// Which build of the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    /// Real `multimem` instructions (sm_90+).
+    Multimem,
+    /// `-DMCAST_EMULATE_MULTIMEM`: multimem replaced by loops over peer pointers (any sm_75+).
+    Emulated,
+}
+
+impl Variant {
+    /// Both variants.
+    pub const ALL: [Variant; 2] = [Variant::Multimem, Variant::Emulated];
+
+    /// Short name used in cache keys and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Multimem => "multimem",
+            Variant::Emulated => "emulated",
+        }
+    }
+
+    /// The NVRTC define selecting this variant.
+    pub fn define(self) -> Option<&'static str> {
+        match self {
+            Variant::Multimem => None,
+            Variant::Emulated => Some("-DMCAST_EMULATE_MULTIMEM"),
+        }
+    }
+}
+
+/// The kind of a kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// `mcast_all_reduce_p2p_<d>_<op>` (one-shot).
+    AllReduceP2p,
+    /// `mcast_all_reduce_p2p_twoshot_<d>_<op>`.
+    AllReduceP2pTwoShot,
+    /// `mcast_reduce_scatter_p2p_<d>_<op>`.
+    ReduceScatterP2p,
+    /// `mcast_all_reduce_mc_<d>_<op>`.
+    AllReduceMc,
+    /// `mcast_reduce_scatter_mc_<d>_<op>`.
+    ReduceScatterMc,
+    /// `mcast_broadcast_p2p`.
+    BroadcastP2p,
+    /// `mcast_broadcast_mc`.
+    BroadcastMc,
+    /// `mcast_all_gather_p2p`.
+    AllGatherP2p,
+    /// `mcast_all_gather_mc`.
+    AllGatherMc,
+}
+
+const REDUCING: [KernelKind; 5] = [
+    KernelKind::AllReduceP2p,
+    KernelKind::AllReduceP2pTwoShot,
+    KernelKind::ReduceScatterP2p,
+    KernelKind::AllReduceMc,
+    KernelKind::ReduceScatterMc,
+];
+const COPYING: [KernelKind; 4] =
+    [KernelKind::BroadcastP2p, KernelKind::BroadcastMc, KernelKind::AllGatherP2p, KernelKind::AllGatherMc];
+
+/// Number of kernel ids (some reducing ids have no entry point, see [`KernelId::exists`]).
+pub const KERNEL_IDS: usize = REDUCING.len() * 24 + COPYING.len();
+
+/// One kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelId {
+    /// Which kernel.
+    pub kind: KernelKind,
+    /// Element type and operator, for the reducing kinds.
+    pub red: Option<(DType, RedOp)>,
+}
+
+/// True when `multimem.ld_reduce` has a form for `dtype` and `op` (f32/f64 min/max have none).
+pub fn multimem_has_reduction(dtype: DType, op: RedOp) -> bool {
+    !matches!((dtype, op), (DType::F32 | DType::F64, RedOp::Min | RedOp::Max))
+}
+
+impl KernelId {
+    /// Every id, in [`KernelId::index`] order.
+    pub fn all() -> Vec<KernelId> {
+        let mut v = Vec::with_capacity(KERNEL_IDS);
+        for kind in REDUCING {
+            for dtype in DType::ALL {
+                for op in RedOp::ALL {
+                    v.push(KernelId { kind, red: Some((dtype, op)) });
+                }
+            }
+        }
+        for kind in COPYING {
+            v.push(KernelId { kind, red: None });
+        }
+        v
+    }
+
+    /// Dense index in `0..KERNEL_IDS`.
+    pub fn index(self) -> usize {
+        match (REDUCING.iter().position(|k| *k == self.kind), self.red) {
+            (Some(k), Some((d, o))) => k * 24 + d as usize * 3 + o as usize,
+            _ => REDUCING.len() * 24 + COPYING.iter().position(|k| *k == self.kind).unwrap_or(0),
+        }
+    }
+
+    /// True when the source defines this entry point (the multicast f32/f64 min/max do not).
+    pub fn exists(self) -> bool {
+        match (self.kind, self.red) {
+            (KernelKind::AllReduceMc | KernelKind::ReduceScatterMc, Some((d, o))) => multimem_has_reduction(d, o),
+            (k, red) => REDUCING.contains(&k) == red.is_some(),
+        }
+    }
+
+    /// The entry point name, e.g. `mcast_all_reduce_p2p_bf16_sum`.
+    pub fn name(self) -> String {
+        let stem = match self.kind {
+            KernelKind::AllReduceP2p => "all_reduce_p2p",
+            KernelKind::AllReduceP2pTwoShot => "all_reduce_p2p_twoshot",
+            KernelKind::ReduceScatterP2p => "reduce_scatter_p2p",
+            KernelKind::AllReduceMc => "all_reduce_mc",
+            KernelKind::ReduceScatterMc => "reduce_scatter_mc",
+            KernelKind::BroadcastP2p => "broadcast_p2p",
+            KernelKind::BroadcastMc => "broadcast_mc",
+            KernelKind::AllGatherP2p => "all_gather_p2p",
+            KernelKind::AllGatherMc => "all_gather_mc",
+        };
+        match self.red {
+            Some((d, o)) => format!("mcast_{stem}_{}_{}", d.name(), o.name()),
+            None => format!("mcast_{stem}"),
+        }
+    }
+}
+
+/// What to launch for one [`Launch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The entry point.
+    pub kernel: KernelId,
+    /// Blocks (same on every rank).
+    pub blocks: u32,
+    /// Why a multicast request runs a P2P kernel, when it does.
+    pub fallback: Option<&'static str>,
+}
+
+/// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
+/// Depends only on values that are equal on every rank (collective, path, count, nranks and the
+/// alignment of the symmetric address), so every rank makes the same choice.
+pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
+    let n = l.nranks as usize;
+    if n == 0 || n > MAX_RANKS {
+        return Err(format!("nranks {} outside 1..={MAX_RANKS}", l.nranks));
+    }
+    if l.rank >= l.nranks {
+        return Err(format!("rank {} >= nranks {}", l.rank, l.nranks));
+    }
+    if l.data.len() != n || l.sync.len() != n {
+        return Err(format!("{} data and {} sync addresses for {n} ranks", l.data.len(), l.sync.len()));
+    }
+    if l.count == 0 {
+        return Ok(None);
+    }
+    let too_big = || format!("count {} overflows the address space", l.count);
+    let me = l.data[l.rank as usize];
+    let mc = l.path == Path::Multicast;
+    // Address whose alignment the multicast kernel sees (the multicast address, or in emulation
+    // this rank's copy: both have the same alignment modulo 16 as every rank's copy).
+    let mc_addr = l.data_mc.unwrap_or(me);
+    let (kind, red, bytes, fallback) = match l.collective {
+        Collective::Broadcast { root } => {
+            if root >= l.nranks {
+                return Err(format!("broadcast root {root} >= nranks {}", l.nranks));
+            }
+            let fb = if !mc {
+                None
+            } else if l.count % 4 != 0 || mc_addr % 4 != 0 {
+                Some("multimem.st needs 4-byte aligned ranges")
+            } else {
+                None
+            };
+            let kind = if mc && fb.is_none() { KernelKind::BroadcastMc } else { KernelKind::BroadcastP2p };
+            (kind, None, l.count, fb)
+        }
+        Collective::AllGather => {
+            let total = l.count.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
+            let fb = if !mc {
+                None
+            } else if l.count % 4 != 0 || mc_addr % 4 != 0 {
+                Some("multimem.st needs 4-byte aligned blocks")
+            } else {
+                None
+            };
+            let kind = if mc && fb.is_none() { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            (kind, None, total, fb)
+        }
+        Collective::AllReduce { dtype, op } | Collective::ReduceScatter { dtype, op } => {
+            let es = dtype.size() as u64;
+            let bytes = l.count.checked_mul(es).ok_or_else(too_big)?;
+            let rs = matches!(l.collective, Collective::ReduceScatter { .. });
+            if rs {
+                bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
+            }
+            if me % es != 0 {
+                return Err(format!("address {me:#x} not aligned to the {}-byte element", es));
+            }
+            let unit = es.max(4);
+            let fb = if !mc {
+                None
+            } else if !multimem_has_reduction(dtype, op) {
+                Some("multimem.ld_reduce has no min/max for f32/f64")
+            } else if bytes % unit != 0 || mc_addr % unit != 0 {
+                Some("multimem has no 16-bit scalar forms (odd 16-bit count or 2-byte aligned start)")
+            } else {
+                None
+            };
+            let kind = match (rs, mc && fb.is_none()) {
+                (true, true) => KernelKind::ReduceScatterMc,
+                (true, false) => KernelKind::ReduceScatterP2p,
+                (false, true) => KernelKind::AllReduceMc,
+                (false, false) if bytes <= ONE_SHOT_MAX_BYTES => KernelKind::AllReduceP2p,
+                (false, false) => KernelKind::AllReduceP2pTwoShot,
+            };
+            (kind, Some((dtype, op)), bytes, fb)
+        }
+    };
+    let blocks = bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, GRID_MAX_BLOCKS as u64) as u32;
+    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
+}
+
+/// The argument struct for `l` built for `variant` (no allocation).
+pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
+    let mut a = KernelArgs {
+        data: [0; MAX_RANKS],
+        sync: [0; MAX_RANKS],
+        data_mc: 0,
+        sync_mc: 0,
+        count: l.count,
+        timeout_ns: l.timeout_ns,
+        rank: l.rank,
+        nranks: l.nranks,
+        root: match l.collective {
+            Collective::Broadcast { root } => root,
+            _ => 0,
+        },
+        reserved: 0,
+    };
+    for (i, (d, s)) in l.data.iter().zip(&l.sync).take(MAX_RANKS).enumerate() {
+        a.data[i] = *d;
+        a.sync[i] = *s;
+    }
+    let me = (l.rank as usize).min(MAX_RANKS - 1);
+    match variant {
+        Variant::Emulated => {
+            a.data_mc = a.data[me];
+            a.sync_mc = a.sync[me];
+        }
+        Variant::Multimem => {
+            a.data_mc = l.data_mc.unwrap_or(0);
+            a.sync_mc = l.sync_mc.unwrap_or(0);
+        }
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::Stream;
+    use std::collections::HashSet;
+    use std::mem::offset_of;
+
+    fn define(name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let line = SOURCE.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} not in source"));
+        line[prefix.len()..].trim().parse().unwrap_or_else(|_| panic!("{name}: {line}"))
+    }
+
+    #[test]
+    fn source_defines_match_rust_consts() {
+        assert_eq!(define("MCAST_MAX_RANKS"), MAX_RANKS as u64);
+        assert_eq!(define("MCAST_MAX_BLOCKS"), MAX_BLOCKS as u64);
+        assert_eq!(define("MCAST_THREADS"), THREADS as u64);
+        assert_eq!(define("MCAST_UNROLL"), UNROLL as u64);
+        assert_eq!(define("MCAST_SIGNAL_OFFSET"), SIGNAL_OFFSET as u64);
+        assert_eq!(define("MCAST_SIGNAL_STRIDE"), SIGNAL_STRIDE as u64);
+        assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
+        assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
+        assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
+        assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
+        assert!(SOURCE.contains(&format!("sizeof(McastArgs) == {KERNEL_ARGS_SIZE}")));
+    }
+
+    #[test]
+    fn kernel_args_layout() {
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 304);
+        assert_eq!(offset_of!(KernelArgs, data), 0);
+        assert_eq!(offset_of!(KernelArgs, sync), 128);
+        assert_eq!(offset_of!(KernelArgs, data_mc), 256);
+        assert_eq!(offset_of!(KernelArgs, sync_mc), 264);
+        assert_eq!(offset_of!(KernelArgs, count), 272);
+        assert_eq!(offset_of!(KernelArgs, timeout_ns), 280);
+        assert_eq!(offset_of!(KernelArgs, rank), 288);
+        assert_eq!(offset_of!(KernelArgs, nranks), 292);
+        assert_eq!(offset_of!(KernelArgs, root), 296);
+        assert_eq!(offset_of!(KernelArgs, reserved), 300);
+        // The C struct states the same offsets in comments; check they are there.
+        for (field, off) in [("data_mc", 256), ("count", 272), ("rank", 288), ("root", 296)] {
+            assert!(
+                SOURCE.lines().any(|l| l.contains(&format!("u64 {field};"))
+                    || l.contains(&format!("u32 {field};")) && l.contains(&format!("// {off}"))),
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn kernel_names_every_combination() {
+        let all = KernelId::all();
+        assert_eq!(all.len(), KERNEL_IDS);
+        let mut names = HashSet::new();
+        for (i, id) in all.iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?}");
+            assert!(names.insert(id.name()), "duplicate {}", id.name());
+        }
+        let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
+        assert_eq!(existing.len(), 3 * 24 + 2 * 20 + 4);
+        let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
+        assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
+        assert_eq!(
+            name(KernelKind::AllReduceP2pTwoShot, DType::F32, RedOp::Max),
+            "mcast_all_reduce_p2p_twoshot_f32_max"
+        );
+        assert_eq!(name(KernelKind::ReduceScatterMc, DType::I64, RedOp::Min), "mcast_reduce_scatter_mc_i64_min");
+        assert_eq!(KernelId { kind: KernelKind::AllGatherMc, red: None }.name(), "mcast_all_gather_mc");
+        assert!(!KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F64, RedOp::Min)) }.exists());
+        assert!(KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F16, RedOp::Min)) }.exists());
+    }
+
+    #[test]
+    fn source_defines_exactly_the_existing_entry_points() {
+        // Expand the entry-point macros of the source textually: P2P_OPS for every dtype, MC_OPS or
+        // MC_RED lines for the multicast ones, and the four copy kernels.
+        let mut defined = HashSet::new();
+        for line in SOURCE.lines() {
+            let line = line.trim();
+            let args = |s: &str| -> Vec<String> {
+                s[s.find('(').unwrap() + 1..s.find(')').unwrap()].split(',').map(|x| x.trim().to_string()).collect()
+            };
+            if line.starts_with("P2P_OPS(") {
+                let d = &args(line)[0];
+                for o in ["sum", "min", "max"] {
+                    for s in ["all_reduce_p2p", "all_reduce_p2p_twoshot", "reduce_scatter_p2p"] {
+                        defined.insert(format!("mcast_{s}_{d}_{o}"));
+                    }
+                }
+            } else if line.starts_with("MC_OPS(") || line.starts_with("MC_RED(") {
+                let a = args(line);
+                let ops = if line.starts_with("MC_OPS(") { vec!["sum", "min", "max"] } else { vec![a[2].as_str()] };
+                for o in ops {
+                    for s in ["all_reduce_mc", "reduce_scatter_mc"] {
+                        defined.insert(format!("mcast_{s}_{}_{o}", a[0]));
+                    }
+                }
+            } else if let Some(rest) = line.strip_prefix("KERNEL mcast_").filter(|r| !r.contains("##")) {
+                defined.insert(format!("mcast_{}", &rest[..rest.find('(').unwrap()]));
+            }
+        }
+        let expected: HashSet<String> = KernelId::all().into_iter().filter(|k| k.exists()).map(|k| k.name()).collect();
+        assert_eq!(defined, expected);
+    }
+
+    fn launch(collective: Collective, path: Path, count: u64) -> Launch {
+        Launch {
+            collective,
+            path,
+            rank: 1,
+            nranks: 2,
+            dev: 0,
+            stream: Stream::DEFAULT,
+            data: vec![0x1000_0000, 0x2000_0000],
+            data_mc: None,
+            sync: vec![0x3000_0000, 0x4000_0000],
+            sync_mc: None,
+            count,
+            timeout_ns: 5,
+        }
+    }
+
+    #[test]
+    fn plan_chooses_kernels_and_fallbacks() {
+        let ar = |d, o| Collective::AllReduce { dtype: d, op: o };
+        let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(p.blocks, 1);
+        let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pTwoShot);
+        assert_eq!(p.blocks, GRID_MAX_BLOCKS);
+        let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert!(p.fallback.is_some());
+        let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.fallback), (KernelKind::AllReduceMc, None));
+        let p = plan(&launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        let rs = Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Sum };
+        assert_eq!(plan(&launch(rs, Path::Multicast, 7)).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterMc);
+        let p = plan(&launch(Collective::AllGather, Path::Multicast, 6)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllGatherP2p);
+        let p = plan(&launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::BroadcastMc);
+        assert!(plan(&launch(Collective::Broadcast { root: 2 }, Path::P2P, 8)).is_err());
+        assert_eq!(plan(&launch(Collective::AllGather, Path::P2P, 0)).unwrap(), None);
+        let mut l = launch(Collective::AllGather, Path::P2P, 8);
+        l.data.pop();
+        assert!(plan(&l).is_err());
+    }
+
+    #[test]
+    fn kernel_args_from_launch() {
+        let mut l = launch(Collective::Broadcast { root: 1 }, Path::Multicast, 64);
+        let a = kernel_args(&l, Variant::Emulated);
+        assert_eq!((a.data[0], a.data[1], a.data[2]), (0x1000_0000, 0x2000_0000, 0));
+        assert_eq!((a.data_mc, a.sync_mc), (0x2000_0000, 0x4000_0000));
+        assert_eq!((a.rank, a.nranks, a.root, a.count, a.timeout_ns), (1, 2, 1, 64, 5));
+        l.data_mc = Some(0x9000_0000);
+        l.sync_mc = Some(0xa000_0000);
+        let a = kernel_args(&l, Variant::Multimem);
+        assert_eq!((a.data_mc, a.sync_mc), (0x9000_0000, 0xa000_0000));
+    }
+}

@@ -1,0 +1,268 @@
+//! Compiled-kernel cache: in memory (per process) and on disk.
+//!
+//! Key: FNV-1a hash of the source and the NVRTC options, NVRTC version, architecture and variant.
+//! Disk directory: `MCAST_CACHE_DIR`, else `$XDG_CACHE_HOME/mcast`, else `~/.cache/mcast`;
+//! `MCAST_CACHE_DIR=off` disables the disk cache. Files are written atomically (temporary file in
+//! the same directory, then rename) with a header and checksum; a file that fails the check is
+//! ignored and rebuilt.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::abi::Variant;
+use super::error::KernelError;
+use super::nvrtc;
+
+const MAGIC: &[u8; 8] = b"MCASTKC1";
+const HEADER: usize = 24;
+
+/// FNV-1a, 64 bits: stable across Rust releases (unlike `DefaultHasher`).
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// What identifies one compiled image.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    /// Hash of the source and the NVRTC options.
+    pub source_hash: u64,
+    /// NVRTC major, minor.
+    pub nvrtc: (i32, i32),
+    /// `sm_90`.
+    pub arch: String,
+    /// Which build.
+    pub variant: Variant,
+}
+
+impl CacheKey {
+    /// The key of `source` compiled with `options` by NVRTC `nvrtc` for `arch`.
+    pub fn new(source: &str, options: &[String], nvrtc: (i32, i32), arch: &str, variant: Variant) -> CacheKey {
+        let opts = options.join("\u{1}");
+        CacheKey { source_hash: fnv1a(&[source.as_bytes(), opts.as_bytes()]), nvrtc, arch: arch.to_string(), variant }
+    }
+
+    /// The cache file name.
+    pub fn file_name(&self) -> String {
+        format!(
+            "kernels-{:016x}-nvrtc{}.{}-{}-{}.cubin",
+            self.source_hash,
+            self.nvrtc.0,
+            self.nvrtc.1,
+            self.arch,
+            self.variant.name()
+        )
+    }
+}
+
+/// The disk cache directory from the environment, `None` when disabled or no home is known.
+pub fn cache_dir() -> Option<PathBuf> {
+    let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    cache_dir_from(get("MCAST_CACHE_DIR"), get("XDG_CACHE_HOME"), get("HOME"))
+}
+
+/// [`cache_dir`] from explicit values of `MCAST_CACHE_DIR`, `XDG_CACHE_HOME` and `HOME`.
+pub fn cache_dir_from(
+    mcast: Option<std::ffi::OsString>,
+    xdg: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    if let Some(d) = mcast {
+        if d == "off" {
+            return None;
+        }
+        return Some(PathBuf::from(d));
+    }
+    if let Some(x) = xdg {
+        return Some(PathBuf::from(x).join("mcast"));
+    }
+    home.map(|h| PathBuf::from(h).join(".cache").join("mcast"))
+}
+
+/// Reads a cached image; `None` when absent, unreadable or corrupt (bad header, length or sum).
+pub fn read(dir: &Path, key: &CacheKey) -> Option<Vec<u8>> {
+    let path = dir.join(key.file_name());
+    let bytes = std::fs::read(&path).ok()?;
+    match decode(&bytes) {
+        Some(payload) => Some(payload.to_vec()),
+        None => {
+            tracing::debug!("ignoring corrupt kernel cache file {}", path.display());
+            None
+        }
+    }
+}
+
+fn decode(bytes: &[u8]) -> Option<&[u8]> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return None;
+    }
+    let len = u64::from_le_bytes(bytes[8..16].try_into().ok()?) as usize;
+    let sum = u64::from_le_bytes(bytes[16..24].try_into().ok()?);
+    let payload = &bytes[HEADER..];
+    (payload.len() == len && len > 0 && fnv1a(&[payload]) == sum).then_some(payload)
+}
+
+/// Writes an image atomically (temporary file, then rename over the final name).
+pub fn write(dir: &Path, key: &CacheKey, image: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut buf = Vec::with_capacity(HEADER + image.len());
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&(image.len() as u64).to_le_bytes());
+    buf.extend_from_slice(&fnv1a(&[image]).to_le_bytes());
+    buf.extend_from_slice(image);
+    let final_path = dir.join(key.file_name());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let tmp = dir.join(format!(".{}.tmp.{}.{nanos}", key.file_name(), std::process::id()));
+    let r = std::fs::write(&tmp, &buf).and_then(|_| std::fs::rename(&tmp, &final_path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Returns the image for `key`, from memory, else disk (`dir`), else by calling `build` (and
+/// storing the result in both).
+pub fn get_or_build(
+    dir: Option<&Path>,
+    key: &CacheKey,
+    build: impl FnOnce() -> Result<Vec<u8>, KernelError>,
+) -> Result<Arc<Vec<u8>>, KernelError> {
+    static MEM: OnceLock<Mutex<HashMap<CacheKey, Arc<Vec<u8>>>>> = OnceLock::new();
+    let mem = MEM.get_or_init(Default::default);
+    if let Some(img) = mem.lock().get(key) {
+        return Ok(img.clone());
+    }
+    let from_disk = dir.and_then(|d| read(d, key));
+    let img = match from_disk {
+        Some(img) => img,
+        None => {
+            let img = build()?;
+            if let Some(d) = dir {
+                if let Err(e) = write(d, key, &img) {
+                    tracing::debug!("cannot write kernel cache in {}: {e}", d.display());
+                }
+            }
+            img
+        }
+    };
+    let img = Arc::new(img);
+    mem.lock().insert(key.clone(), img.clone());
+    Ok(img)
+}
+
+/// The cubin of the kernel source for `arch` and `variant`, compiled with NVRTC or cached.
+pub fn cubin(arch: &str, variant: Variant) -> Result<Arc<Vec<u8>>, KernelError> {
+    let nv = nvrtc::nvrtc()?;
+    let options = nvrtc::options(arch, variant);
+    let key = CacheKey::new(super::abi::SOURCE, &options, nv.version(), arch, variant);
+    let dir = cache_dir();
+    get_or_build(dir.as_deref(), &key, || {
+        let target = format!("{arch} {}", variant.name());
+        let out = nv.compile(super::abi::SOURCE, super::abi::SOURCE_NAME, &options, &target)?;
+        if !out.log.is_empty() {
+            tracing::debug!("NVRTC log for {target}:\n{}", out.log);
+        }
+        Ok(out.cubin)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mcast-cache-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn key_covers_source_nvrtc_arch_variant_and_options() {
+        let o = vec!["--gpu-architecture=sm_90".to_string()];
+        let k = CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Multimem);
+        assert_eq!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src2", &o, (13, 0), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_100", Variant::Multimem));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated));
+        assert_ne!(
+            k.source_hash,
+            CacheKey::new("src", &["-DX".to_string()], (13, 0), "sm_90", Variant::Multimem).source_hash
+        );
+        let names: std::collections::HashSet<String> = [
+            k.file_name(),
+            CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem).file_name(),
+            CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated).file_name(),
+        ]
+        .into();
+        assert_eq!(names.len(), 3);
+        assert_eq!(fnv1a(&[b"a"]), fnv1a(&[b"a"]));
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn cache_dir_from_environment() {
+        let s = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(cache_dir_from(s("off"), s("/x"), s("/h")), None);
+        assert_eq!(cache_dir_from(s("/c"), s("/x"), s("/h")), Some(PathBuf::from("/c")));
+        assert_eq!(cache_dir_from(None, s("/x"), s("/h")), Some(PathBuf::from("/x/mcast")));
+        assert_eq!(cache_dir_from(None, None, s("/h")), Some(PathBuf::from("/h/.cache/mcast")));
+        assert_eq!(cache_dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn round_trip_and_corrupt_files_are_rebuilt() {
+        let dir = tmpdir("corrupt");
+        let key = CacheKey::new("corrupt-test", &[], (1, 2), "sm_90", Variant::Emulated);
+        assert_eq!(read(&dir, &key), None);
+        write(&dir, &key, b"cubin-bytes").unwrap();
+        assert_eq!(read(&dir, &key).as_deref(), Some(&b"cubin-bytes"[..]));
+        // No temporary files left behind.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        let path = dir.join(key.file_name());
+        let good = std::fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        for bad in [&b""[..], &b"garbage"[..], &good[..good.len() - 1], &flipped[..], &good[..HEADER]] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(read(&dir, &key), None);
+        }
+        // get_or_build ignores the corrupt file, builds and rewrites it.
+        let mut built = 0;
+        let img = get_or_build(Some(&dir), &key, || {
+            built += 1;
+            Ok(b"rebuilt".to_vec())
+        })
+        .unwrap();
+        assert_eq!((img.as_slice(), built), (&b"rebuilt"[..], 1));
+        assert_eq!(read(&dir, &key).as_deref(), Some(&b"rebuilt"[..]));
+        // Now in memory: no rebuild, even with the disk copy gone.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let img = get_or_build(Some(&dir), &key, || panic!("rebuilt from memory")).unwrap();
+        assert_eq!(img.as_slice(), b"rebuilt");
+    }
+
+    #[test]
+    fn disk_hit_skips_build_and_errors_propagate() {
+        let dir = tmpdir("hit");
+        let key = CacheKey::new("hit-test", &[], (1, 2), "sm_90", Variant::Multimem);
+        write(&dir, &key, b"from-disk").unwrap();
+        let img = get_or_build(Some(&dir), &key, || panic!("should come from disk")).unwrap();
+        assert_eq!(img.as_slice(), b"from-disk");
+        let key2 = CacheKey::new("err-test", &[], (1, 2), "sm_90", Variant::Multimem);
+        let e = get_or_build(None, &key2, || Err(KernelError::Unsupported("x".into()))).unwrap_err();
+        assert_eq!(e, KernelError::Unsupported("x".into()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
