@@ -42,6 +42,97 @@ struct CUstream_st;
 #define SYNC_BYTES (64 * 1024)
 
 /**
+ * Threads per block of every collective kernel (`MCAST_THREADS`).
+ */
+#define THREADS 512
+
+/**
+ * 16-byte accesses in flight per thread (`MCAST_UNROLL`).
+ */
+#define UNROLL 4
+
+/**
+ * Barrier slots in the sync region: the most blocks any kernel may use (`MCAST_MAX_BLOCKS`).
+ */
+#define MAX_BLOCKS 32
+
+/**
+ * The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
+ * about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
+ * every rank of a collective must launch the same grid (block b pairs with block b).
+ */
+#define GRID_MAX_BLOCKS 16
+
+/**
+ * Bytes of work per block before another block is added (one block-round of vectors).
+ */
+#define BYTES_PER_BLOCK (((uint64_t)THREADS * 16) * (uint64_t)UNROLL)
+
+/**
+ * P2P all-reduce: one-shot up to this many bytes per rank, two-shot above. A placeholder to be
+ * measured on hardware (PyTorch uses one-shot up to 256 KiB, vLLM up to 512 KiB on <= 4 GPUs).
+ */
+#define ONE_SHOT_MAX_BYTES (256 * 1024)
+
+/**
+ * Sync region layout (per rank, [`SYNC_BYTES`] bytes, zeroed at team creation).
+ *
+ * `[SIGNAL_OFFSET, LOCAL_OFFSET)`: signal words written by every rank of the team (by peers
+ * through peer mappings or `multimem.red`, and by the rank itself): one `u32` arrival counter per
+ * block slot `b` at `SIGNAL_OFFSET + b * SIGNAL_STRIDE`.
+ */
+#define SIGNAL_OFFSET 0
+
+/**
+ * Stride of the per-slot signal counters (one 128-byte line each).
+ */
+#define SIGNAL_STRIDE 128
+
+/**
+ * Start of the local state: written only by this rank's own kernels (never by peers).
+ */
+#define LOCAL_OFFSET 4096
+
+/**
+ * `u32` device error word: [`ERR_NONE`] or the first error code (set atomically, sticky). The
+ * runtime reads it after `cuStreamSynchronize`; while it is set every collective kernel of this
+ * rank returns at once without touching data (the barrier counters are no longer consistent:
+ * the runtime must quiesce all ranks and zero their sync regions, or drop the team).
+ */
+#define ERROR_WORD_OFFSET 4096
+
+/**
+ * `u32` detail of the first error: `(block slot + 1) | (barrier index in the kernel << 8)`.
+ */
+#define ERROR_INFO_OFFSET 4100
+
+/**
+ * `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
+ * `b` (the target of slot `b`'s counter is that number times `nranks`).
+ */
+#define EPOCH_OFFSET 4352
+
+/**
+ * End of the used part of the sync region; the rest is reserved.
+ */
+#define SYNC_USED_BYTES 8192
+
+/**
+ * Error word value: no error.
+ */
+#define ERR_NONE 0
+
+/**
+ * Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
+ */
+#define ERR_TIMEOUT 1
+
+/**
+ * Size of [`KernelArgs`] (`sizeof(McastArgs)`).
+ */
+#define KERNEL_ARGS_SIZE 304
+
+/**
  * Alignment of every buffer inside its segment.
  */
 #define BUFFER_ALIGN 256
@@ -193,6 +284,84 @@ typedef uint32_t mcast_transport_t;
 #endif // __cplusplus
 
 /**
+ * Element types.
+ */
+enum mcast_dtype_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `float`.
+   */
+  MCAST_FLOAT32 = 0,
+  /**
+   * `double`.
+   */
+  MCAST_FLOAT64 = 1,
+  /**
+   * IEEE 754 half (sums accumulate in float).
+   */
+  MCAST_FLOAT16 = 2,
+  /**
+   * bfloat16 (sums accumulate in float).
+   */
+  MCAST_BFLOAT16 = 3,
+  /**
+   * `int32_t` (sums wrap).
+   */
+  MCAST_INT32 = 4,
+  /**
+   * `uint32_t`.
+   */
+  MCAST_UINT32 = 5,
+  /**
+   * `int64_t` (sums wrap).
+   */
+  MCAST_INT64 = 6,
+  /**
+   * `uint64_t`.
+   */
+  MCAST_UINT64 = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_dtype_t mcast_dtype_t;
+#else
+typedef uint32_t mcast_dtype_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Reduction operators.
+ */
+enum mcast_op_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Sum.
+   */
+  MCAST_SUM = 0,
+  /**
+   * Minimum (for floats, a NaN operand yields the other, as `fminf`).
+   */
+  MCAST_MIN = 1,
+  /**
+   * Maximum (likewise `fmaxf`).
+   */
+  MCAST_MAX = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_op_t mcast_op_t;
+#else
+typedef uint32_t mcast_op_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A team. Passed by value; id 0 is never valid.
  */
 typedef struct mcast_team_t {
@@ -211,6 +380,12 @@ typedef struct mcast_buffer_t {
    */
   uint64_t id;
 } mcast_buffer_t;
+
+/**
+ * A CUDA stream; NULL is the legacy default stream of the rank's device. On the SIM backend
+ * any value names a stream (each value runs in order on its own simulated stream).
+ */
+typedef struct CUstream_st *mcast_stream_t;
 
 /**
  * Context configuration. Fill it with `mcast_config_init`, then change fields.
@@ -403,6 +578,8 @@ typedef struct mcast_team_info_t {
 
 
 
+
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -493,6 +670,65 @@ mcast_status_t mcast_buffer_read(struct mcast_buffer_t buf,
                                  size_t offset,
                                  void *dst,
                                  size_t bytes);
+
+/**
+ * Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, `bytes` 0, range past the end.
+ * Thread-safe.
+ */
+mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
+                               int rank,
+                               int root,
+                               size_t offset,
+                               size_t bytes,
+                               mcast_stream_t stream);
+
+/**
+ * Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
+ * count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, `count` 0,
+ * misaligned offset, range past the end. Thread-safe.
+ */
+mcast_status_t mcast_all_reduce(struct mcast_buffer_t buf,
+                                int rank,
+                                size_t offset,
+                                size_t count,
+                                mcast_dtype_t dtype,
+                                mcast_op_t op,
+                                mcast_stream_t stream);
+
+/**
+ * Input: `[offset, offset + N * count * esize)` on every rank, seen as N blocks of `count`
+ * elements; rank r ends with the reduction of block r over all ranks, in place at
+ * `[offset + r * count * esize, + count * esize)` of its own copy (NCCL's in-place
+ * convention). Errors as `mcast_all_reduce`. Thread-safe.
+ */
+mcast_status_t mcast_reduce_scatter(struct mcast_buffer_t buf,
+                                    int rank,
+                                    size_t offset,
+                                    size_t count,
+                                    mcast_dtype_t dtype,
+                                    mcast_op_t op,
+                                    mcast_stream_t stream);
+
+/**
+ * Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
+ * blocks. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, `bytes` 0, range past the end.
+ * Thread-safe.
+ */
+mcast_status_t mcast_all_gather(struct mcast_buffer_t buf,
+                                int rank,
+                                size_t offset,
+                                size_t bytes,
+                                mcast_stream_t stream);
+
+/**
+ * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
+ * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms`. After a timeout
+ * every later collective and synchronize of the team returns it until the team is destroyed.
+ * Thread-safe.
+ */
+mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_stream_t stream);
 
 /**
  * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a

@@ -11,6 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::runtime::{Error, ErrorKind, Result};
 
 pub mod buffer;
+pub mod collective;
 pub mod config;
 pub mod context;
 pub mod device;

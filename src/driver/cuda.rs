@@ -164,6 +164,7 @@ driver_api! {
         cuStreamCreate(*mut cu::CUstream, c_uint);
         cuStreamDestroy_v2(cu::CUstream);
         cuStreamSynchronize(cu::CUstream);
+        cuCtxSynchronize();
         cuEventCreate(*mut cu::CUevent, c_uint);
         cuEventRecord(cu::CUevent, cu::CUstream);
         cuEventSynchronize(cu::CUevent);
@@ -740,6 +741,12 @@ impl Driver for CudaDriver {
         let _ctx = self.enter(dev)?;
         // SAFETY: the stream value is the caller's (NULL: the legacy default stream).
         check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(stream_ptr(stream)) })
+    }
+
+    fn device_synchronize(&self, dev: Device) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        // SAFETY: synchronizes the current (primary) context; no arguments.
+        check("cuCtxSynchronize", unsafe { (self.api.cuCtxSynchronize)() })
     }
 
     fn event_create(&self, dev: Device) -> DResult<Event> {

@@ -361,6 +361,9 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuStreamSynchronize`.
     fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()>;
 
+    /// `cuCtxSynchronize` in `dev`'s primary context: waits for all work on the device.
+    fn device_synchronize(&self, dev: Device) -> DResult<()>;
+
     /// `cuEventCreate` (timing enabled) on `dev`.
     fn event_create(&self, dev: Device) -> DResult<Event>;
 

@@ -19,9 +19,12 @@ impl Buffer {
         Ok(Buffer { team: team.clone(), alloc })
     }
 
-    /// Returns the memory to the team.
+    /// Waits for the team's work in flight (as `cudaFree` does), then returns the memory to the
+    /// team. A failed wait is reported after the memory is returned.
     pub fn free(&self) -> Result<()> {
-        self.team.free(&self.alloc)
+        let waited = self.team.quiesce();
+        self.team.free(&self.alloc)?;
+        waited
     }
 
     /// The team.

@@ -37,11 +37,17 @@ pub enum Transport {
 /// A team.
 pub struct Team {
     ctx: Arc<Context>,
-    serial: u64,
     devices: Vec<Device>,
     transport: Transport,
     reason: String,
     granularity: usize,
+    /// `sync[viewer][rank]`: rank's sync region as mapped on viewer's device.
+    sync: Vec<Vec<DevicePtr>>,
+    /// Per viewer: the multicast address of the sync regions (multicast transport).
+    sync_mc: Vec<Option<DevicePtr>>,
+    shape: Shape,
+    /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
+    error: Mutex<Option<Error>>,
     state: Mutex<State>,
 }
 
@@ -141,35 +147,43 @@ impl Team {
         };
         let granularity = Self::granularity(ctx, devices, transport)?;
         let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let shape = Shape {
+            devices: devices.to_vec(),
+            multicast: transport == Transport::Multicast,
+            owner: format!("team {serial} (devices {devices:?})"),
+            alignment: granularity,
+        };
+        // The first segment holds the sync regions, zeroed.
+        let size = round_up(SYNC_BYTES, granularity).expect("small");
+        let seg = Segment::create(ctx, &shape, size, &mut || 0)?;
+        for (rank, &dev) in devices.iter().enumerate() {
+            let zeroed = ctx
+                .driver()
+                .memset_d8(dev, seg.peer_base(rank, rank), 0, SYNC_BYTES)
+                .map_err(|e| Error::driver(e, format_args!("zeroing rank {rank}'s sync region")));
+            if let Err(e) = zeroed {
+                for undo in seg.teardown(ctx) {
+                    tracing::error!("rolling back team creation: {undo}");
+                }
+                if !seg.is_released() {
+                    ctx.park(Arc::new(seg));
+                }
+                return Err(e);
+            }
+        }
+        let n = devices.len();
         let team = Arc::new(Team {
             ctx: ctx.clone(),
-            serial,
             devices: devices.to_vec(),
             transport,
             reason: reason.unwrap_or_default(),
             granularity,
+            sync: (0..n).map(|viewer| (0..n).map(|r| seg.peer_base(viewer, r)).collect()).collect(),
+            sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
+            shape,
+            error: Mutex::new(None),
             state: Mutex::new(State::default()),
         });
-        // The first segment holds the sync regions, zeroed.
-        let size = round_up(SYNC_BYTES, granularity).expect("small");
-        let seg = Segment::create(ctx, &team.shape(), size, &mut || 0)?;
-        let mut zeroed = Ok(());
-        for (rank, &dev) in devices.iter().enumerate() {
-            let base = seg.peer_base(rank, rank);
-            zeroed = ctx
-                .driver()
-                .memset_d8(dev, base, 0, SYNC_BYTES)
-                .map_err(|e| Error::driver(e, format_args!("zeroing rank {rank}'s sync region")));
-            if zeroed.is_err() {
-                break;
-            }
-        }
-        if let Err(e) = zeroed {
-            for undo in seg.teardown(ctx) {
-                tracing::error!("rolling back team creation: {undo}");
-            }
-            return Err(e);
-        }
         team.state.lock().segments.push(SegmentSlot {
             free: vec![(SYNC_BYTES, size - SYNC_BYTES)],
             seg: Arc::new(seg),
@@ -212,15 +226,6 @@ impl Team {
         Ok(g)
     }
 
-    fn shape(&self) -> Shape {
-        Shape {
-            devices: self.devices.clone(),
-            multicast: self.transport == Transport::Multicast,
-            owner: format!("team {} (devices {:?})", self.serial, self.devices),
-            alignment: self.granularity,
-        }
-    }
-
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
@@ -254,7 +259,42 @@ impl Team {
 
     /// Address of rank `rank`'s sync region as seen by rank `viewer`.
     pub fn sync_base(&self, viewer: usize, rank: usize) -> DevicePtr {
-        self.state.lock().segments[0].seg.peer_base(viewer, rank)
+        self.sync[viewer][rank]
+    }
+
+    /// Every rank's sync region as seen by rank `viewer`.
+    pub fn sync_bases(&self, viewer: usize) -> &[DevicePtr] {
+        &self.sync[viewer]
+    }
+
+    /// The multicast address of the sync regions on rank `viewer`'s device (multicast transport).
+    pub fn sync_multicast(&self, viewer: usize) -> Option<DevicePtr> {
+        self.sync_mc[viewer]
+    }
+
+    /// The sticky device error, if a collective of this team failed on the device.
+    pub fn error(&self) -> Option<Error> {
+        self.error.lock().clone()
+    }
+
+    /// Records the first device error; later calls report it until the team is destroyed.
+    pub fn set_error(&self, e: Error) {
+        self.error.lock().get_or_insert(e);
+    }
+
+    /// Waits for all work on every device of the team (as `cudaFree` does), so memory is not
+    /// released under a kernel still using it.
+    pub fn quiesce(&self) -> Result<()> {
+        let mut devices = self.devices.clone();
+        devices.sort_unstable();
+        devices.dedup();
+        for dev in devices {
+            self.ctx
+                .driver()
+                .device_synchronize(dev)
+                .map_err(|e| Error::driver(e, format_args!("waiting for work in flight on device {dev}")))?;
+        }
+        Ok(())
     }
 
     /// Buffers alive.
@@ -317,7 +357,7 @@ impl Team {
             }
             freed as u64
         };
-        let created = Segment::create(ctx, &self.shape(), size, &mut trim);
+        let created = Segment::create(ctx, &self.shape, size, &mut trim);
         st.cache = spare;
         let seg = created.map_err(|e| match e.kind {
             ErrorKind::OutOfMemory => e.context(format!(
@@ -402,6 +442,7 @@ impl Team {
 
     /// Destroys the team: refused while buffers live.
     pub fn destroy(self: &Arc<Self>) -> Result<()> {
+        let waited = if self.live_buffers() == 0 { self.quiesce() } else { Ok(()) };
         let errors = {
             let mut st = self.state.lock();
             if st.buffers > 0 {
@@ -415,12 +456,15 @@ impl Team {
         self.ctx.remove_team(self);
         match errors.into_iter().next() {
             Some(e) => Err(e.context("destroying the team")),
-            None => Ok(()),
+            None => waited,
         }
     }
 
     /// Releases every segment, live buffers or not; returns the teardown errors.
     pub fn release_all(&self) -> Vec<Error> {
+        if let Err(e) = self.quiesce() {
+            tracing::error!("releasing a team: {e}");
+        }
         self.release_locked(&mut self.state.lock())
     }
 

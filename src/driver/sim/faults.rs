@@ -31,6 +31,7 @@ pub const FUNCTION_NAMES: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy",
     "cuStreamSynchronize",
+    "cuCtxSynchronize",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventElapsedTime",

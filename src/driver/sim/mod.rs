@@ -987,6 +987,14 @@ impl Driver for SimDriver {
         })
     }
 
+    fn device_synchronize(&self, dev: Device) -> DResult<()> {
+        self.call("cuCtxSynchronize", || {
+            self.check_dev(dev)?;
+            self.workers.synchronize_device(dev);
+            Ok(())
+        })
+    }
+
     fn event_create(&self, dev: Device) -> DResult<Event> {
         self.call("cuEventCreate", || {
             self.check_dev(dev)?;

@@ -66,6 +66,14 @@ impl Workers {
         let _ = rx.recv();
     }
 
+    /// Waits until everything enqueued so far on every stream of `dev` has run.
+    pub(super) fn synchronize_device(&self, dev: Device) {
+        let keys: Vec<(Device, usize)> = self.live.lock().keys().filter(|k| k.0 == dev).copied().collect();
+        for key in keys {
+            self.synchronize(key);
+        }
+    }
+
     /// Stops the worker of `key` once its queued work has run, without waiting for it.
     pub(super) fn retire(&self, key: (Device, usize)) {
         let Some(worker) = self.live.lock().remove(&key) else {

@@ -1,0 +1,174 @@
+//! Collectives: called once per rank with that rank's stream, ordered on it, in place on a byte
+//! range of a buffer; they return once enqueued, and device-side errors (a timeout) are
+//! reported by `mcast_synchronize`. Safe inside CUDA graph capture after a first call has
+//! loaded the kernels. Results are bit-identical on every rank.
+
+use std::ffi::c_int;
+
+use super::buffer::mcast_buffer_t;
+use super::team::mcast_team_t;
+use super::{guard, mcast_status_t};
+use crate::driver::Stream;
+use crate::kernels::{Collective, DType, RedOp};
+use crate::runtime::{collective, handles, Error};
+
+/// The CUDA stream type (`cudaStream_t` and `CUstream` are the same type); declared, never
+/// defined, so `mcast.h` needs no CUDA header.
+#[repr(C)]
+pub struct CUstream_st {
+    _opaque: [u8; 0],
+}
+
+/// A CUDA stream; NULL is the legacy default stream of the rank's device. On the SIM backend
+/// any value names a stream (each value runs in order on its own simulated stream).
+pub type mcast_stream_t = *mut CUstream_st;
+
+/// Element types.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastDtype {
+    /// `float`.
+    MCAST_FLOAT32 = 0,
+    /// `double`.
+    MCAST_FLOAT64 = 1,
+    /// IEEE 754 half (sums accumulate in float).
+    MCAST_FLOAT16 = 2,
+    /// bfloat16 (sums accumulate in float).
+    MCAST_BFLOAT16 = 3,
+    /// `int32_t` (sums wrap).
+    MCAST_INT32 = 4,
+    /// `uint32_t`.
+    MCAST_UINT32 = 5,
+    /// `int64_t` (sums wrap).
+    MCAST_INT64 = 6,
+    /// `uint64_t`.
+    MCAST_UINT64 = 7,
+}
+
+/// Values of `mcast_dtype_t`, carried as an integer.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_dtype_t(pub u32);
+
+/// Reduction operators.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McastOp {
+    /// Sum.
+    MCAST_SUM = 0,
+    /// Minimum (for floats, a NaN operand yields the other, as `fminf`).
+    MCAST_MIN = 1,
+    /// Maximum (likewise `fmaxf`).
+    MCAST_MAX = 2,
+}
+
+/// Values of `mcast_op_t`, carried as an integer.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mcast_op_t(pub u32);
+
+fn reduction(dtype: mcast_dtype_t, op: mcast_op_t) -> Result<(DType, RedOp), Error> {
+    let d = DType::from_raw(dtype.0)
+        .ok_or_else(|| Error::invalid_argument(format!("dtype = {} is not an mcast_dtype_t", dtype.0)))?;
+    let o =
+        RedOp::from_raw(op.0).ok_or_else(|| Error::invalid_argument(format!("op = {} is not an mcast_op_t", op.0)))?;
+    Ok((d, o))
+}
+
+fn run(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    count: usize,
+    c: Collective,
+    stream: mcast_stream_t,
+) -> Result<(), Error> {
+    let b = handles::buffer(buf.id)?;
+    collective::run(&b, rank, offset, count, c, Stream(stream as usize))
+}
+
+/// Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, `bytes` 0, range past the end.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_broadcast(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    root: c_int,
+    offset: usize,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_broadcast", || {
+        if root < 0 {
+            return Err(Error::invalid_argument(format!("root {root} is negative")));
+        }
+        run(buf, rank, offset, bytes, Collective::Broadcast { root: root as u32 }, stream)
+    })
+}
+
+/// Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
+/// count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, `count` 0,
+/// misaligned offset, range past the end. Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_all_reduce(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_all_reduce", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run(buf, rank, offset, count, Collective::AllReduce { dtype, op }, stream)
+    })
+}
+
+/// Input: `[offset, offset + N * count * esize)` on every rank, seen as N blocks of `count`
+/// elements; rank r ends with the reduction of block r over all ranks, in place at
+/// `[offset + r * count * esize, + count * esize)` of its own copy (NCCL's in-place
+/// convention). Errors as `mcast_all_reduce`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_reduce_scatter(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_reduce_scatter", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run(buf, rank, offset, count, Collective::ReduceScatter { dtype, op }, stream)
+    })
+}
+
+/// Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
+/// blocks. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, `bytes` 0, range past the end.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_all_gather(
+    buf: mcast_buffer_t,
+    rank: c_int,
+    offset: usize,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_all_gather", || run(buf, rank, offset, bytes, Collective::AllGather, stream))
+}
+
+/// Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
+/// team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms`. After a timeout
+/// every later collective and synchronize of the team returns it until the team is destroyed.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {
+    guard("mcast_synchronize", || {
+        let t = handles::team(team.id)?;
+        collective::synchronize(&t, rank, Stream(stream as usize))
+    })
+}

@@ -1,0 +1,371 @@
+//! Host execution of the collectives on the simulator: the kernel [`plan`] (same kernel choice
+//! and fallbacks as on a GPU), the same barrier protocol over the same sync-region words, and
+//! the same algorithms, run on the simulated device's worker thread for the caller's stream.
+//! Multicast addresses are read and written through the simulator's translation, so the
+//! MULTICAST path runs end to end without a GPU.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+
+use super::abi::{
+    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, SIGNAL_OFFSET,
+};
+use super::{Collective, DType, KernelError, Launch, RedOp};
+use crate::driver::sim::SimDriver;
+
+/// Addresses of the same bytes in several ranks' memory.
+#[derive(Clone)]
+struct Targets(Vec<*mut u8>);
+
+// SAFETY: the pointers address simulated device memory shared by the worker threads; every
+// access is ordered by the barrier protocol, as on a GPU.
+unsafe impl Send for Targets {}
+
+/// Everything one rank's job needs, captured at launch.
+struct Job {
+    kind: KernelKind,
+    red: Option<(DType, RedOp)>,
+    collective: Collective,
+    rank: usize,
+    nranks: usize,
+    count: usize,
+    timeout: Option<Duration>,
+    /// Each rank's data as mapped on this device.
+    data: Targets,
+    /// Each rank's sync region as mapped on this device.
+    sync: Targets,
+    /// The bound copies behind the multicast data address (multicast kernels).
+    mc_data: Option<Targets>,
+    /// Each rank's barrier counter behind the multicast sync address (multicast kernels).
+    mc_signal: Option<Targets>,
+}
+
+/// Enqueues rank `l.rank`'s part of a collective on the simulated device's worker for
+/// `l.stream`. Returns once enqueued; errors found while running (a timeout) land in the rank's
+/// device error word, as on a GPU.
+pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
+    let Some(p) = plan(l).map_err(KernelError::Unsupported)? else { return Ok(()) };
+    if let Some(why) = p.fallback {
+        tracing::debug!("multicast request runs the P2P kernel: {why}");
+    }
+    let span = span_bytes(l);
+    let is_mc = matches!(
+        p.kernel.kind,
+        KernelKind::AllReduceMc | KernelKind::ReduceScatterMc | KernelKind::BroadcastMc | KernelKind::AllGatherMc
+    );
+    let (mc_data, mc_signal) = if is_mc {
+        let translate = |addr: Option<u64>, len: usize, what: &str| -> Result<Targets, KernelError> {
+            let addr = addr.ok_or_else(|| KernelError::Unsupported(format!("no multicast address for {what}")))?;
+            sim.multicast_targets(addr, len)
+                .map(Targets)
+                .ok_or_else(|| KernelError::Unsupported(format!("{what} at {addr:#x} is not a bound multicast range")))
+        };
+        (
+            Some(translate(l.data_mc, span, "the data")?),
+            Some(translate(l.sync_mc.map(|s| s + SIGNAL_OFFSET as u64), 4, "the barrier counter")?),
+        )
+    } else {
+        (None, None)
+    };
+    let job = Job {
+        kind: p.kernel.kind,
+        red: p.kernel.red,
+        collective: l.collective,
+        rank: l.rank as usize,
+        nranks: l.nranks as usize,
+        count: l.count as usize,
+        timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
+        data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
+        sync: Targets(l.sync.iter().map(|&a| a as *mut u8).collect()),
+        mc_data,
+        mc_signal,
+    };
+    sim.enqueue(l.dev, l.stream, Box::new(move || job.run())).map_err(KernelError::Driver)
+}
+
+/// Bytes of the symmetric range a collective touches, from `data[r]`.
+fn span_bytes(l: &Launch) -> usize {
+    let n = l.nranks as usize;
+    let count = l.count as usize;
+    match l.collective {
+        Collective::Broadcast { .. } => count,
+        Collective::AllGather => n * count,
+        Collective::AllReduce { dtype, .. } => count * dtype.size(),
+        Collective::ReduceScatter { dtype, .. } => n * count * dtype.size(),
+    }
+}
+
+fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
+    // SAFETY: `base` is a rank's sync region (at least SYNC_BYTES, 4-byte aligned, mapped for the
+    // team's lifetime); the words are only accessed atomically.
+    unsafe { &*(base.add(offset) as *const AtomicU32) }
+}
+
+impl Job {
+    fn run(self) {
+        let me = self.sync.0[self.rank];
+        if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
+            return;
+        }
+        let esize = self.red.map_or(1, |(d, _)| d.size());
+        let (n, r, count) = (self.nranks, self.rank, self.count);
+        let mut barrier = 0u32;
+        let mut sync = || -> bool {
+            barrier += 1;
+            self.barrier(barrier)
+        };
+        let data = &self.data.0;
+        match self.kind {
+            KernelKind::AllReduceP2p => {
+                if !sync() {
+                    return;
+                }
+                let out = self.reduce(data, 0, count);
+                if !sync() {
+                    return;
+                }
+                write(data[r], 0, &out);
+                sync();
+            }
+            KernelKind::AllReduceP2pTwoShot => {
+                let (lo, hi) = slice(count, n, r);
+                if !sync() {
+                    return;
+                }
+                let out = self.reduce(data, lo, hi - lo);
+                if !sync() {
+                    return;
+                }
+                write(data[r], lo * esize, &out);
+                if !sync() {
+                    return;
+                }
+                for q in (0..n).filter(|&q| q != r) {
+                    let (lo, hi) = slice(count, n, q);
+                    copy(data[q], data[r], lo * esize, (hi - lo) * esize);
+                }
+                sync();
+            }
+            KernelKind::ReduceScatterP2p => {
+                if !sync() {
+                    return;
+                }
+                let out = self.reduce(data, r * count, count);
+                write(data[r], r * count * esize, &out);
+                sync();
+            }
+            KernelKind::AllReduceMc => {
+                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
+                let (lo, hi) = slice(count, n, r);
+                if !sync() {
+                    return;
+                }
+                let out = self.reduce(mc, lo, hi - lo);
+                for &t in mc {
+                    write(t, lo * esize, &out);
+                }
+                sync();
+            }
+            KernelKind::ReduceScatterMc => {
+                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
+                if !sync() {
+                    return;
+                }
+                let out = self.reduce(mc, r * count, count);
+                write(data[r], r * count * esize, &out);
+                sync();
+            }
+            KernelKind::BroadcastP2p | KernelKind::AllGatherP2p => {
+                if !sync() {
+                    return;
+                }
+                match self.collective {
+                    Collective::Broadcast { root } if root as usize != r => {
+                        copy(data[root as usize], data[r], 0, count)
+                    }
+                    Collective::AllGather => {
+                        for q in (0..n).filter(|&q| q != r) {
+                            copy(data[q], data[r], q * count, count);
+                        }
+                    }
+                    _ => {}
+                }
+                sync();
+            }
+            KernelKind::BroadcastMc | KernelKind::AllGatherMc => {
+                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
+                if !sync() {
+                    return;
+                }
+                let (offset, root) = match self.collective {
+                    Collective::Broadcast { root } => (0, root as usize),
+                    _ => (r * count, r),
+                };
+                if root == r {
+                    for &t in mc {
+                        copy(data[r], t, offset, count);
+                    }
+                }
+                sync();
+            }
+        }
+    }
+
+    /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
+    /// False after a timeout, which is recorded in this rank's error word.
+    fn barrier(&self, index: u32) -> bool {
+        let me = self.sync.0[self.rank];
+        let epoch = word(me, EPOCH_OFFSET);
+        let k = epoch.load(Ordering::Relaxed).wrapping_add(1);
+        epoch.store(k, Ordering::Relaxed);
+        match &self.mc_signal {
+            Some(mc) => mc.0.iter().for_each(|&t| {
+                word(t, 0).fetch_add(1, Ordering::Release);
+            }),
+            None => self.sync.0.iter().for_each(|&s| {
+                word(s, SIGNAL_OFFSET).fetch_add(1, Ordering::Release);
+            }),
+        }
+        let target = k.wrapping_mul(self.nranks as u32);
+        let counter = word(me, SIGNAL_OFFSET);
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) < 0 {
+            if self.timeout.is_some_and(|t| start.elapsed() >= t) {
+                if word(me, ERROR_WORD_OFFSET)
+                    .compare_exchange(ERR_NONE, ERR_TIMEOUT, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
+                }
+                return false;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 1024 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        true
+    }
+
+    /// The reduction of elements `[first, first + n)` over every address in `srcs`, in order.
+    fn reduce(&self, srcs: &[*mut u8], first: usize, n: usize) -> Vec<u8> {
+        let (dtype, op) = self.red.expect("a reducing kernel");
+        let mut out = vec![0u8; n * dtype.size()];
+        macro_rules! fold {
+            ($t:ty, $acc:ty, $to:expr, $from:expr, $sum:expr) => {{
+                const W: usize = std::mem::size_of::<$t>();
+                for i in 0..n {
+                    let at = (first + i) * W;
+                    let mut acc: $acc = $to(load::<$t>(srcs[0], at));
+                    for &s in &srcs[1..] {
+                        let x: $acc = $to(load::<$t>(s, at));
+                        acc = match op {
+                            RedOp::Sum => $sum(acc, x),
+                            RedOp::Min => min(acc, x),
+                            RedOp::Max => max(acc, x),
+                        };
+                    }
+                    let v: $t = $from(acc);
+                    out[i * W..(i + 1) * W].copy_from_slice(&to_bytes(v));
+                }
+            }};
+        }
+        match dtype {
+            DType::F32 => fold!(f32, f32, |x| x, |x| x, |a, b| a + b),
+            DType::F64 => fold!(f64, f64, |x| x, |x| x, |a, b| a + b),
+            DType::F16 => fold!(u16, f32, |x| f16::from_bits(x).to_f32(), |x| f16::from_f32(x).to_bits(), |a, b| a + b),
+            DType::BF16 => {
+                fold!(u16, f32, |x| bf16::from_bits(x).to_f32(), |x| bf16::from_f32(x).to_bits(), |a, b| a + b)
+            }
+            DType::I32 => fold!(i32, i32, |x| x, |x| x, i32::wrapping_add),
+            DType::U32 => fold!(u32, u32, |x| x, |x| x, u32::wrapping_add),
+            DType::I64 => fold!(i64, i64, |x| x, |x| x, i64::wrapping_add),
+            DType::U64 => fold!(u64, u64, |x| x, |x| x, u64::wrapping_add),
+        }
+        out
+    }
+}
+
+/// `fminf`/`fmaxf` semantics for floats (a NaN operand yields the other), plain order otherwise.
+fn min<T: PartialOrd>(a: T, b: T) -> T {
+    if b < a || a.partial_cmp(&a).is_none() {
+        b
+    } else {
+        a
+    }
+}
+
+fn max<T: PartialOrd>(a: T, b: T) -> T {
+    if b > a || a.partial_cmp(&a).is_none() {
+        b
+    } else {
+        a
+    }
+}
+
+/// Rank `r`'s slice `[lo, hi)` of `count` elements split over `n` ranks.
+fn slice(count: usize, n: usize, r: usize) -> (usize, usize) {
+    let per = count.div_ceil(n);
+    ((r * per).min(count), ((r + 1) * per).min(count))
+}
+
+fn load<T: Copy>(base: *mut u8, offset: usize) -> T {
+    // SAFETY: `base + offset` lies in the collective's range of mapped simulated memory.
+    unsafe { std::ptr::read_unaligned(base.add(offset) as *const T) }
+}
+
+fn to_bytes<T: Copy>(v: T) -> Vec<u8> {
+    let mut b = vec![0u8; std::mem::size_of::<T>()];
+    // SAFETY: `b` holds exactly `size_of::<T>()` bytes.
+    unsafe { std::ptr::write_unaligned(b.as_mut_ptr() as *mut T, v) };
+    b
+}
+
+fn write(base: *mut u8, offset: usize, bytes: &[u8]) {
+    // SAFETY: the destination range lies in the collective's range of mapped memory; no other
+    // rank touches it between the surrounding barriers.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(offset), bytes.len()) };
+}
+
+fn copy(src: *mut u8, dst: *mut u8, offset: usize, len: usize) {
+    if src != dst {
+        // SAFETY: both ranges lie in mapped memory of the collective; distinct copies.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.add(offset), len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_range_once() {
+        for count in [0usize, 1, 5, 7, 64, 1001] {
+            for n in 1..=8 {
+                let mut next = 0;
+                for r in 0..n {
+                    let (lo, hi) = slice(count, n, r);
+                    assert_eq!(lo, next.min(count));
+                    assert!(hi >= lo);
+                    next = hi;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    fn min_max_follow_fminf() {
+        assert_eq!(min(1.0f32, f32::NAN), 1.0);
+        assert_eq!(min(f32::NAN, 2.0f32), 2.0);
+        assert_eq!(max(-3i64, 4), 4);
+        assert_eq!(min(3u32, 2), 2);
+    }
+}
