@@ -45,13 +45,23 @@ pub const FUNCTION_NAMES: &[&str] = &[
     "cuLaunchKernel",
 ];
 
-/// One rule: calls `first ..= first + count - 1` of `func` (1-based) fail with `code`.
+/// What a faulted call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Returns this code (never `CUDA_SUCCESS`) without any effect.
+    Fail(CuResult),
+    /// Panics with "injected panic in FUNC", before taking any simulator lock and without any
+    /// effect: for testing the panic boundary of the C API (`PANIC` in `MCAST_SIM_FAULTS`).
+    Panic,
+}
+
+/// One rule: calls `first ..= first + count - 1` of `func` (1-based) do `action`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultRule {
     /// The CUDA function name, e.g. `"cuMulticastBindMem"`.
     pub func: String,
-    /// What the failed calls return.
-    pub code: CuResult,
+    /// What the faulted calls do.
+    pub action: FaultAction,
     /// The first failing call, 1-based.
     pub first: u64,
     /// How many calls fail; `None`: every call from `first` on.
@@ -93,8 +103,8 @@ impl FaultPlan {
 
 /// Parses a fault specification: comma-separated `funcName=CODE@N` (fail the Nth call),
 /// `funcName=CODE@NxM` (fail M calls from the Nth) or `funcName=CODE@N+` (fail every call from the
-/// Nth on). `CODE` is anything [`CuResult::from_name`] accepts except success. The error message
-/// names the offending item.
+/// Nth on). `CODE` is anything [`CuResult::from_name`] accepts except success, or `PANIC` (the
+/// call panics: [`FaultAction::Panic`]). The error message names the offending item.
 pub fn parse_faults(spec: &str) -> Result<FaultPlan, String> {
     let mut rules = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -110,10 +120,15 @@ fn parse_item(item: &str) -> Result<FaultRule, String> {
         return Err(format!("unknown driver function `{func}`"));
     }
     let (code, when) = rest.split_once('@').ok_or("expected CODE@N after `=`")?;
-    let code = CuResult::from_name(code).ok_or_else(|| format!("unknown CUresult `{}`", code.trim()))?;
-    if code == CuResult::SUCCESS {
-        return Err("CUDA_SUCCESS is not a fault".into());
-    }
+    let action = if code.trim() == "PANIC" {
+        FaultAction::Panic
+    } else {
+        let code = CuResult::from_name(code).ok_or_else(|| format!("unknown CUresult `{}`", code.trim()))?;
+        if code == CuResult::SUCCESS {
+            return Err("CUDA_SUCCESS is not a fault".into());
+        }
+        FaultAction::Fail(code)
+    };
     let when = when.trim();
     let number = |text: &str| -> Result<u64, String> {
         match text.parse::<u64>() {
@@ -128,7 +143,7 @@ fn parse_item(item: &str) -> Result<FaultRule, String> {
     } else {
         (number(when)?, Some(1))
     };
-    Ok(FaultRule { func: func.to_string(), code, first, count })
+    Ok(FaultRule { func: func.to_string(), action, first, count })
 }
 
 /// A rule with the call count at which it was armed (0 for the configured plan).
@@ -154,13 +169,13 @@ impl Calls {
         }
     }
 
-    /// Counts one call of `func`; returns the injected failure, if any.
-    pub(super) fn enter(&mut self, func: &'static str) -> Option<CuResult> {
+    /// Counts one call of `func`; returns the injected fault, if any.
+    pub(super) fn enter(&mut self, func: &'static str) -> Option<FaultAction> {
         let n = self.counts.entry(func).or_insert(0);
         *n += 1;
         let n = *n;
         self.log.push(func);
-        self.armed.iter().find(|a| a.rule.func == func && a.rule.hits(n - a.base)).map(|a| a.rule.code)
+        self.armed.iter().find(|a| a.rule.func == func && a.rule.hits(n - a.base)).map(|a| a.rule.action)
     }
 
     pub(super) fn arm(&mut self, rule: FaultRule) {

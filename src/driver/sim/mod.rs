@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-pub use faults::{parse_faults, FaultPlan, FaultRule, FUNCTION_NAMES};
+pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES};
 pub use ledger::Ledger;
 
 use super::{
@@ -361,7 +361,12 @@ impl SimDriver {
     /// Makes calls of `func` fail with `code`: the `nth` call from now (1 = the next one) and the
     /// `count - 1` after it, or every call from the `nth` on when `count` is `None`.
     pub fn inject(&self, func: &str, code: CuResult, nth: u64, count: Option<u64>) {
-        self.calls.lock().arm(FaultRule { func: func.to_string(), code, first: nth.max(1), count });
+        self.calls.lock().arm(FaultRule {
+            func: func.to_string(),
+            action: FaultAction::Fail(code),
+            first: nth.max(1),
+            count,
+        });
     }
 
     /// Removes every fault rule, configured or injected.
@@ -387,12 +392,18 @@ impl SimDriver {
 
     // ---- internals ----
 
-    /// Counts the call, applies an injected fault, else runs `body`.
+    /// Counts the call, applies an injected fault, else runs `body`. The call-count lock is
+    /// released before a fault acts, so an injected panic leaves no simulator lock held and no
+    /// state changed.
     fn call<T>(&self, func: &'static str, body: impl FnOnce() -> R<T>) -> DResult<T> {
         let fault = self.calls.lock().enter(func);
-        if let Some(code) = fault {
-            tracing::debug!("mcast sim: injected fault {func} -> {code}");
-            return Err(DriverError::new(func, code));
+        match fault {
+            Some(FaultAction::Fail(code)) => {
+                tracing::debug!("mcast sim: injected fault {func} -> {code}");
+                return Err(DriverError::new(func, code));
+            }
+            Some(FaultAction::Panic) => panic!("injected panic in {func}"),
+            None => {}
         }
         body().map_err(|code| DriverError::new(func, code))
     }

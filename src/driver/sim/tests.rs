@@ -755,7 +755,8 @@ fn parse_faults_valid_items() {
     let plan =
         parse_faults("cuMulticastBindMem=OUT_OF_MEMORY@2, cuMemCreate=CUDA_ERROR_OUT_OF_MEMORY@1x3,cuMemMap=801@4+,")
             .unwrap();
-    let rule = |func: &str, code, first, count| FaultRule { func: func.into(), code, first, count };
+    let rule =
+        |func: &str, code, first, count| FaultRule { func: func.into(), action: FaultAction::Fail(code), first, count };
     assert_eq!(
         plan.rules,
         vec![
@@ -786,6 +787,51 @@ fn parse_faults_malformed_items_are_named() {
         let err = parse_faults(spec).expect_err(spec);
         assert!(err.contains(bad), "{spec}: {err}");
     }
+}
+
+#[test]
+fn parse_faults_panic_items() {
+    let plan = parse_faults("cuMemCreate=PANIC@1, cuMemMap=PANIC@2x3,cuMulticastCreate=OUT_OF_MEMORY@1").unwrap();
+    let actions: Vec<_> = plan.rules.iter().map(|r| (r.func.as_str(), r.action, r.first, r.count)).collect();
+    assert_eq!(
+        actions,
+        vec![
+            ("cuMemCreate", FaultAction::Panic, 1, Some(1)),
+            ("cuMemMap", FaultAction::Panic, 2, Some(3)),
+            ("cuMulticastCreate", FaultAction::Fail(CuResult::ERROR_OUT_OF_MEMORY), 1, Some(1)),
+        ]
+    );
+    // Still strict: the function must exist, the spelling is exact, a call number is needed.
+    for (spec, bad) in [
+        ("cuMemCreat=PANIC@1", "cuMemCreat"),
+        ("cuMemCreate=panic@1", "panic"),
+        ("cuMemCreate=PANIC", "`cuMemCreate=PANIC`"),
+        ("cuMemCreate=PANIC@0", "PANIC@0"),
+        ("cuMemCreate=PANICS@1", "PANICS"),
+    ] {
+        let err = parse_faults(spec).expect_err(spec);
+        assert!(err.contains(bad), "{spec}: {err}");
+    }
+}
+
+#[test]
+fn injected_panic_has_no_effect_and_leaves_no_lock_held() {
+    let faults = parse_faults("cuMemCreate=PANIC@2").unwrap();
+    let s = SimDriver::new(SimConfig { faults, ..config() });
+    let a = s.mem_create(0, G, HandleTypes::NONE).unwrap();
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.mem_create(0, G, HandleTypes::NONE)))
+        .expect_err("the 2nd cuMemCreate panics");
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert_eq!(msg, "injected panic in cuMemCreate");
+    assert_eq!(s.call_count("cuMemCreate"), 2, "the panicking call was counted");
+    assert_eq!(s.ledger().allocations[0], 1, "the panicking call created nothing");
+    // Every lock is free again: the state, the call counts and the log all work.
+    let b = s.mem_create(0, G, HandleTypes::NONE).unwrap();
+    assert_eq!(s.call_log().iter().filter(|f| **f == "cuMemCreate").count(), 3);
+    for h in [a, b] {
+        s.mem_release(h).unwrap();
+    }
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
 }
 
 #[test]
