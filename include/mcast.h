@@ -14,128 +14,15 @@
 /** CUDA's stream struct: `cudaStream_t` and `CUstream` point to it. Declared here, never defined. */
 struct CUstream_st;
 
-/**
- * Major version of the header (equal to the library's `Cargo.toml` version).
- */
+/** major version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_MAJOR 0
 
-/**
- * Minor version of the header.
- */
+/** minor version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_MINOR 1
 
-/**
- * Patch version of the header.
- */
+/** patch version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_PATCH 0
 
-/**
- * Most ranks a collective kernel takes.
- */
-#define MAX_RANKS 16
-
-/**
- * Bytes per rank, at the start of a team's first segment, reserved for barrier signal words
- * and the rank's device state (epochs, error word). A multiple of the multicast granularity's
- * divisors (4 KiB) so user buffers after it stay 4 KiB aligned.
- */
-#define SYNC_BYTES (64 * 1024)
-
-/**
- * Threads per block of every collective kernel (`MCAST_THREADS`).
- */
-#define THREADS 512
-
-/**
- * 16-byte accesses in flight per thread (`MCAST_UNROLL`).
- */
-#define UNROLL 4
-
-/**
- * Barrier slots in the sync region: the most blocks any kernel may use (`MCAST_MAX_BLOCKS`).
- */
-#define MAX_BLOCKS 32
-
-/**
- * The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
- * about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
- * every rank of a collective must launch the same grid (block b pairs with block b).
- */
-#define GRID_MAX_BLOCKS 16
-
-/**
- * Bytes of work per block before another block is added (one block-round of vectors).
- */
-#define BYTES_PER_BLOCK (((uint64_t)THREADS * 16) * (uint64_t)UNROLL)
-
-/**
- * P2P all-reduce: one-shot up to this many bytes per rank, two-shot above. A placeholder to be
- * measured on hardware (PyTorch uses one-shot up to 256 KiB, vLLM up to 512 KiB on <= 4 GPUs).
- */
-#define ONE_SHOT_MAX_BYTES (256 * 1024)
-
-/**
- * Sync region layout (per rank, [`SYNC_BYTES`] bytes, zeroed at team creation).
- *
- * `[SIGNAL_OFFSET, LOCAL_OFFSET)`: signal words written by every rank of the team (by peers
- * through peer mappings or `multimem.red`, and by the rank itself): one `u32` arrival counter per
- * block slot `b` at `SIGNAL_OFFSET + b * SIGNAL_STRIDE`.
- */
-#define SIGNAL_OFFSET 0
-
-/**
- * Stride of the per-slot signal counters (one 128-byte line each).
- */
-#define SIGNAL_STRIDE 128
-
-/**
- * Start of the local state: written only by this rank's own kernels (never by peers).
- */
-#define LOCAL_OFFSET 4096
-
-/**
- * `u32` device error word: [`ERR_NONE`] or the first error code (set atomically, sticky). The
- * runtime reads it after `cuStreamSynchronize`; while it is set every collective kernel of this
- * rank returns at once without touching data (the barrier counters are no longer consistent:
- * the runtime must quiesce all ranks and zero their sync regions, or drop the team).
- */
-#define ERROR_WORD_OFFSET 4096
-
-/**
- * `u32` detail of the first error: `(block slot + 1) | (barrier index in the kernel << 8)`.
- */
-#define ERROR_INFO_OFFSET 4100
-
-/**
- * `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
- * `b` (the target of slot `b`'s counter is that number times `nranks`).
- */
-#define EPOCH_OFFSET 4352
-
-/**
- * End of the used part of the sync region; the rest is reserved.
- */
-#define SYNC_USED_BYTES 8192
-
-/**
- * Error word value: no error.
- */
-#define ERR_NONE 0
-
-/**
- * Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
- */
-#define ERR_TIMEOUT 1
-
-/**
- * Size of [`KernelArgs`] (`sizeof(McastArgs)`).
- */
-#define KERNEL_ARGS_SIZE 304
-
-/**
- * Alignment of every buffer inside its segment.
- */
-#define BUFFER_ALIGN 256
 
 /**
  * Status codes. `MCAST_SUCCESS` is 0; the numbers never change.
@@ -565,20 +452,6 @@ typedef struct mcast_team_info_t {
    */
   uint64_t bytes_reserved;
 } mcast_team_info_t;
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,7 +6,23 @@ use std::path::Path;
 #[test]
 fn header_is_up_to_date() {
     let crate_dir = env!("CARGO_MANIFEST_DIR");
-    let config = cbindgen::Config::from_file(Path::new(crate_dir).join("cbindgen.toml")).expect("cbindgen.toml parses");
+    let mut config =
+        cbindgen::Config::from_file(Path::new(crate_dir).join("cbindgen.toml")).expect("cbindgen.toml parses");
+    // The version macros come from Cargo.toml, so they cannot drift from the library.
+    let mut versions = String::new();
+    for (part, value) in [
+        ("MAJOR", env!("CARGO_PKG_VERSION_MAJOR")),
+        ("MINOR", env!("CARGO_PKG_VERSION_MINOR")),
+        ("PATCH", env!("CARGO_PKG_VERSION_PATCH")),
+    ] {
+        versions.push_str(&format!(
+            "\n/** {} version of this header (the library reports its own with mcast_get_version). */\n\
+             #define MCAST_VERSION_{part} {value}\n",
+            part.to_ascii_lowercase()
+        ));
+    }
+    let after = config.after_includes.take().unwrap_or_default();
+    config.after_includes = Some(format!("{after}\n{versions}"));
     let bindings = cbindgen::Builder::new()
         .with_crate(crate_dir)
         .with_config(config)
@@ -23,4 +39,25 @@ fn header_is_up_to_date() {
     }
     let committed = std::fs::read(&path).unwrap_or_default();
     assert!(committed == generated, "include/mcast.h is stale: run MCAST_BLESS=1 cargo test --test header");
+}
+
+/// The header declares only mcast's own names: no internal constant or type leaks into the
+/// namespace of the programs that include it.
+#[test]
+fn header_declares_only_mcast_names() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/mcast.h")).unwrap();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("#define ") {
+            let name = rest.split_whitespace().next().unwrap_or("");
+            assert!(name.starts_with("MCAST_"), "macro {name} is not an mcast name");
+        }
+        for keyword in ["typedef struct ", "typedef enum ", "enum ", "struct "] {
+            if let Some(rest) = line.trim_start().strip_prefix(keyword) {
+                let name = rest.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap_or("");
+                let ok = name.is_empty() || name.starts_with("mcast_") || name == "CUstream_st";
+                assert!(ok, "type {name} is not an mcast name: {line}");
+            }
+        }
+    }
+    assert!(text.contains("#define MCAST_VERSION_MAJOR"));
 }

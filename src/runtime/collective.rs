@@ -37,11 +37,13 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
     let extent = count.checked_mul(esize).and_then(|b| b.checked_mul(blocks));
     match extent.and_then(|e| offset.checked_add(e)) {
         Some(end) if end <= buf.size() => {}
-        _ => return Err(Error::invalid_argument(format!(
+        _ => {
+            return Err(Error::invalid_argument(format!(
             "the collective's range ({blocks} block(s) of {count} x {esize} bytes from offset {offset}) is past the \
                  end of the {}-byte buffer",
             buf.size()
-        ))),
+        )))
+        }
     }
     let path = match team.transport() {
         Transport::Multicast => Path::Multicast,

@@ -1,0 +1,405 @@
+//! Collectives against a host reference, on the simulator's two transports (MULTICAST through
+//! its address translation, and P2P) — or, with `MCAST_TEST_BACKEND=cuda`, on a real GPU over
+//! P2P with every team a repetition of the visible devices (multicast forced off).
+//!
+//! Exactness: integers exactly; floats exactly on small-integer data; random floats within a
+//! stated tolerance of an f64 reference; and the same bits on every rank, always.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use mcast::driver::{Device, Stream};
+use mcast::kernels::{Collective, DType, RedOp};
+use mcast::runtime::buffer::Buffer;
+use mcast::runtime::collective::{run, synchronize};
+use mcast::runtime::config::{Backend, Config, MulticastMode};
+use mcast::runtime::context::Context;
+use mcast::runtime::team::{Team, Transport};
+use mcast::runtime::ErrorKind;
+
+const MIB: usize = 1 << 20;
+
+fn on_gpu() -> bool {
+    std::env::var("MCAST_TEST_BACKEND").is_ok_and(|v| v == "cuda")
+}
+
+/// A context for the chosen backend, or `None` (skipped) when CUDA was asked for and is absent.
+fn context(multicast: bool, timeout_ms: u32) -> Option<Arc<Context>> {
+    let config = if on_gpu() {
+        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms, ..Config::default() }
+    } else {
+        Config {
+            backend: Backend::Sim,
+            multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
+            sim_devices: 8,
+            sim_device_memory: 256 * MIB as u64,
+            timeout_ms,
+            ..Config::default()
+        }
+    };
+    match Context::new(config) {
+        Ok(c) => Some(Arc::new(c)),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Devices for a team of `n` ranks: distinct on the simulator, the GPUs repeated on CUDA.
+fn devices(ctx: &Context, n: usize) -> Vec<Device> {
+    let have = ctx.device_count();
+    (0..n).map(|i| (i % have) as Device).collect()
+}
+
+/// Deterministic pseudo-random numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 11
+    }
+    fn float(&mut self) -> f64 {
+        (self.next() as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+}
+
+/// One element as f64 (for references) and its bytes.
+fn encode(d: DType, v: f64) -> Vec<u8> {
+    match d {
+        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+        DType::F64 => v.to_ne_bytes().to_vec(),
+        DType::F16 => f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::BF16 => bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+        DType::U32 => (v as u32).to_ne_bytes().to_vec(),
+        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
+        DType::U64 => (v as u64).to_ne_bytes().to_vec(),
+    }
+}
+
+fn decode(d: DType, b: &[u8]) -> f64 {
+    match d {
+        DType::F32 => f32::from_ne_bytes(b.try_into().unwrap()) as f64,
+        DType::F64 => f64::from_ne_bytes(b.try_into().unwrap()),
+        DType::F16 => f16::from_bits(u16::from_ne_bytes(b.try_into().unwrap())).to_f64(),
+        DType::BF16 => bf16::from_bits(u16::from_ne_bytes(b.try_into().unwrap())).to_f64(),
+        DType::I32 => i32::from_ne_bytes(b.try_into().unwrap()) as f64,
+        DType::U32 => u32::from_ne_bytes(b.try_into().unwrap()) as f64,
+        DType::I64 => i64::from_ne_bytes(b.try_into().unwrap()) as f64,
+        DType::U64 => u64::from_ne_bytes(b.try_into().unwrap()) as f64,
+    }
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+}
+
+/// Input values of rank `r`: small integers (exact in every dtype and every summation order) or
+/// random floats in [-1, 1).
+fn values(d: DType, count: usize, r: usize, seed: u64, random_floats: bool) -> Vec<f64> {
+    let mut rng = Rng(seed ^ (r as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15));
+    (0..count)
+        .map(|_| {
+            if random_floats && is_float(d) {
+                rng.float()
+            } else {
+                let v = (rng.next() % 17) as f64;
+                if matches!(d, DType::U32 | DType::U64) {
+                    v
+                } else {
+                    v - 8.0
+                }
+            }
+        })
+        .map(|v| decode(d, &encode(d, v)))
+        .collect()
+}
+
+fn reduce(op: RedOp, xs: &[f64]) -> f64 {
+    match op {
+        RedOp::Sum => xs.iter().sum(),
+        RedOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
+        RedOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// Allowed error of a random-float sum relative to the sum of magnitudes.
+fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F64 => 1e-13,
+        DType::F32 => 1e-6,
+        DType::F16 => 2e-3,
+        DType::BF16 => 1e-2,
+        _ => 0.0,
+    }
+}
+
+struct Case {
+    collective: Collective,
+    count: usize,
+    offset: usize,
+    random_floats: bool,
+}
+
+/// Runs `case` on `team` and checks every rank against the reference; returns a description
+/// of the first mismatch.
+fn check(ctx: &Context, team: &Arc<Team>, case: &Case, seed: u64) -> Result<(), String> {
+    let n = team.size();
+    let (esize, blocks, dtype) = match case.collective {
+        Collective::AllReduce { dtype, .. } => (dtype.size(), 1, dtype),
+        Collective::ReduceScatter { dtype, .. } => (dtype.size(), n, dtype),
+        Collective::AllGather => (1, n, DType::U32),
+        Collective::Broadcast { .. } => (1, 1, DType::U32),
+    };
+    let extent = case.count * esize * blocks;
+    let size = case.offset + extent + 64;
+    let buf = Buffer::alloc(team, size).map_err(|e| e.to_string())?;
+    let driver = ctx.driver();
+    let streams: Vec<Stream> = team.devices().iter().map(|&d| driver.stream_create(d).expect("stream")).collect();
+    // Inputs, with a poisoned margin around the range.
+    let mut inputs = Vec::new();
+    for r in 0..n {
+        let mut bytes = vec![0xA5u8; size];
+        let payload: Vec<u8> = match case.collective {
+            Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => {
+                values(dtype, case.count * blocks, r, seed, case.random_floats)
+                    .iter()
+                    .flat_map(|&v| encode(dtype, v))
+                    .collect()
+            }
+            _ => {
+                let mut rng = Rng(seed + r as u64);
+                (0..extent).map(|_| rng.next() as u8).collect()
+            }
+        };
+        bytes[case.offset..case.offset + extent].copy_from_slice(&payload);
+        buf.write(r as i32, 0, &bytes).map_err(|e| e.to_string())?;
+        inputs.push(bytes);
+    }
+    for (r, &s) in streams.iter().enumerate() {
+        run(&buf, r as i32, case.offset, case.count, case.collective, s).map_err(|e| e.to_string())?;
+    }
+    for (r, &s) in streams.iter().enumerate() {
+        synchronize(team, r as i32, s).map_err(|e| e.to_string())?;
+    }
+    let outputs: Vec<Vec<u8>> = (0..n)
+        .map(|r| {
+            let mut out = vec![0u8; size];
+            buf.read(r as i32, 0, &mut out).map(|_| out)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    for (r, &s) in streams.iter().enumerate() {
+        driver.stream_destroy(team.devices()[r], s).expect("stream destroy");
+    }
+    buf.free().map_err(|e| e.to_string())?;
+    let what = |r: usize| format!("{:?} count {} offset {} rank {r}/{n}", case.collective, case.count, case.offset);
+    for (r, out) in outputs.iter().enumerate() {
+        if out[..case.offset] != inputs[r][..case.offset]
+            || out[case.offset + extent..] != inputs[r][case.offset + extent..]
+        {
+            return Err(format!("{}: wrote outside its range", what(r)));
+        }
+    }
+    let range = |r: usize, lo: usize, len: usize| &outputs[r][case.offset + lo..case.offset + lo + len];
+    let input = |r: usize, lo: usize, len: usize| &inputs[r][case.offset + lo..case.offset + lo + len];
+    match case.collective {
+        Collective::Broadcast { root } => {
+            for r in 0..n {
+                if range(r, 0, extent) != input(root as usize, 0, extent) {
+                    return Err(format!("{}: differs from the root's data", what(r)));
+                }
+            }
+        }
+        Collective::AllGather => {
+            for r in 0..n {
+                for q in 0..n {
+                    if range(r, q * case.count, case.count) != input(q, q * case.count, case.count) {
+                        return Err(format!("{}: block {q} differs from rank {q}'s", what(r)));
+                    }
+                }
+            }
+        }
+        Collective::AllReduce { op, .. } | Collective::ReduceScatter { op, .. } => {
+            let all_reduce = matches!(case.collective, Collective::AllReduce { .. });
+            for r in 0..n {
+                let first = if all_reduce { 0 } else { r * case.count };
+                for i in 0..case.count {
+                    let e = first + i;
+                    let xs: Vec<f64> = (0..n).map(|q| decode(dtype, input(q, e * esize, esize))).collect();
+                    let want = reduce(op, &xs);
+                    let got = decode(dtype, range(r, e * esize, esize));
+                    let exact = !(case.random_floats && is_float(dtype) && op == RedOp::Sum);
+                    let ok = if exact {
+                        match dtype {
+                            DType::I32 | DType::U32 | DType::I64 | DType::U64 => got == want,
+                            _ => got == decode(dtype, &encode(dtype, want)),
+                        }
+                    } else {
+                        let mag: f64 = xs.iter().map(|x| x.abs()).sum();
+                        (got - want).abs() <= tolerance(dtype) * mag.max(1e-30) + 1e-30
+                    };
+                    if !ok {
+                        return Err(format!("{}: element {e}: got {got}, want {want} (inputs {xs:?})", what(r)));
+                    }
+                }
+                if all_reduce && range(r, 0, extent) != range(0, 0, extent) {
+                    return Err(format!("{}: not bit-identical to rank 0", what(r)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn counts(esize: usize) -> Vec<usize> {
+    // 1, odd, 4095, one granularity +- 1 (2 MiB in elements), several MB.
+    let g = 2 * MIB / esize;
+    vec![1, 37, 4095, g - 1, g + 1, 3 * MIB / esize + 5]
+}
+
+fn sweep(multicast: bool, sizes: &[usize], heavy: bool) {
+    let Some(ctx) = context(multicast, 20_000) else { return };
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for &n in sizes {
+        let team = Team::create(&ctx, &devices(&ctx, n)).unwrap();
+        let expect_mc = multicast && n >= 2 && !on_gpu();
+        assert_eq!(team.transport() == Transport::Multicast, expect_mc, "team of {n}");
+        let mut cases = Vec::new();
+        for dtype in DType::ALL {
+            for op in RedOp::ALL {
+                for (i, &count) in counts(dtype.size()).iter().enumerate() {
+                    // The large counts for every dtype with SUM, and for MIN/MAX on the heavy run.
+                    let large = i >= 3;
+                    if large && op != RedOp::Sum && !heavy {
+                        continue;
+                    }
+                    let offset = if i % 2 == 0 { 0 } else { dtype.size().max(4) * 3 };
+                    for random_floats in [false, true] {
+                        if random_floats && !is_float(dtype) {
+                            continue;
+                        }
+                        let rs_count = if large { count / n.max(2) + 1 } else { count };
+                        cases.push(Case {
+                            collective: Collective::AllReduce { dtype, op },
+                            count,
+                            offset,
+                            random_floats,
+                        });
+                        cases.push(Case {
+                            collective: Collective::ReduceScatter { dtype, op },
+                            count: rs_count,
+                            offset,
+                            random_floats,
+                        });
+                    }
+                }
+            }
+        }
+        for (i, &bytes) in counts(1).iter().chain([2, 3, 4, 5, 16, 17].iter()).enumerate() {
+            let offset = [0, 1, 4, 13][i % 4];
+            cases.push(Case {
+                collective: Collective::AllGather,
+                count: bytes.min(3 * MIB / n + 3),
+                offset,
+                random_floats: false,
+            });
+            let root = (i % n) as u32;
+            cases.push(Case { collective: Collective::Broadcast { root }, count: bytes, offset, random_floats: false });
+        }
+        for (k, case) in cases.iter().enumerate() {
+            ran += 1;
+            if let Err(e) = check(&ctx, &team, case, 1000 + k as u64) {
+                failures.push(format!("team of {n}: {e}"));
+                if failures.len() > 10 {
+                    break;
+                }
+            }
+        }
+        team.destroy().unwrap();
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(ran > 100);
+    assert!(ctx.shutdown().is_empty());
+    if let Some(sim) = ctx.driver().as_sim() {
+        let ledger = sim.ledger();
+        assert_eq!((ledger.mappings, ledger.multicast_objects, ledger.bindings), (0, 0, 0), "{ledger}");
+    }
+    eprintln!("{ran} cases passed");
+}
+
+#[test]
+fn multicast_teams_of_1_2_3() {
+    sweep(true, &[1, 2, 3], false);
+}
+
+#[test]
+fn multicast_teams_of_4_8() {
+    sweep(true, &[4, 8], false);
+}
+
+#[test]
+fn p2p_teams_of_1_2_3() {
+    sweep(false, &[1, 2, 3], false);
+}
+
+#[test]
+fn p2p_teams_of_4_8() {
+    sweep(false, &[4, 8], false);
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out() {
+    let Some(ctx) = context(true, 300) else { return };
+    let team = Team::create(&ctx, &devices(&ctx, 2)).unwrap();
+    let buf = Buffer::alloc(&team, 4096).unwrap();
+    let driver = ctx.driver();
+    let s: Vec<Stream> = team.devices().iter().map(|&d| driver.stream_create(d).unwrap()).collect();
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    run(&buf, 0, 0, 256, ar, s[0]).unwrap();
+    let started = std::time::Instant::now();
+    let e = synchronize(&team, 0, s[0]).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(e.message.contains("did not arrive within timeout_ms = 300 ms"), "{e}");
+    assert!(started.elapsed().as_secs_f64() < 10.0, "bounded by the timeout");
+    // Sticky: every later call of the team reports it.
+    assert_eq!(run(&buf, 1, 0, 256, ar, s[1]).unwrap_err().kind, ErrorKind::Timeout);
+    assert_eq!(synchronize(&team, 1, s[1]).unwrap_err().kind, ErrorKind::Timeout);
+    assert_eq!(run(&buf, 0, 0, 256, ar, s[0]).unwrap_err().kind, ErrorKind::Timeout);
+    for (r, st) in s.into_iter().enumerate() {
+        driver.stream_destroy(team.devices()[r], st).unwrap();
+    }
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    assert!(ctx.shutdown().is_empty());
+}
+
+#[test]
+fn invalid_arguments_are_rejected() {
+    let Some(ctx) = context(true, 1000) else { return };
+    let team = Team::create(&ctx, &devices(&ctx, 2)).unwrap();
+    let buf = Buffer::alloc(&team, 4096).unwrap();
+    let s = Stream::DEFAULT;
+    let f32s = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let bf16s = Collective::AllReduce { dtype: DType::BF16, op: RedOp::Max };
+    let bad = |r: Result<(), mcast::runtime::Error>| assert_eq!(r.unwrap_err().kind, ErrorKind::InvalidArgument);
+    bad(run(&buf, 2, 0, 1, f32s, s));
+    bad(run(&buf, -1, 0, 1, f32s, s));
+    bad(run(&buf, 0, 0, 0, f32s, s));
+    bad(run(&buf, 0, 2, 1, f32s, s));
+    bad(run(&buf, 0, 2, 1, bf16s, s));
+    bad(run(&buf, 0, 0, 1025, f32s, s));
+    bad(run(&buf, 0, 4092, 2, f32s, s));
+    bad(run(&buf, 0, 0, usize::MAX / 2, f32s, s));
+    bad(run(&buf, 0, 0, 1025, Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Min }, s));
+    bad(run(&buf, 0, 0, 2049, Collective::AllGather, s));
+    bad(run(&buf, 0, 0, 10, Collective::Broadcast { root: 2 }, s));
+    bad(run(&buf, 0, 4000, 97, Collective::Broadcast { root: 0 }, s));
+    bad(synchronize(&team, 5, s));
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    assert!(ctx.shutdown().is_empty());
+}
