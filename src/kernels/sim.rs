@@ -55,19 +55,24 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         p.kernel.kind,
         KernelKind::AllReduceMc | KernelKind::ReduceScatterMc | KernelKind::BroadcastMc | KernelKind::AllGatherMc
     );
-    let (mc_data, mc_signal) = if is_mc {
-        let translate = |addr: Option<u64>, len: usize, what: &str| -> Result<Targets, KernelError> {
-            let addr = addr.ok_or_else(|| KernelError::Unsupported(format!("no multicast address for {what}")))?;
-            sim.multicast_targets(addr, len)
-                .map(Targets)
-                .ok_or_else(|| KernelError::Unsupported(format!("{what} at {addr:#x} is not a bound multicast range")))
-        };
-        (
-            Some(translate(l.data_mc, span, "the data")?),
-            Some(translate(l.sync_mc.map(|s| s + SIGNAL_OFFSET as u64), 4, "the barrier counter")?),
-        )
-    } else {
-        (None, None)
+    let (mc_data, mc_signal) = match (is_mc, l.data_mc, l.sync_mc) {
+        (false, _, _) => (None, None),
+        (true, Some(data_mc), Some(sync_mc)) => {
+            let translate = |addr: u64, len: usize, what: &str| -> Result<Targets, KernelError> {
+                sim.multicast_targets(addr, len).map(Targets).ok_or_else(|| {
+                    KernelError::Unsupported(format!("{what} at {addr:#x} is not a bound multicast range"))
+                })
+            };
+            (
+                Some(translate(data_mc, span, "the data")?),
+                Some(translate(sync_mc + SIGNAL_OFFSET as u64, 4, "the barrier counter")?),
+            )
+        }
+        // Emulated multimem (no multicast object): every rank's copy through its peer mapping.
+        (true, _, _) => (
+            Some(Targets(l.data.iter().map(|&a| a as *mut u8).collect())),
+            Some(Targets(l.sync.iter().map(|&a| (a + SIGNAL_OFFSET as u64) as *mut u8).collect())),
+        ),
     };
     let job = Job {
         kind: p.kernel.kind,

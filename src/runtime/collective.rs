@@ -45,14 +45,18 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
         )))
         }
     }
+    // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
+    // instructions emulated over peer pointers: no multicast object is involved, so the
+    // kernels' slicing, vectors, barriers and tails can be verified on any GPU.
     let path = match team.transport() {
         Transport::Multicast => Path::Multicast,
+        Transport::P2P if kernels::cuda::emulate_forced() => Path::Multicast,
         Transport::P2P => Path::P2P,
     };
     let data = (0..n as i32).map(|p| buf.peer_ptr(rank, p).map(|a| a + offset as u64)).collect::<Result<Vec<_>>>()?;
-    let data_mc = match path {
-        Path::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
-        Path::P2P => None,
+    let data_mc = match team.transport() {
+        Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
+        Transport::P2P => None,
     };
     let launch = Launch {
         collective,
