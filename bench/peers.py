@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--min", type=int, default=8 << 10)
     ap.add_argument("--max", type=int, default=1 << 30)
     ap.add_argument("--out", default="peers.csv")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
     dist.init_process_group("nccl")
