@@ -420,12 +420,14 @@ struct Rig {
     start: Vec<Event>,
     end: Vec<Event>,
     buf: Option<Buffer>,
+    /// How long the buffer allocation took, in milliseconds.
+    alloc_ms: f64,
 }
 
 impl Rig {
     /// An empty rig for `team`'s ranks.
     fn new(team: &Team) -> Rig {
-        Rig { devices: team.devices().to_vec(), streams: vec![], start: vec![], end: vec![], buf: None }
+        Rig { devices: team.devices().to_vec(), streams: vec![], start: vec![], end: vec![], buf: None, alloc_ms: 0.0 }
     }
 
     /// Creates the streams, events and a `bytes`-byte buffer. On failure what was created stays
@@ -443,8 +445,10 @@ impl Rig {
             self.start.push(event()?);
             self.end.push(event()?);
         }
+        let allocating = std::time::Instant::now();
         let buf = Buffer::alloc(team, bytes)
             .map_err(|e| runtime(format!("allocating a {bytes}-byte buffer on every rank: {e}")))?;
+        self.alloc_ms = allocating.elapsed().as_secs_f64() * 1e3;
         self.buf = Some(buf);
         Ok(())
     }
@@ -608,10 +612,7 @@ impl Bench<'_> {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(runtime("a rank thread panicked"))))
-                .collect()
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(runtime("a rank thread panicked")))).collect()
         });
         let mut ms = 0f64;
         for t in per_rank {
@@ -699,7 +700,9 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
     let shapes: Vec<Shape> = sizes.iter().map(|&s| Shape::of(o.op, o.dtype, n, s)).collect();
     let buffer_bytes = shapes.iter().map(Shape::bytes).max().unwrap_or(1);
 
+    let created = std::time::Instant::now();
     let team = Team::create(ctx, &devices).map_err(|e| runtime(format!("creating a team on {devices:?}: {e}")))?;
+    let create_ms = created.elapsed().as_secs_f64() * 1e3;
     let info = team.info();
     let device_name = ctx.props(devices[0]).map(|p| p.name).unwrap_or_default();
     let run_info = RunInfo {
@@ -740,12 +743,6 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         "# sizes {min_b}..{max_b} x{factor}, {warmup} warmup + {iters} timed iteration(s), check {}",
         if o.check { "on" } else { "off" }
     );
-    println!("#");
-    println!(
-        "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>10} {:>12} {:>12} {:>7}",
-        "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
-    );
-
     let mut rig = Rig::new(&team);
     if let Err(f) = rig.populate(&team, buffer_bytes) {
         let mut errors = rig.release(ctx);
@@ -754,6 +751,18 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         }
         return Err(with_errors(f, errors));
     }
+    let held = team.info().bytes_reserved;
+    println!(
+        "# setup: team created in {create_ms:.1} ms; a {buffer_bytes}-byte buffer allocated on every rank in {:.1} ms; \
+         device memory held per rank {held} bytes ({} beyond the buffer)",
+        rig.alloc_ms,
+        held.saturating_sub(buffer_bytes as u64)
+    );
+    println!("#");
+    println!(
+        "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>10} {:>12} {:>12} {:>7}",
+        "size", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+    );
     let collective = match o.op {
         Op::AllReduce => Collective::AllReduce { dtype: o.dtype, op: o.redop },
         Op::ReduceScatter => Collective::ReduceScatter { dtype: o.dtype, op: o.redop },

@@ -37,8 +37,19 @@ pub fn retry<T>(
             let live_mc = ctx.resources.counts().multicast_objects;
             let asked = if bytes > 0 { format!("; asked for {bytes} bytes") } else { String::new() };
             let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
-            return Err(Error::driver(err, what())
-                .context(format!("failed{tries}{asked}; {live_mc} multicast object(s) live in this context")));
+            let hint = if err.code == CuResult::ERROR_OUT_OF_MEMORY {
+                "free buffers or destroy teams, lower the request, or raise MCAST_OOM_RETRIES"
+            } else {
+                "check that the fabric manager and the NVIDIA driver daemons are running (nvidia-smi -q)"
+            };
+            let mut e = Error::driver(err, what());
+            e.message = format!(
+                "{}: {} returned {}{tries}{asked}; {live_mc} multicast object(s) live in this context; {hint}",
+                what(),
+                err.func,
+                err.code
+            );
+            return Err(e);
         }
         let freed = trim() + ctx.trim_caches();
         let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));

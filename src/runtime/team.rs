@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use super::config::MulticastMode;
 use super::context::Context;
-use super::error::{Error, ErrorKind, Result};
+use super::error::{Error, Result};
 use super::policy;
 use super::segment::{Segment, Shape};
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
@@ -359,14 +359,8 @@ impl Team {
         };
         let created = Segment::create(ctx, &self.shape, size, &mut trim);
         st.cache = spare;
-        let seg = created.map_err(|e| match e.kind {
-            ErrorKind::OutOfMemory => e.context(format!(
-                "allocating a buffer of {bytes} bytes on devices {:?}; free buffers or destroy teams, or \
-                 raise MCAST_OOM_RETRIES",
-                self.devices
-            )),
-            _ => e.context(format!("allocating a buffer of {bytes} bytes")),
-        })?;
+        let seg = created
+            .map_err(|e| e.context(format!("allocating a buffer of {bytes} bytes on devices {:?}", self.devices)))?;
         st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0 });
         Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
     }
