@@ -15,7 +15,7 @@
 
 // ============================== ABI (mirrored in src/kernels/abi.rs) ==============================
 #define MCAST_MAX_RANKS 16
-#define MCAST_MAX_BLOCKS 32
+#define MCAST_MAX_BLOCKS 64
 #define MCAST_THREADS 512
 #define MCAST_UNROLL 4
 
@@ -28,7 +28,7 @@
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b.
 // [8192, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
-#define MCAST_SIGNAL_STRIDE 128
+#define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
 #define MCAST_ERROR_OFFSET 4096
 #define MCAST_ERROR_INFO_OFFSET 4100

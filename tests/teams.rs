@@ -429,3 +429,15 @@ fn fault_sweep_multicast() {
 fn fault_sweep_p2p() {
     sweep(false);
 }
+
+#[test]
+fn grid_is_capped_so_ranks_sharing_a_device_stay_resident() {
+    let (ctx, c) = context(&sim_config(2, |_| {}));
+    let sms = c.props(0).unwrap().sm_count as u32;
+    let spread = team_create(ctx, &[0, 1]).unwrap();
+    let shared = team_create(ctx, &[0, 0, 0, 0, 0, 0, 0, 1]).unwrap();
+    let cap = |t: mcast_team_t| mcast::runtime::handles::team(t.id).unwrap().max_blocks();
+    assert_eq!(cap(spread), sms);
+    assert_eq!(cap(shared), sms / 7, "7 ranks share device 0");
+    mcast_context_destroy(ctx);
+}

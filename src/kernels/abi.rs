@@ -14,11 +14,11 @@ pub const THREADS: u32 = 512;
 /// 16-byte accesses in flight per thread (`MCAST_UNROLL`).
 pub const UNROLL: u32 = 4;
 /// Barrier slots in the sync region: the most blocks any kernel may use (`MCAST_MAX_BLOCKS`).
-pub const MAX_BLOCKS: u32 = 32;
+pub const MAX_BLOCKS: u32 = 64;
 /// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
 /// about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
 /// every rank of a collective must launch the same grid (block b pairs with block b).
-pub const GRID_MAX_BLOCKS: u32 = 32;
+pub const GRID_MAX_BLOCKS: u32 = 64;
 /// Bytes of work per block before another block is added (one block-round of vectors).
 pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
 /// P2P all-reduce with more than two ranks: one-shot up to this many bytes, two-shot above
@@ -34,7 +34,7 @@ pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
 /// full grid (measured on 2 x H200: 13.7 us two-shot vs one-shot at 512 KiB, bench/results).
 pub fn one_shot_max_bytes(nranks: u32) -> u64 {
     if nranks <= 2 {
-        GRID_MAX_BLOCKS as u64 * BYTES_PER_BLOCK
+        1 << 20
     } else {
         ONE_SHOT_MAX_BYTES
     }
@@ -47,7 +47,7 @@ pub fn one_shot_max_bytes(nranks: u32) -> u64 {
 /// block slot `b` at `SIGNAL_OFFSET + b * SIGNAL_STRIDE`.
 pub const SIGNAL_OFFSET: usize = 0;
 /// Stride of the per-slot signal counters (one 128-byte line each).
-pub const SIGNAL_STRIDE: usize = 128;
+pub const SIGNAL_STRIDE: usize = 64;
 /// Start of the local state: written only by this rank's own kernels (never by peers).
 pub const LOCAL_OFFSET: usize = 4096;
 /// `u32` device error word: [`ERR_NONE`] or the first error code (set atomically, sticky). The
@@ -328,7 +328,8 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         }
     };
     let per_block = if kind == KernelKind::AllReduceP2p { ONE_SHOT_BYTES_PER_BLOCK } else { BYTES_PER_BLOCK };
-    let blocks = bytes.div_ceil(per_block).clamp(1, GRID_MAX_BLOCKS as u64) as u32;
+    let cap = GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64;
+    let blocks = bytes.div_ceil(per_block).clamp(1, cap) as u32;
     Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
 }
 
@@ -490,6 +491,7 @@ mod tests {
             sync_mc: None,
             count,
             timeout_ns: 5,
+            max_blocks: GRID_MAX_BLOCKS,
         }
     }
 

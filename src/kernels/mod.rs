@@ -171,4 +171,8 @@ pub struct Launch {
     pub count: u64,
     /// Barrier spin bound in nanoseconds; 0 waits forever.
     pub timeout_ns: u64,
+    /// Most blocks a kernel may use: every block of every rank sharing a device must be resident
+    /// at once (blocks wait for their peers in barriers), so the team caps the grid by the SM
+    /// count over the ranks per device. The same on every rank.
+    pub max_blocks: u32,
 }

@@ -71,6 +71,7 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
         sync_mc: team.sync_multicast(r),
         count: count as u64,
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
+        max_blocks: team.max_blocks(),
     };
     let driver = team.context().driver();
     let result = match driver.as_sim() {

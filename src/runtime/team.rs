@@ -46,6 +46,8 @@ pub struct Team {
     /// Per viewer: the multicast address of the sync regions (multicast transport).
     sync_mc: Vec<Option<DevicePtr>>,
     shape: Shape,
+    /// Most blocks per collective kernel (see [`Team::max_blocks`]).
+    max_blocks: u32,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     error: Mutex<Option<Error>>,
     state: Mutex<State>,
@@ -172,6 +174,7 @@ impl Team {
             }
         }
         let n = devices.len();
+        let max_blocks = Self::block_cap(ctx, devices)?;
         let team = Arc::new(Team {
             ctx: ctx.clone(),
             devices: devices.to_vec(),
@@ -181,6 +184,7 @@ impl Team {
             sync: (0..n).map(|viewer| (0..n).map(|r| seg.peer_base(viewer, r)).collect()).collect(),
             sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
             shape,
+            max_blocks,
             error: Mutex::new(None),
             state: Mutex::new(State::default()),
         });
@@ -192,6 +196,24 @@ impl Team {
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
         ctx.add_team(team.clone());
         Ok(team)
+    }
+
+    /// Every block of every rank on one device must be resident at once (blocks wait for their
+    /// peers in barriers): at worst one block per SM, so the SMs are shared out among the ranks
+    /// the busiest device hosts.
+    fn block_cap(ctx: &Context, devices: &[i32]) -> Result<u32> {
+        let mut cap = u32::MAX;
+        for &d in devices {
+            let sms = ctx.props(d)?.sm_count.max(1) as u32;
+            let sharing = devices.iter().filter(|&&x| x == d).count() as u32;
+            cap = cap.min(sms / sharing);
+        }
+        Ok(cap.max(1))
+    }
+
+    /// Most blocks a collective kernel of this team may launch (see [`Team::block_cap`]).
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
     }
 
     fn peer_problem(ctx: &Context, devices: &[i32]) -> Result<Option<String>> {
