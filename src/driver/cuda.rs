@@ -374,9 +374,17 @@ impl CudaDriver {
         Ok(ctx)
     }
 
-    /// Makes `dev`'s primary context current until the guard drops.
+    /// Makes `dev`'s primary context current until the guard drops. When it already is current
+    /// (a caller using the CUDA runtime on that device) nothing is pushed: one driver call on
+    /// the launch path instead of three.
     fn enter(&self, dev: Device) -> DResult<CtxGuard<'_>> {
         let ctx = self.primary_ctx(dev)?;
+        let mut current: cu::CUcontext = ptr::null_mut();
+        // SAFETY: the out-pointer is a local.
+        let raw = unsafe { (self.api.cuCtxGetCurrent)(&mut current) };
+        if raw == CuResult::SUCCESS.0 && current == ctx {
+            return Ok(CtxGuard { api: &self.api, pushed: false });
+        }
         // SAFETY: `ctx` is a primary context this driver retained and has not released.
         check("cuCtxPushCurrent", unsafe { (self.api.cuCtxPushCurrent_v2)(ctx) })?;
         Ok(CtxGuard { api: &self.api, pushed: true })

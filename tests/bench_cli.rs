@@ -1,0 +1,196 @@
+//! `mcast-bench` as a user runs it: the built binary on the simulator with tiny sizes, for every
+//! op; its table, CSV and JSON; and its usage errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcast-bench");
+
+/// The binary on the simulator, with the environment that could change its choices cleared.
+fn bench(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("MCAST_BACKEND", "sim")
+        .env_remove("MCAST_MULTICAST")
+        .env_remove("MCAST_SIM_DEVICES")
+        .env_remove("MCAST_SIM_FAULTS")
+        .output()
+        .expect("mcast-bench runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench_cli-{}-{name}", std::process::id()))
+}
+
+/// The result rows of the table on stdout, split into columns.
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn every_op_runs_checks_and_writes_csv_and_json() {
+    let cases: &[(&str, &[&str], &str, &str)] = &[
+        ("all_reduce", &["-d", "f32"], "sum", "-1"),
+        ("broadcast", &["-d", "bf16", "--root", "2"], "none", "2"),
+        ("reduce_scatter", &["-d", "i32", "--redop", "max"], "max", "-1"),
+        ("all_gather", &["-d", "f16"], "none", "-1"),
+    ];
+    for &(op, extra, redop, root) in cases {
+        let (csv_path, json_path) = (tmp(&format!("{op}.csv")), tmp(&format!("{op}.json")));
+        let mut args = vec!["--op", op, "-b", "1K", "-e", "16K", "-f", "4", "--iters", "2", "--warmup", "1"];
+        args.extend_from_slice(extra);
+        let (csv_arg, json_arg) = (csv_path.to_str().unwrap(), json_path.to_str().unwrap());
+        args.extend_from_slice(&["--csv", csv_arg, "--json", json_arg]);
+        let out = bench(&args);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{op}: {all}");
+        assert!(all.contains("# transport: MULTICAST"), "{op}: 4 distinct simulated devices use multicast: {all}");
+
+        // One row per size: 1K, 4K, 16K; all_gather and reduce_scatter sizes are totals.
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 3, "{op}: {all}");
+        for (row, size) in rows.iter().zip([1024u64, 4096, 16384]) {
+            assert_eq!(row.len(), 9, "{op}: size count type redop root time algbw busbw #wrong: {row:?}");
+            assert_eq!(row[0].parse::<u64>().unwrap(), size, "{op}: {row:?}");
+            let esize = match row[2].as_str() {
+                "f16" | "bf16" => 2,
+                _ => 4,
+            };
+            let blocks = if matches!(op, "all_gather" | "reduce_scatter") { 4 } else { 1 };
+            assert_eq!(row[1].parse::<u64>().unwrap(), size / esize / blocks, "{op}: count per rank: {row:?}");
+            assert_eq!((row[3].as_str(), row[4].as_str()), (redop, root), "{op}: {row:?}");
+            let time: f64 = row[5].parse().unwrap();
+            let (algbw, busbw): (f64, f64) = (row[6].parse().unwrap(), row[7].parse().unwrap());
+            assert!(time > 0.0 && algbw >= 0.0 && busbw >= 0.0, "{op}: {row:?}");
+            assert_eq!(row[8], "0", "{op}: #wrong: {all}");
+        }
+
+        let csv = std::fs::read_to_string(&csv_path).expect("csv written");
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(
+            header[..10],
+            ["op", "size", "count", "type", "redop", "root", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
+        );
+        let body: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(body.len(), 3, "{csv}");
+        for (line, row) in body.iter().zip(&rows) {
+            assert_eq!(line.len(), header.len(), "{csv}");
+            assert_eq!((line[0], line[1], line[9]), (op, row[0].as_str(), "0"), "{csv}");
+            let col = |name: &str| line[header.iter().position(|h| *h == name).unwrap()];
+            assert_eq!((col("nranks"), col("backend"), col("transport")), ("4", "sim", "MULTICAST"));
+            line[6].parse::<f64>().expect("time_us is a number");
+        }
+
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json_path).expect("json written")).expect("valid JSON");
+        assert_eq!(json["op"], op);
+        assert_eq!(json["nranks"], 4);
+        assert_eq!(json["backend"], "sim");
+        assert_eq!(json["transport"], "MULTICAST");
+        assert!(json["device"].is_string() && json["date"].is_string());
+        let jrows = json["rows"].as_array().expect("rows");
+        assert_eq!(jrows.len(), 3);
+        for (j, row) in jrows.iter().zip(&rows) {
+            assert_eq!(j["size"].as_u64().unwrap().to_string(), row[0]);
+            assert_eq!(j["count"].as_u64().unwrap().to_string(), row[1]);
+            assert_eq!(j["wrong"], 0);
+            assert!(j["time_us"].as_f64().unwrap() > 0.0);
+            assert!(j["busbw_gbps"].as_f64().is_some());
+        }
+        let _ = std::fs::remove_file(csv_path);
+        let _ = std::fs::remove_file(json_path);
+    }
+}
+
+#[test]
+fn p2p_odd_sizes_and_no_check() {
+    // A device twice: P2P; 3000 bytes of bf16 over 2 ranks: 750 elements per block.
+    let out =
+        bench(&["--devices", "0,0", "--op", "reduce_scatter", "-d", "bf16", "-b", "3000", "-e", "3000", "-n", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("# transport: P2P ("), "{}", text(&out));
+    let row = rows(&out);
+    assert_eq!(row.len(), 1, "{}", text(&out));
+    assert_eq!(row[0][..5], ["3000", "750", "bf16", "sum", "-1"], "{}", text(&out));
+    assert_eq!(row[0][8], "0");
+
+    // The environment's multicast policy is honoured and shown.
+    let out = Command::new(BIN)
+        .args(["-b", "1K", "-e", "1K", "--check", "0", "-q"])
+        .env("MCAST_BACKEND", "sim")
+        .env("MCAST_MULTICAST", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("# transport: P2P (multicast is off"), "{}", text(&out));
+    assert_eq!(rows(&out)[0][8], "N/A", "--check 0 reports no count");
+}
+
+#[test]
+fn default_command_finishes_on_the_simulator() {
+    let out = bench(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // 1K..1M by 4.
+    assert_eq!(rows(&out).len(), 6, "{}", text(&out));
+    assert!(rows(&out).iter().all(|r| r[8] == "0"));
+}
+
+#[test]
+fn bad_usage_exits_2_with_a_message() {
+    for args in [
+        &["--bogus"][..],
+        &["--op", "all_to_all"],
+        &["-b", "0"],
+        &["-b", "4K", "-e", "1K"],
+        &["-f", "1"],
+        &["--iters", "0"],
+        &["--iters"],
+        &["--check", "2"],
+        &["--dtype", "f8"],
+        &["--devices", "0,x"],
+        &["--devices", "0,99"],
+        &["--op", "broadcast", "--root", "4"],
+        &["--backend", "gpu"],
+    ] {
+        let out = bench(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("mcast-bench: ") && err.contains("--help"), "{args:?}: {err}");
+    }
+    let out = bench(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--op",
+        "--dtype",
+        "--redop",
+        "--root",
+        "-b",
+        "-e",
+        "-f",
+        "--iters",
+        "--warmup",
+        "--check",
+        "--devices",
+        "--backend",
+        "--csv",
+        "--json",
+        "--quiet",
+    ] {
+        assert!(help.contains(flag), "--help documents {flag}");
+    }
+}
