@@ -77,7 +77,6 @@ __device__ __forceinline__ u32 ld_acquire_sys(u64 addr) {
 __device__ __forceinline__ void red_release_sys_add(u64 addr, u32 v) {
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 __device__ __forceinline__ u32 atom_cas_u32(u64 addr, u32 cmp, u32 val) {
   u32 old;
   asm volatile("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
@@ -292,25 +291,37 @@ __device__ void mc_red_signal(const McastArgs& a, u64 mc_addr);  // defined with
 
 template <bool MC>
 __device__ bool barrier(const McastArgs& a, u32 index) {
-  __shared__ int s_ok;
+  __shared__ int s_live, s_ok;
   __syncthreads();
+  const u32 slot = blockIdx.x;
+  const u32 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
+  u32 k = 0;
   if (threadIdx.x == 0) {
-    const u32 slot = blockIdx.x;
-    const u32 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
     volatile u32* epoch = (volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * slot);
-    const u32 k = *epoch + 1;
+    k = *epoch + 1;
     *epoch = k;
-    fence_acq_rel_sys();
-    if (MC) {
-      mc_red_signal(a, a.sync_mc + soff);
-    } else {
-      for (u32 p = 0; p < a.nranks; ++p) red_release_sys_add(a.sync[p] + soff, 1);
-    }
+    // The first barrier of a kernel also checks the error word: a rank whose previous
+    // collective timed out does nothing (and never signals).
+    s_live = index != 0 || *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+  }
+  __syncthreads();
+  if (!s_live) return false;
+  // Signal every rank, one thread per rank (or one multicast reduction). No fence first: the
+  // release reduction orders this block's earlier writes (made visible to each signalling
+  // thread by __syncthreads; release is cumulative) before the signal.
+  if (MC) {
+    if (threadIdx.x == 0) mc_red_signal(a, a.sync_mc + soff);
+  } else if (threadIdx.x < a.nranks) {
+    red_release_sys_add(a.sync[threadIdx.x] + soff, 1);
+  }
+  if (threadIdx.x == 0) {
     const u32 target = k * a.nranks;
     const u64 flag = sync_local(a, soff);
     int ok = 1;
     u64 start = 0;
     u32 spins = 0;
+    // The acquire load orders the peers' writes before this block's later accesses (the
+    // other threads through the __syncthreads below).
     while ((int)(ld_acquire_sys(flag) - target) < 0) {
       if (a.timeout_ns != 0 && (++spins & 63u) == 0) {
         const u64 now = globaltimer();
@@ -324,7 +335,6 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
         }
       }
     }
-    fence_acq_rel_sys();
     s_ok = ok;
   }
   __syncthreads();
@@ -334,11 +344,6 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
   return s_ok != 0;
 }
 
-// A rank whose error word is set (a previous collective timed out) does nothing: the team's
-// barrier state is no longer consistent, the runtime must reset it.
-__device__ __forceinline__ bool poisoned(const McastArgs& a) {
-  return *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE;
-}
 
 // ============================== range layout ==============================
 // A range of n units of `unit` bytes at `addr` = head units (before the first 16-byte boundary),
@@ -382,24 +387,34 @@ __device__ __forceinline__ typename Ty<D>::E p2p_reduce_scalar(const McastArgs& 
 }
 
 // Reduce up to MCAST_UNROLL vectors (byte offsets off[u], valid where u < n) over all ranks in rank
-// order; several loads in flight per peer.
+// order. Software-pipelined: the loads of rank p + 1 are in flight while rank p's are reduced, so
+// two ranks' latencies (one of them remote) overlap instead of adding up.
 template <int D, int O>
 __device__ __forceinline__ void p2p_reduce_vectors(const McastArgs& a, const u64* off, int n, V16* out) {
   Vec<D> acc[MCAST_UNROLL];
-  V16 v[MCAST_UNROLL];
+  V16 cur[MCAST_UNROLL], nxt[MCAST_UNROLL];
 #pragma unroll
   for (int u = 0; u < MCAST_UNROLL; ++u)
-    if (u < n) v[u] = ld16(a.data[0] + off[u]);
+    if (u < n) cur[u] = ld16(a.data[0] + off[u]);
+  if (a.nranks > 1) {
+#pragma unroll
+    for (int u = 0; u < MCAST_UNROLL; ++u)
+      if (u < n) nxt[u] = ld16(a.data[1] + off[u]);
+  }
 #pragma unroll
   for (int u = 0; u < MCAST_UNROLL; ++u)
-    if (u < n) acc[u].load(v[u]);
+    if (u < n) acc[u].load(cur[u]);
   for (u32 p = 1; p < a.nranks; ++p) {
 #pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) v[u] = ld16(a.data[p] + off[u]);
+    for (int u = 0; u < MCAST_UNROLL; ++u) cur[u] = nxt[u];
+    if (p + 1 < a.nranks) {
+#pragma unroll
+      for (int u = 0; u < MCAST_UNROLL; ++u)
+        if (u < n) nxt[u] = ld16(a.data[p + 1] + off[u]);
+    }
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) acc[u].template reduce<O>(v[u]);
+      if (u < n) acc[u].template reduce<O>(cur[u]);
   }
 #pragma unroll
   for (int u = 0; u < MCAST_UNROLL; ++u)
@@ -473,7 +488,6 @@ __device__ __forceinline__ u64 scalar_off(const Range& r, u64 i, u32 unit) {
 template <int D, int O>
 __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
   typedef typename Ty<D>::E E;
-  if (poisoned(a)) return;
   const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
   u32 bi = 0;
   if (!barrier<false>(a, bi++)) return;
@@ -520,7 +534,6 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
 template <int D, int O>
 __device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
   typedef typename Ty<D>::E E;
-  if (poisoned(a)) return;
   const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
   const u64 N = a.nranks, me = a.rank, base = r.head * sizeof(E), nscalar = r.head + r.tail;
   if (!barrier<false>(a, 0)) return;
@@ -545,7 +558,6 @@ __device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
 template <int D, int O>
 __device__ void reduce_scatter_p2p(const McastArgs& a) {
   typedef typename Ty<D>::E E;
-  if (poisoned(a)) return;
   const u64 blk = (u64)a.rank * a.count * sizeof(E);
   const Range r = split(a.data[0] + blk, a.count, sizeof(E), same_alignment(a));
   if (!barrier<false>(a, 0)) return;
@@ -560,7 +572,6 @@ __device__ void reduce_scatter_p2p(const McastArgs& a) {
 
 // Broadcast (pull): every non-root rank copies count bytes from the root.
 __device__ void broadcast_p2p(const McastArgs& a) {
-  if (poisoned(a)) return;
   if (!barrier<false>(a, 0)) return;
   if (a.rank != a.root) copy_bytes(a.data[a.rank], a.data[a.root], a.count);
   barrier<false>(a, 1);
@@ -568,7 +579,6 @@ __device__ void broadcast_p2p(const McastArgs& a) {
 
 // All-gather (pull): rank r copies block q (count bytes at q*count) from rank q, for every q != r.
 __device__ void all_gather_p2p(const McastArgs& a) {
-  if (poisoned(a)) return;
   if (!barrier<false>(a, 0)) return;
   for (u32 q = 0; q < a.nranks; ++q)
     if (q != a.rank) copy_bytes(a.data[a.rank] + (u64)q * a.count, a.data[q] + (u64)q * a.count, a.count);
@@ -756,7 +766,6 @@ template <int D, int O>
 __device__ void all_reduce_mc(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   const u32 U = McUnit<D>::bytes;
-  if (poisoned(a)) return;
   const Range r = split(a.data_mc, a.count * sizeof(E) / U, U, true);
   const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U;
   if (!barrier<true>(a, 0)) return;
@@ -787,7 +796,6 @@ template <int D, int O>
 __device__ void reduce_scatter_mc(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   const u32 U = McUnit<D>::bytes;
-  if (poisoned(a)) return;
   const u64 blk = (u64)a.rank * a.count * sizeof(E);
   const Range r = split(a.data_mc + blk, a.count * sizeof(E) / U, U, true);
   const u64 mbase = a.data_mc + blk + r.head * U, lbase = a.data[a.rank] + blk + r.head * U;
@@ -844,7 +852,6 @@ __device__ void mc_push(const McastArgs& a, u64 off, u64 n) {
 
 // Broadcast: the root multimem.st's its range; the others take part in the barriers only.
 __device__ void broadcast_mc(const McastArgs& a) {
-  if (poisoned(a)) return;
   if (!barrier<true>(a, 0)) return;
   if (a.rank == a.root) mc_push(a, 0, a.count);
   barrier<true>(a, 1);
@@ -852,7 +859,6 @@ __device__ void broadcast_mc(const McastArgs& a) {
 
 // All-gather: rank r multimem.st's its block (count bytes at r*count) into every rank's copy.
 __device__ void all_gather_mc(const McastArgs& a) {
-  if (poisoned(a)) return;
   if (!barrier<true>(a, 0)) return;
   mc_push(a, (u64)a.rank * a.count, a.count);
   barrier<true>(a, 1);

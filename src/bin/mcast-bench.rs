@@ -564,34 +564,58 @@ impl Bench<'_> {
     }
 
     /// Warm-up, then the timed loop; the slowest rank's time per iteration in microseconds.
+    ///
+    /// Each rank is driven by its own thread with its device current, as in a program with one
+    /// thread (or process) per GPU: ranks' launches proceed in parallel, and a rank's time is
+    /// its stream's, measured with events around its loop.
     fn time(&self, s: &Shape, warmup: u32, iters: u32) -> Result<f64, Failure> {
         let driver = self.team.context().driver();
         let count = self.run_count(s);
-        for _ in 0..warmup {
-            self.launch(count)?;
-        }
-        self.sync_all()?;
         let rig = self.rig;
-        for r in 0..rig.streams.len() {
-            driver
-                .event_record(rig.devices[r], rig.start[r], rig.streams[r])
-                .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
-        }
-        for _ in 0..iters {
-            self.launch(count)?;
-        }
-        for r in 0..rig.streams.len() {
-            driver
-                .event_record(rig.devices[r], rig.end[r], rig.streams[r])
-                .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
-        }
-        self.sync_all()?;
+        let n = rig.streams.len();
+        let start_line = std::sync::Barrier::new(n);
+        let per_rank: Vec<Result<f64, Failure>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..n)
+                .map(|r| {
+                    let start_line = &start_line;
+                    scope.spawn(move || -> Result<f64, Failure> {
+                        let (dev, stream) = (rig.devices[r], rig.streams[r]);
+                        let name = self.op.name();
+                        let launch = || {
+                            run(self.buf(), r as i32, 0, count, self.collective, stream)
+                                .map_err(|e| runtime(format!("{name} rank {r}: {e}")))
+                        };
+                        driver.bind_thread(dev).map_err(|e| runtime(format!("rank {r}: {e}")))?;
+                        for _ in 0..warmup {
+                            launch()?;
+                        }
+                        driver.stream_synchronize(dev, stream).map_err(|e| runtime(format!("rank {r}: {e}")))?;
+                        start_line.wait();
+                        driver
+                            .event_record(dev, rig.start[r], stream)
+                            .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
+                        for _ in 0..iters {
+                            launch()?;
+                        }
+                        driver
+                            .event_record(dev, rig.end[r], stream)
+                            .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
+                        synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}")))?;
+                        let ms = driver
+                            .event_elapsed_ms(dev, rig.start[r], rig.end[r])
+                            .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
+                        Ok(f64::from(ms))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(runtime("a rank thread panicked"))))
+                .collect()
+        });
         let mut ms = 0f64;
-        for r in 0..rig.streams.len() {
-            let t = driver
-                .event_elapsed_ms(rig.devices[r], rig.start[r], rig.end[r])
-                .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
-            ms = ms.max(f64::from(t));
+        for t in per_rank {
+            ms = ms.max(t?);
         }
         Ok(ms * 1e3 / f64::from(iters))
     }

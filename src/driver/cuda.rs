@@ -165,6 +165,7 @@ driver_api! {
         cuStreamDestroy_v2(cu::CUstream);
         cuStreamSynchronize(cu::CUstream);
         cuCtxSynchronize();
+        cuCtxSetCurrent(cu::CUcontext);
         cuEventCreate(*mut cu::CUevent, c_uint);
         cuEventRecord(cu::CUevent, cu::CUstream);
         cuEventSynchronize(cu::CUevent);
@@ -749,6 +750,12 @@ impl Driver for CudaDriver {
         let _ctx = self.enter(dev)?;
         // SAFETY: the stream value is the caller's (NULL: the legacy default stream).
         check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(stream_ptr(stream)) })
+    }
+
+    fn bind_thread(&self, dev: Device) -> DResult<()> {
+        let ctx = self.primary_ctx(dev)?;
+        // SAFETY: `ctx` is a primary context this driver retained and has not released.
+        check("cuCtxSetCurrent", unsafe { (self.api.cuCtxSetCurrent)(ctx) })
     }
 
     fn device_synchronize(&self, dev: Device) -> DResult<()> {

@@ -361,6 +361,11 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuStreamSynchronize`.
     fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()>;
 
+    /// Makes `dev`'s primary context current on the calling thread (`cuCtxSetCurrent`, what
+    /// `cudaSetDevice` does), for a thread that drives one device: later calls on `dev` from it
+    /// need not switch contexts.
+    fn bind_thread(&self, dev: Device) -> DResult<()>;
+
     /// `cuCtxSynchronize` in `dev`'s primary context: waits for all work on the device.
     fn device_synchronize(&self, dev: Device) -> DResult<()>;
 

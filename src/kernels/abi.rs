@@ -18,12 +18,27 @@ pub const MAX_BLOCKS: u32 = 32;
 /// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
 /// about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
 /// every rank of a collective must launch the same grid (block b pairs with block b).
-pub const GRID_MAX_BLOCKS: u32 = 16;
+pub const GRID_MAX_BLOCKS: u32 = 32;
 /// Bytes of work per block before another block is added (one block-round of vectors).
 pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
-/// P2P all-reduce: one-shot up to this many bytes per rank, two-shot above. A placeholder to be
-/// measured on hardware (PyTorch uses one-shot up to 256 KiB, vLLM up to 512 KiB on <= 4 GPUs).
+/// P2P all-reduce with more than two ranks: one-shot up to this many bytes, two-shot above
+/// (one-shot reads (N-1) x the message from peers, two-shot 2(N-1)/N x; PyTorch and vLLM switch
+/// at 256-512 KiB; to be measured on 4 and 8 GPUs).
 pub const ONE_SHOT_MAX_BYTES: u64 = 256 * 1024;
+/// Bytes per block of a one-shot all-reduce: small, so that mid-size messages get many blocks
+/// and many remote loads in flight (measured on 2 x H200: bench/results).
+pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
+
+/// The largest all-reduce that runs one-shot for `nranks` ranks. With two ranks one-shot moves
+/// the same remote bytes as two-shot with one barrier fewer, so it wins up to one round of the
+/// full grid (measured on 2 x H200: 13.7 us two-shot vs one-shot at 512 KiB, bench/results).
+pub fn one_shot_max_bytes(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        GRID_MAX_BLOCKS as u64 * BYTES_PER_BLOCK
+    } else {
+        ONE_SHOT_MAX_BYTES
+    }
+}
 
 /// Sync region layout (per rank, [`SYNC_BYTES`] bytes, zeroed at team creation).
 ///
@@ -306,13 +321,14 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 (true, true) => KernelKind::ReduceScatterMc,
                 (true, false) => KernelKind::ReduceScatterP2p,
                 (false, true) => KernelKind::AllReduceMc,
-                (false, false) if bytes <= ONE_SHOT_MAX_BYTES => KernelKind::AllReduceP2p,
+                (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
                 (false, false) => KernelKind::AllReduceP2pTwoShot,
             };
             (kind, Some((dtype, op)), bytes, fb)
         }
     };
-    let blocks = bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, GRID_MAX_BLOCKS as u64) as u32;
+    let per_block = if kind == KernelKind::AllReduceP2p { ONE_SHOT_BYTES_PER_BLOCK } else { BYTES_PER_BLOCK };
+    let blocks = bytes.div_ceil(per_block).clamp(1, GRID_MAX_BLOCKS as u64) as u32;
     Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
 }
 

@@ -115,7 +115,7 @@ pub fn unload_all(driver: &dyn Driver) -> Result<(), KernelError> {
 }
 
 /// Enqueues `l` on `l.stream`: chooses the entry point (multicast kernel, or its P2P fallback;
-/// one-shot or two-shot all-reduce by [`abi::ONE_SHOT_MAX_BYTES`]) and launches it. No host sync;
+/// one-shot or two-shot all-reduce by [`abi::one_shot_max_bytes`]) and launches it. No host sync;
 /// no allocation once the module of this device and build is loaded.
 pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
     if driver.as_sim().is_some() {

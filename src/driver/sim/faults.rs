@@ -32,6 +32,7 @@ pub const FUNCTION_NAMES: &[&str] = &[
     "cuStreamDestroy",
     "cuStreamSynchronize",
     "cuCtxSynchronize",
+    "cuCtxSetCurrent",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventElapsedTime",

@@ -998,6 +998,10 @@ impl Driver for SimDriver {
         })
     }
 
+    fn bind_thread(&self, dev: Device) -> DResult<()> {
+        self.call("cuCtxSetCurrent", || self.check_dev(dev))
+    }
+
     fn device_synchronize(&self, dev: Device) -> DResult<()> {
         self.call("cuCtxSynchronize", || {
             self.check_dev(dev)?;
