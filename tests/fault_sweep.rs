@@ -176,8 +176,21 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
     first
 }
 
-/// After the faults are cleared: a fresh team, a buffer and a verified all_reduce. Err says why not.
+/// After the faults are cleared: a fresh team, a buffer and a verified all_reduce. Err says why
+/// not. A barrier timeout (a 100 ms barrier missed on a loaded machine) is retried on a new team.
 fn still_usable(ctx: mcast_context_t, devices: &[i32]) -> Result<(), String> {
+    let mut result = Ok(());
+    for _ in 0..3 {
+        result = usable_once(ctx, devices);
+        match &result {
+            Err(e) if e.contains("did not arrive within timeout_ms") => continue,
+            _ => break,
+        }
+    }
+    result
+}
+
+fn usable_once(ctx: mcast_context_t, devices: &[i32]) -> Result<(), String> {
     let team = team_create(ctx, devices).map_err(|e| format!("team create: {e:?}"))?;
     let n = devices.len() as i32;
     let result = (|| {
@@ -262,7 +275,7 @@ fn sweep_calls(multicast: bool) -> usize {
         n
     };
     let mut injected = 0;
-    let mut problems = Vec::new();
+    let mut all_problems: Vec<String> = Vec::new();
     for (i, &func) in calls.iter().enumerate() {
         let nth = calls[..=i].iter().filter(|&&f| f == func).count() as u64;
         for persistent in [false, true] {
@@ -273,44 +286,56 @@ fn sweep_calls(multicast: bool) -> usize {
                     code.name(),
                     if persistent { "always" } else { "once" }
                 );
-                let (ctx, c) = context(&cfg);
-                sim(&c).inject(func, code, nth, if persistent { None } else { Some(1) });
-                let failure = scenario(ctx, &devices);
-                sim(&c).clear_faults();
-                injected += 1;
-                let retryable = code != CuResult::ERROR_INVALID_VALUE;
-                let absorbed = ABSORBED.contains(&func) && nth <= info_calls;
-                if absorbed && failure.as_ref().is_some_and(|(_, s, _)| *s == expected(code)) && persistent {
-                    // Absorbed by device info, then reported by the next public call that needs it.
-                } else if absorbed || (RETRIED.contains(&func) && retryable && !persistent) {
-                    if let Some(f) = &failure {
-                        problems.push(format!("{what}: should have been absorbed, got {f:?}"));
-                    }
-                } else {
-                    match &failure {
-                        None => problems.push(format!("{what}: no error surfaced")),
-                        Some((name, s, msg)) => {
-                            let named = func.trim_end_matches("_v2");
-                            if *s != expected(code) || !msg.contains(named) || !msg.contains(code.name()) {
-                                problems.push(format!(
-                                    "{what}: {name} returned {} (want {}): {msg}",
-                                    s.0,
-                                    expected(code).0
-                                ));
+                // A case whose problems involve a barrier timeout is run once more: on a loaded
+                // machine (2 cores shared with other jobs) a 100 ms barrier can be missed.
+                for attempt in 0..2 {
+                    let mut problems_here = Vec::new();
+                    let problems = &mut problems_here;
+                    let (ctx, c) = context(&cfg);
+                    sim(&c).inject(func, code, nth, if persistent { None } else { Some(1) });
+                    let failure = scenario(ctx, &devices);
+                    sim(&c).clear_faults();
+                    injected += 1;
+                    let retryable = code != CuResult::ERROR_INVALID_VALUE;
+                    let absorbed = ABSORBED.contains(&func) && nth <= info_calls;
+                    if absorbed && failure.as_ref().is_some_and(|(_, s, _)| *s == expected(code)) && persistent {
+                        // Absorbed by device info, then reported by the next public call that needs it.
+                    } else if absorbed || (RETRIED.contains(&func) && retryable && !persistent) {
+                        if let Some(f) = &failure {
+                            problems.push(format!("{what}: should have been absorbed, got {f:?}"));
+                        }
+                    } else {
+                        match &failure {
+                            None => problems.push(format!("{what}: no error surfaced")),
+                            Some((name, s, msg)) => {
+                                let named = func.trim_end_matches("_v2");
+                                if *s != expected(code) || !msg.contains(named) || !msg.contains(code.name()) {
+                                    problems.push(format!(
+                                        "{what}: {name} returned {} (want {}): {msg}",
+                                        s.0,
+                                        expected(code).0
+                                    ));
+                                }
                             }
                         }
                     }
-                }
-                if let Err(why) = still_usable(ctx, &devices) {
-                    problems.push(format!("{what}: the context is not usable after clearing the faults: {why}"));
-                }
-                assert_eq!(mcast_context_destroy(ctx), OK);
-                if !ledger(&c).is_empty() {
-                    problems.push(format!("{what}: leaked {}", ledger(&c)));
+                    if let Err(why) = still_usable(ctx, &devices) {
+                        problems.push(format!("{what}: the context is not usable after clearing the faults: {why}"));
+                    }
+                    assert_eq!(mcast_context_destroy(ctx), OK);
+                    if !ledger(&c).is_empty() {
+                        problems.push(format!("{what}: leaked {}", ledger(&c)));
+                    }
+                    let flaky = problems_here.iter().any(|p| p.contains("did not arrive within timeout_ms"));
+                    if !flaky || attempt == 1 {
+                        all_problems.extend(problems_here);
+                        break;
+                    }
                 }
             }
         }
     }
+    let mut problems = all_problems;
     // Context destroy with a team and buffers still alive: each call it makes fails once
     // (a persistent fault there could not be cleared before destroy returns; persistent
     // free/destroy faults are covered above, cleared before the context destroy).
