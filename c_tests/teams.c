@@ -151,7 +151,10 @@ static void check_in_use_and_stale(mcast_context_t ctx) {
   CHECK_OK(mcast_buffer_size(buf2, &bytes));
   CHECK(bytes == 3u << 20);
 
-  /* Foreign handles: a buffer id as a team, a team id as a buffer, a context id as a team. */
+  /* Foreign handles: a buffer id as a team, a team id as a buffer, a context id as a team.
+   * (info is initialised: the library reads struct_size before it looks at the handle.) */
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
   as_team.id = buf2.id;
   CHECK_STATUS(mcast_team_get_info(as_team, &info), MCAST_ERROR_INVALID_HANDLE);
   CHECK_STATUS(mcast_team_destroy(as_team), MCAST_ERROR_INVALID_HANDLE);
