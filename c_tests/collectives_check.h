@@ -248,7 +248,7 @@ static void coll_case(mcast_team_t team, int n, const mcast_stream_t *streams, e
 }
 
 /* Every collective, dtype and op on `team`: odd counts, aligned non-zero offsets, and (when
- * COLL_LARGE_COUNTS) a count past the one-shot limit of 256 KiB, for SUM. */
+ * COLL_LARGE_COUNTS) a count past the one-shot limit (1 MiB for two ranks, 256 KiB above), for SUM. */
 static void coll_sweep(mcast_team_t team, int n, const mcast_stream_t *streams) {
   static const size_t counts[3] = {1, 37, 1001};
   static const size_t byte_offsets[4] = {0, 1, 4, 13};
@@ -265,7 +265,8 @@ static void coll_sweep(mcast_team_t team, int n, const mcast_stream_t *streams) 
         coll_case(team, n, streams, COLL_REDUCE_SCATTER, counts[k], offset, dti, opi, 0, seed++);
       }
       if (COLL_LARGE_COUNTS && coll_ops[opi] == MCAST_SUM) {
-        size_t large = (256 * 1024) / es + 3; /* past the one-shot limit: the two-shot P2P kernel */
+        /* past the one-shot limit (1 MiB with two ranks, 256 KiB with more): the two-shot P2P kernel */
+        size_t large = ((n <= 2 ? 1024 : 256) * 1024) / es + 3;
         coll_case(team, n, streams, COLL_ALL_REDUCE, large, align, dti, opi, 0, seed++);
         coll_case(team, n, streams, COLL_REDUCE_SCATTER, large / (size_t)n + 1, align, dti, opi, 0, seed++);
       }
