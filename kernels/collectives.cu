@@ -35,6 +35,11 @@
 #define MCAST_EPOCH_OFFSET 4352
 #define MCAST_ERR_NONE 0
 #define MCAST_ERR_TIMEOUT 1
+// Push one-shot scratch: after the sync region, per block slot b and parity h (0/1), one row of
+// MCAST_PUSH_CHUNK bytes per rank q at SCRATCH + ((b * 2 + h) * nranks + q) * MCAST_PUSH_CHUNK.
+#define MCAST_SCRATCH_OFFSET 65536
+#define MCAST_PUSH_CHUNK 16384
+#define MCAST_PUSH_MAX_RANKS 4
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -526,6 +531,61 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
   }
 }
 
+// Push one-shot all-reduce (nranks <= MCAST_PUSH_MAX_RANKS; the host checks every block's part
+// fits a scratch row and that the copies are 16-byte aligned). Block b owns bytes [b*C, b*C + C)
+// of the message, C = ceil(S / blocks) rounded up to 16. It writes that part of this rank's
+// input into row `rank` of every rank's scratch (slot b, the parity of slot b's next barrier),
+// crosses ONE barrier, then reduces the nranks rows of its own scratch (all local memory) in
+// rank order into its own copy. No rank reads another's buffer, so no second barrier is
+// needed before the in-place store. Reuse of a scratch half is safe: the collective right
+// before this one on slot b flipped the parity; any older one on slot b has finished on every
+// peer, because this rank passed a barrier of the kernel in between, which every peer entered
+// only after finishing the older kernel (stream order).
+__device__ __forceinline__ u64 push_row(const McastArgs& a, u32 p, u32 slot, u32 parity, u32 row) {
+  return a.sync[p] + MCAST_SCRATCH_OFFSET + (((u64)slot * 2 + parity) * a.nranks + row) * MCAST_PUSH_CHUNK;
+}
+
+template <int D, int O>
+__device__ void all_reduce_p2p_push(const McastArgs& a) {
+  typedef typename Ty<D>::E E;
+  typedef typename Ty<D>::A A;
+  __shared__ u32 s_parity, s_live;
+  const u64 S = a.count * sizeof(E);
+  const u64 C = ((S + gridDim.x - 1) / gridDim.x + 15) & ~(u64)15;
+  const u64 lo = (u64)blockIdx.x * C < S ? (u64)blockIdx.x * C : S;
+  const u64 hi = lo + C < S ? lo + C : S;
+  const u64 len = hi - lo, nv = len / 16;
+  if (threadIdx.x == 0) {
+    s_parity = (*(volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * blockIdx.x) + 1) & 1;
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+  }
+  __syncthreads();
+  if (!s_live) return;
+  const u32 par = s_parity;
+  const u64 src = a.data[a.rank] + lo;
+  for (u64 j = threadIdx.x; j < nv; j += blockDim.x) {
+    const V16 v = ld16(src + j * 16);
+    for (u32 p = 0; p < a.nranks; ++p) st16(push_row(a, p, blockIdx.x, par, a.rank) + j * 16, v);
+  }
+  for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < len / sizeof(E); e += blockDim.x) {
+    const E v = ((const E*)src)[e];
+    for (u32 p = 0; p < a.nranks; ++p) ((E*)push_row(a, p, blockIdx.x, par, a.rank))[e] = v;
+  }
+  if (!barrier<false>(a, 0)) return;
+  const u64 dst = a.data[a.rank] + lo;
+  for (u64 j = threadIdx.x; j < nv; j += blockDim.x) {
+    Vec<D> acc;
+    acc.load(ld16(push_row(a, a.rank, blockIdx.x, par, 0) + j * 16));
+    for (u32 q = 1; q < a.nranks; ++q) acc.template reduce<O>(ld16(push_row(a, a.rank, blockIdx.x, par, q) + j * 16));
+    st16(dst + j * 16, acc.pack());
+  }
+  for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < len / sizeof(E); e += blockDim.x) {
+    A acc = Ty<D>::up(((const E*)push_row(a, a.rank, blockIdx.x, par, 0))[e]);
+    for (u32 q = 1; q < a.nranks; ++q) acc = Op<O>::f(acc, Ty<D>::up(((const E*)push_row(a, a.rank, blockIdx.x, par, q))[e]));
+    ((E*)dst)[e] = Ty<D>::down(acc);
+  }
+}
+
 // Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),
 // rank 0 also owns the scalars) by peer loads into the owner's copy; barrier; all-gather by
 // loads from the owners; exit barrier (so no rank changes its copy while a peer still reads it).
@@ -871,6 +931,7 @@ __device__ void all_gather_mc(const McastArgs& a) {
 
 #define P2P_RED(DN, D, ON, O)                                                             \
   KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }         \
+  KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }       \
   KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); } \
   KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); }
 #define MC_RED(DN, D, ON, O)                                              \

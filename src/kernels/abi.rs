@@ -62,6 +62,30 @@ pub const ERROR_INFO_OFFSET: usize = 4100;
 pub const EPOCH_OFFSET: usize = 4352;
 /// End of the used part of the sync region; the rest is reserved.
 pub const SYNC_USED_BYTES: usize = 8192;
+/// Start of the push one-shot scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
+/// scratch follows the sync region in the team's first segment.
+pub const SCRATCH_OFFSET: usize = 65536;
+/// Bytes of one scratch row: the most one block of a push one-shot moves (`MCAST_PUSH_CHUNK`).
+pub const PUSH_CHUNK: u64 = 16384;
+/// Most ranks the push one-shot serves (`MCAST_PUSH_MAX_RANKS`): its scratch grows with the team.
+pub const PUSH_MAX_RANKS: u32 = 4;
+
+/// Bytes of a team's scratch per rank: two halves of one row per rank for every block slot, for
+/// teams the push one-shot serves; none otherwise.
+pub fn scratch_bytes(nranks: u32) -> usize {
+    if nranks <= PUSH_MAX_RANKS {
+        2 * nranks as usize * PUSH_CHUNK as usize * MAX_BLOCKS as usize
+    } else {
+        0
+    }
+}
+
+/// Bytes a team reserves per rank at the start of its first segment: the sync region, then the
+/// scratch.
+pub fn team_reserved_bytes(nranks: u32) -> usize {
+    SCRATCH_OFFSET + scratch_bytes(nranks)
+}
+
 /// Error word value: no error.
 pub const ERR_NONE: u32 = 0;
 /// Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
@@ -70,6 +94,7 @@ pub const ERR_TIMEOUT: u32 = 1;
 const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
+const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
 const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
 
 /// The kernel argument (`struct McastArgs`), passed by value.
@@ -136,8 +161,10 @@ impl Variant {
 /// The kind of a kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelKind {
-    /// `mcast_all_reduce_p2p_<d>_<op>` (one-shot).
+    /// `mcast_all_reduce_p2p_<d>_<op>` (one-shot, pulling from peers).
     AllReduceP2p,
+    /// `mcast_all_reduce_p2p_push_<d>_<op>` (one-shot, pushing into peers' scratch: one barrier).
+    AllReduceP2pPush,
     /// `mcast_all_reduce_p2p_twoshot_<d>_<op>`.
     AllReduceP2pTwoShot,
     /// `mcast_reduce_scatter_p2p_<d>_<op>`.
@@ -156,8 +183,9 @@ pub enum KernelKind {
     AllGatherMc,
 }
 
-const REDUCING: [KernelKind; 5] = [
+const REDUCING: [KernelKind; 6] = [
     KernelKind::AllReduceP2p,
+    KernelKind::AllReduceP2pPush,
     KernelKind::AllReduceP2pTwoShot,
     KernelKind::ReduceScatterP2p,
     KernelKind::AllReduceMc,
@@ -220,6 +248,7 @@ impl KernelId {
     pub fn name(self) -> String {
         let stem = match self.kind {
             KernelKind::AllReduceP2p => "all_reduce_p2p",
+            KernelKind::AllReduceP2pPush => "all_reduce_p2p_push",
             KernelKind::AllReduceP2pTwoShot => "all_reduce_p2p_twoshot",
             KernelKind::ReduceScatterP2p => "reduce_scatter_p2p",
             KernelKind::AllReduceMc => "all_reduce_mc",
@@ -245,6 +274,19 @@ pub struct Plan {
     pub blocks: u32,
     /// Why a multicast request runs a P2P kernel, when it does.
     pub fallback: Option<&'static str>,
+}
+
+/// The grid cap of a launch (the same on every rank).
+fn block_cap(l: &Launch) -> u64 {
+    GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64
+}
+
+/// True when the push one-shot can run `bytes` at address `me`: a team it keeps scratch for, a
+/// 16-byte aligned message, and every block's part within one scratch row.
+fn push_fits(l: &Launch, bytes: u64, me: u64) -> bool {
+    let blocks = bytes.div_ceil(ONE_SHOT_BYTES_PER_BLOCK).clamp(1, block_cap(l));
+    let chunk = bytes.div_ceil(blocks).div_ceil(16) * 16;
+    l.nranks <= PUSH_MAX_RANKS && me % 16 == 0 && chunk <= PUSH_CHUNK
 }
 
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
@@ -321,15 +363,20 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 (true, true) => KernelKind::ReduceScatterMc,
                 (true, false) => KernelKind::ReduceScatterP2p,
                 (false, true) => KernelKind::AllReduceMc,
+                (false, false) if bytes <= one_shot_max_bytes(l.nranks) && push_fits(l, bytes, me) => {
+                    KernelKind::AllReduceP2pPush
+                }
                 (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
                 (false, false) => KernelKind::AllReduceP2pTwoShot,
             };
             (kind, Some((dtype, op)), bytes, fb)
         }
     };
-    let per_block = if kind == KernelKind::AllReduceP2p { ONE_SHOT_BYTES_PER_BLOCK } else { BYTES_PER_BLOCK };
-    let cap = GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64;
-    let blocks = bytes.div_ceil(per_block).clamp(1, cap) as u32;
+    let per_block = match kind {
+        KernelKind::AllReduceP2p | KernelKind::AllReduceP2pPush => ONE_SHOT_BYTES_PER_BLOCK,
+        _ => BYTES_PER_BLOCK,
+    };
+    let blocks = bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32;
     Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
 }
 
@@ -389,6 +436,9 @@ mod tests {
         assert_eq!(define("MCAST_UNROLL"), UNROLL as u64);
         assert_eq!(define("MCAST_SIGNAL_OFFSET"), SIGNAL_OFFSET as u64);
         assert_eq!(define("MCAST_SIGNAL_STRIDE"), SIGNAL_STRIDE as u64);
+        assert_eq!(define("MCAST_SCRATCH_OFFSET"), SCRATCH_OFFSET as u64);
+        assert_eq!(define("MCAST_PUSH_CHUNK"), PUSH_CHUNK);
+        assert_eq!(define("MCAST_PUSH_MAX_RANKS"), PUSH_MAX_RANKS as u64);
         assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
         assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
         assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
@@ -431,7 +481,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 3 * 24 + 2 * 20 + 4);
+        assert_eq!(existing.len(), 4 * 24 + 2 * 20 + 4);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(
@@ -457,7 +507,7 @@ mod tests {
             if line.starts_with("P2P_OPS(") {
                 let d = &args(line)[0];
                 for o in ["sum", "min", "max"] {
-                    for s in ["all_reduce_p2p", "all_reduce_p2p_twoshot", "reduce_scatter_p2p"] {
+                    for s in ["all_reduce_p2p", "all_reduce_p2p_push", "all_reduce_p2p_twoshot", "reduce_scatter_p2p"] {
                         defined.insert(format!("mcast_{s}_{d}_{o}"));
                     }
                 }
@@ -499,18 +549,33 @@ mod tests {
     fn plan_chooses_kernels_and_fallbacks() {
         let ar = |d, o| Collective::AllReduce { dtype: d, op: o };
         let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000)).unwrap().unwrap();
-        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         assert_eq!(p.blocks, 1);
+        // Push needs a 16-byte aligned message, a team of at most PUSH_MAX_RANKS, and every
+        // block's part within a scratch row; otherwise the pulling one-shot runs.
+        let mut unaligned = launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000);
+        unaligned.data = unaligned.data.iter().map(|a| a + 4).collect();
+        assert_eq!(plan(&unaligned).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        let mut crowded = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 65536);
+        crowded.max_blocks = 4;
+        assert_eq!(plan(&crowded).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        let mut big_team = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 100);
+        big_team.nranks = 5;
+        big_team.data = vec![0x1000_0000; 5];
+        big_team.sync = vec![0x3000_0000; 5];
+        assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(scratch_bytes(5), 0);
+        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 2 * 2 * 16384 * 64);
         let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pTwoShot);
         assert_eq!(p.blocks, GRID_MAX_BLOCKS);
         let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
-        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         assert!(p.fallback.is_some());
         let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
         assert_eq!((p.kernel.kind, p.fallback), (KernelKind::AllReduceMc, None));
         let p = plan(&launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023)).unwrap().unwrap();
-        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         let rs = Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Sum };
         assert_eq!(plan(&launch(rs, Path::Multicast, 7)).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterMc);
         let p = plan(&launch(Collective::AllGather, Path::Multicast, 6)).unwrap().unwrap();

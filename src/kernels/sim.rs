@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, SIGNAL_OFFSET,
+    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, PUSH_CHUNK,
+    SCRATCH_OFFSET, SIGNAL_OFFSET,
 };
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
@@ -31,6 +32,8 @@ struct Job {
     rank: usize,
     nranks: usize,
     count: usize,
+    /// Blocks of the kernel plan (the push one-shot lays its scratch out by block).
+    blocks: usize,
     timeout: Option<Duration>,
     /// Each rank's data as mapped on this device.
     data: Targets,
@@ -81,6 +84,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         rank: l.rank as usize,
         nranks: l.nranks as usize,
         count: l.count as usize,
+        blocks: p.blocks as usize,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
         data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
         sync: Targets(l.sync.iter().map(|&a| a as *mut u8).collect()),
@@ -133,6 +137,36 @@ impl Job {
                 }
                 write(data[r], 0, &out);
                 sync();
+            }
+            KernelKind::AllReduceP2pPush => {
+                // The kernel's layout: block b's part of the message in row `rank` of every
+                // rank's scratch (slot b, the parity of the next barrier; the simulator's single
+                // barrier slot 0 decides it for every part), one barrier, then the rows of this
+                // rank's own scratch reduced into its copy.
+                let bytes = count * esize;
+                let chunk = bytes.div_ceil(self.blocks).div_ceil(16) * 16;
+                let parity = (word(self.sync.0[r], EPOCH_OFFSET).load(Ordering::Relaxed).wrapping_add(1) & 1) as usize;
+                let row = |p: usize, b: usize, q: usize| {
+                    // SAFETY: the team reserves the scratch after every rank's sync region.
+                    unsafe { self.sync.0[p].add(SCRATCH_OFFSET + ((b * 2 + parity) * n + q) * PUSH_CHUNK as usize) }
+                };
+                let part = |b: usize| ((b * chunk).min(bytes), ((b + 1) * chunk).min(bytes));
+                for b in 0..self.blocks {
+                    let (lo, hi) = part(b);
+                    for p in 0..n {
+                        // SAFETY: lo..hi lies in this rank's range and in one scratch row.
+                        unsafe { std::ptr::copy_nonoverlapping(data[r].add(lo), row(p, b, r), hi - lo) };
+                    }
+                }
+                if !sync() {
+                    return;
+                }
+                for b in 0..self.blocks {
+                    let (lo, hi) = part(b);
+                    let rows: Vec<*mut u8> = (0..n).map(|q| row(r, b, q)).collect();
+                    let out = self.reduce(&rows, 0, (hi - lo) / esize);
+                    write(data[r], lo, &out);
+                }
             }
             KernelKind::AllReduceP2pTwoShot => {
                 let (lo, hi) = slice(count, n, r);

@@ -155,8 +155,9 @@ impl Team {
             owner: format!("team {serial} (devices {devices:?})"),
             alignment: granularity,
         };
-        // The first segment holds the sync regions, zeroed.
-        let size = round_up(SYNC_BYTES, granularity).expect("small");
+        // The first segment holds the sync regions (zeroed) and the push one-shot's scratch.
+        let reserved = crate::kernels::abi::team_reserved_bytes(devices.len() as u32);
+        let size = round_up(reserved, granularity).expect("small");
         let seg = Segment::create(ctx, &shape, size, &mut || 0)?;
         for (rank, &dev) in devices.iter().enumerate() {
             let zeroed = ctx
@@ -189,7 +190,7 @@ impl Team {
             state: Mutex::new(State::default()),
         });
         team.state.lock().segments.push(SegmentSlot {
-            free: vec![(SYNC_BYTES, size - SYNC_BYTES)],
+            free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
             seg: Arc::new(seg),
             buffers: 0,
         });
