@@ -657,7 +657,8 @@ impl Driver for SimDriver {
             if used.saturating_add(size as u64) > self.config.device_memory {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
-            let memfd = Memfd::create(size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+            let tag = format!("mem:dev={dev}:types={}", handle_types.0);
+            let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
             let id = st.fresh_id();
             st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
             let handle = MemHandle(st.fresh_id());
@@ -816,11 +817,26 @@ impl Driver for SimDriver {
         self.call("cuMemImportFromShareableHandle", || {
             let identity = host::fd_identity(fd).map_err(|_| INVALID_VALUE)?;
             let mut st = self.state.lock();
-            let (&id, _) = st
-                .phys
-                .iter()
-                .find(|(_, p)| p.memfd.identity() == identity && p.handle_types.contains(HandleTypes::POSIX_FD))
-                .ok_or(INVALID_VALUE)?;
+            let known =
+                st.phys.iter().find(|(_, p)| p.memfd.identity() == identity).map(|(&id, p)| (id, p.handle_types));
+            let id = match known {
+                Some((id, types)) if types.contains(HandleTypes::POSIX_FD) => id,
+                Some(_) => return Err(INVALID_VALUE),
+                // Memory made by the simulator of another process: adopt the descriptor.
+                None => {
+                    let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
+                    self.check_dev(dev)?;
+                    if !types.contains(HandleTypes::POSIX_FD) {
+                        return Err(INVALID_VALUE);
+                    }
+                    let own = host_dup(fd)?;
+                    let memfd = Memfd::adopt(own, size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+                    let id = st.fresh_id();
+                    // The handle below holds the only reference.
+                    st.phys.insert(id, Phys { memfd, dev, size, handle_types: types, refs: 0 });
+                    id
+                }
+            };
             let handle = MemHandle(st.fresh_id());
             if let Some(p) = st.phys.get_mut(&id) {
                 p.refs += 1;
@@ -1154,6 +1170,21 @@ impl Driver for SimDriver {
     fn as_sim(&self) -> Option<&SimDriver> {
         Some(self)
     }
+}
+
+/// Device, handle types and size of a memory memfd made by a simulator (any process).
+fn parse_mem_tag(fd: RawFd) -> Option<(Device, HandleTypes, usize)> {
+    let (tag, size) = host::memfd_tag(fd)?;
+    let rest = tag.strip_prefix("mem:dev=")?;
+    let (dev, types) = rest.split_once(":types=")?;
+    Some((dev.parse().ok()?, HandleTypes(types.parse().ok()?), size))
+}
+
+/// A close-on-exec duplicate of `fd`.
+fn host_dup(fd: RawFd) -> R<OwnedFd> {
+    // SAFETY: the caller's descriptor is open for the duration of the call.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
 }
 
 /// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap.
