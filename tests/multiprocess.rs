@@ -18,7 +18,7 @@ use mcast::runtime::ErrorKind;
 
 const MIB: usize = 1 << 20;
 /// Transports under test: P2P, and MULTICAST (the simulator's cross-process multicast).
-const MODES: [bool; 1] = [false];
+const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
 
 fn hex(id: &[u8]) -> String {
@@ -67,7 +67,6 @@ fn collectives_p2p_2_3_4_processes() {
 }
 
 #[test]
-#[ignore = "needs the cross-process multicast simulator"]
 fn collectives_multicast_2_3_4_processes() {
     for n in [2, 3, 4] {
         all_ok(&spawn(n, "collectives", true, |_| vec![]));
@@ -91,7 +90,7 @@ fn a_fault_on_one_rank_fails_every_rank() {
 
 #[test]
 fn out_of_memory_on_one_rank_is_retried_together() {
-    all_ok(&spawn(3, "oom", false, |r| {
+    all_ok(&spawn(3, "oom", true, |r| {
         if r == 2 {
             vec![("MCAST_SIM_FAULTS", "cuMemCreate=OUT_OF_MEMORY@2x2".into())]
         } else {
