@@ -10,6 +10,8 @@
  *                                  rank gets an error naming rank 1
  * The backend and multicast mode come from the environment (MCAST_BACKEND, MCAST_MULTICAST);
  * on CUDA, rank r uses device r % count, and without a device the test exits 77 (skipped). */
+#define _POSIX_C_SOURCE 200809L
+
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
