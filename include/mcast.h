@@ -453,6 +453,17 @@ typedef struct mcast_team_info_t {
   uint64_t bytes_reserved;
 } mcast_team_info_t;
 
+/**
+ * The name of a multi-process team: made once by `mcast_get_unique_id` (normally on rank 0)
+ * and moved by the caller to every process (`MPI_Bcast`, a file); opaque bytes.
+ */
+typedef struct mcast_unique_id_t {
+  /**
+   * Opaque: a version tag and random bytes.
+   */
+  char internal[128];
+} mcast_unique_id_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -742,6 +753,45 @@ mcast_status_t mcast_team_destroy(struct mcast_team_t team);
  * `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
  */
 mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
+
+/**
+ * Writes a fresh unique id into `*id`: a version tag and random bytes (`getrandom`). One id
+ * names one team; every process of that team passes the same bytes to
+ * `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL. Thread-safe.
+ *
+ * # Safety
+ * `id` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
+
+/**
+ * One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
+ * `device` of this process's context. Every process of the team calls it with the same `id`
+ * and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
+ * The processes meet over an abstract Unix-domain socket named by `id` (same host); memory
+ * and multicast objects are exported as POSIX file descriptors and passed with `SCM_RIGHTS`.
+ * The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
+ * step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
+ * rank (the message names the rank that failed), never a hang: a rank that does not arrive
+ * within `timeout_ms`, or exits, gives `MCAST_ERROR_TIMEOUT` to the others.
+ * The returned team is used as any other, except that only `rank` belongs to this process:
+ * naming another rank in `mcast_buffer_*`, the collectives or `mcast_synchronize` gives
+ * `MCAST_ERROR_INVALID_ARGUMENT` (peers may still be named as `peer` or `root`). Buffer
+ * allocations and frees are collective: every rank makes them in the same order and sizes.
+ * On failure nothing is left allocated and `*out` is untouched.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
+ * in use by a live team, `nranks` < 1 or above 16, `rank` or `device` out of range.
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_team_init_rank(struct mcast_context_t ctx,
+                                    struct mcast_unique_id_t id,
+                                    int nranks,
+                                    int rank,
+                                    int device,
+                                    struct mcast_team_t *out);
 
 /**
  * Writes the version of the loaded library into the non-NULL pointers among `major`, `minor`

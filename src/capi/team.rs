@@ -5,9 +5,9 @@ use std::mem::size_of;
 
 use super::context::mcast_context_t;
 use super::{copy_str, guard, mcast_status_t, out_ptr};
-use crate::runtime::handles;
 use crate::runtime::team::{Team, Transport};
 use crate::runtime::Error;
+use crate::runtime::{handles, rendezvous};
 
 /// A team. Passed by value; id 0 is never valid.
 #[repr(C)]
@@ -124,6 +124,79 @@ pub unsafe extern "C" fn mcast_team_get_info(team: mcast_team_t, info: *mut mcas
         };
         copy_str(&mut v.transport_reason, &t.transport_reason);
         *out = v;
+        Ok(())
+    })
+}
+
+/// The name of a multi-process team: made once by `mcast_get_unique_id` (normally on rank 0)
+/// and moved by the caller to every process (`MPI_Bcast`, a file); opaque bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mcast_unique_id_t {
+    /// Opaque: a version tag and random bytes.
+    pub internal: [c_char; 128],
+}
+
+/// Writes a fresh unique id into `*id`: a version tag and random bytes (`getrandom`). One id
+/// names one team; every process of that team passes the same bytes to
+/// `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL. Thread-safe.
+///
+/// # Safety
+/// `id` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcast_status_t {
+    guard("mcast_get_unique_id", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(id, "id") }?;
+        let bytes = rendezvous::new_unique_id()?;
+        let mut v = mcast_unique_id_t { internal: [0; 128] };
+        for (d, s) in v.internal.iter_mut().zip(bytes) {
+            *d = s as c_char;
+        }
+        *out = v;
+        Ok(())
+    })
+}
+
+/// One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
+/// `device` of this process's context. Every process of the team calls it with the same `id`
+/// and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
+/// The processes meet over an abstract Unix-domain socket named by `id` (same host); memory
+/// and multicast objects are exported as POSIX file descriptors and passed with `SCM_RIGHTS`.
+/// The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
+/// step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
+/// rank (the message names the rank that failed), never a hang: a rank that does not arrive
+/// within `timeout_ms`, or exits, gives `MCAST_ERROR_TIMEOUT` to the others.
+/// The returned team is used as any other, except that only `rank` belongs to this process:
+/// naming another rank in `mcast_buffer_*`, the collectives or `mcast_synchronize` gives
+/// `MCAST_ERROR_INVALID_ARGUMENT` (peers may still be named as `peer` or `root`). Buffer
+/// allocations and frees are collective: every rank makes them in the same order and sizes.
+/// On failure nothing is left allocated and `*out` is untouched.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
+/// in use by a live team, `nranks` < 1 or above 16, `rank` or `device` out of range.
+/// Thread-safe.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_init_rank(
+    ctx: mcast_context_t,
+    id: mcast_unique_id_t,
+    nranks: c_int,
+    rank: c_int,
+    device: c_int,
+    out: *mut mcast_team_t,
+) -> mcast_status_t {
+    guard("mcast_team_init_rank", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(out, "out") }?;
+        let context = handles::context(ctx.id)?;
+        let mut bytes = [0u8; rendezvous::ID_BYTES];
+        for (d, s) in bytes.iter_mut().zip(id.internal) {
+            *d = s as u8;
+        }
+        let team = Team::init_rank(&context, &bytes, nranks, rank, device)?;
+        *out = mcast_team_t { id: handles::insert_team(team) };
         Ok(())
     })
 }

@@ -44,20 +44,20 @@ impl Buffer {
 
     /// Rank `rank`'s copy, on its device.
     pub fn local_ptr(&self, rank: i32) -> Result<DevicePtr> {
-        let r = self.team.check_rank(rank, "rank")?;
+        let r = self.team.check_own_rank(rank, "rank")?;
         Ok(self.alloc.seg.peer_base(r, r) + self.alloc.offset as u64)
     }
 
     /// Rank `peer`'s copy as mapped on rank `rank`'s device.
     pub fn peer_ptr(&self, rank: i32, peer: i32) -> Result<DevicePtr> {
-        let r = self.team.check_rank(rank, "rank")?;
+        let r = self.team.check_own_rank(rank, "rank")?;
         let p = self.team.check_rank(peer, "peer")?;
         Ok(self.alloc.seg.peer_base(r, p) + self.alloc.offset as u64)
     }
 
     /// The multicast address on rank `rank`'s device.
     pub fn multicast_ptr(&self, rank: i32) -> Result<DevicePtr> {
-        let r = self.team.check_rank(rank, "rank")?;
+        let r = self.team.check_own_rank(rank, "rank")?;
         match self.alloc.seg.multicast_base(r) {
             Some(base) if self.team.transport() == Transport::Multicast => Ok(base + self.alloc.offset as u64),
             _ => Err(Error::not_supported(

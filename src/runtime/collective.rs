@@ -14,7 +14,7 @@ use crate::kernels::{self, Collective, KernelError, Launch, Path};
 /// block for reduce-scatter and all-gather. Returns once enqueued.
 pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
     let team = buf.team();
-    let r = team.check_rank(rank, "rank")?;
+    let r = team.check_own_rank(rank, "rank")?;
     if let Some(e) = team.error() {
         return Err(e);
     }
@@ -94,7 +94,7 @@ fn kernel_error(e: KernelError, l: &Launch) -> Error {
 /// Waits for rank `rank`'s work on `stream`, then reports the first device-side error of the
 /// team (a barrier timeout), which stays reported until the team is destroyed.
 pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
-    let r = team.check_rank(rank, "rank")?;
+    let r = team.check_own_rank(rank, "rank")?;
     let dev = team.devices()[r];
     let driver = team.context().driver();
     driver

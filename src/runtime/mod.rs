@@ -10,6 +10,7 @@ pub mod handles;
 pub mod logging;
 pub mod policy;
 pub mod registry;
+pub mod rendezvous;
 pub mod retry;
 pub mod segment;
 pub mod team;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::context::Context;
 use super::error::{Error, Result};
-use crate::driver::{CuResult, DResult};
+use super::rendezvous::Comm;
+use crate::driver::{CuResult, DResult, DriverError};
 
 /// Runs `step` under the retry policy of `ctx`. `what` describes the step for messages, `bytes`
 /// is what it asks for (0 if not an allocation), and `trim` frees cached memory the caller holds
@@ -54,6 +55,73 @@ pub fn retry<T>(
         let freed = trim() + ctx.trim_caches();
         let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
         tracing::info!("{} returned {}: freed {freed} cached bytes, retrying in {backoff} ms", err.func, err.code);
+        std::thread::sleep(Duration::from_millis(backoff));
+        attempt += 1;
+    }
+}
+
+/// The retry policy of a multi-process team, decided together: every rank runs `step` (until it
+/// succeeded once; `keep` takes its result at once so that a later rollback finds it), then
+/// all ranks exchange the outcome. All succeeded: done. Any rank failed with a code that is not
+/// retryable, or the retries are spent: every rank returns an error (its own, or one naming the
+/// rank that failed). Otherwise every rank trims, backs off and the ranks that failed try again.
+#[allow(clippy::too_many_arguments)]
+pub fn lockstep<T>(
+    comm: &Comm,
+    ctx: &Context,
+    label: &str,
+    what: &dyn Fn() -> String,
+    bytes: u64,
+    trim: &mut dyn FnMut() -> u64,
+    mut step: impl FnMut() -> DResult<T>,
+    mut keep: impl FnMut(T),
+) -> Result<()> {
+    let retries = ctx.config().oom_retries;
+    let mut attempt = 0u32;
+    let mut done = false;
+    loop {
+        let mut failed: Option<DriverError> = None;
+        if !done {
+            match step() {
+                Ok(v) => {
+                    keep(v);
+                    done = true;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        let retryable = |c: CuResult| {
+            matches!(
+                c,
+                CuResult::ERROR_OUT_OF_MEMORY | CuResult::ERROR_SYSTEM_NOT_READY | CuResult::ERROR_ILLEGAL_STATE
+            )
+        };
+        // Payload: 0 = ok, 1 = retryable failure, 2 = final failure.
+        let verdict: u32 = match failed {
+            None => 0,
+            Some(e) if retryable(e.code) && attempt < retries => 1,
+            Some(_) => 2,
+        };
+        let status = match (verdict, failed) {
+            (2, Some(e)) => {
+                let live_mc = ctx.resources.counts().multicast_objects;
+                let asked = if bytes > 0 { format!("; asked for {bytes} bytes") } else { String::new() };
+                Err(Error::driver(e, what()).context(format!(
+                    "failed after {attempt} lockstep retries{asked}; {live_mc} multicast object(s) live in this context"
+                )))
+            }
+            _ => Ok(()),
+        };
+        let parts = comm.exchange(label, status, &verdict.to_le_bytes(), &[])?;
+        let any_retry = parts.iter().any(|p| p.bytes.first() == Some(&1));
+        if !any_retry {
+            return Ok(());
+        }
+        let freed = trim() + ctx.trim_caches();
+        let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
+        tracing::info!(
+            "{label}: a rank ran out of memory; freed {freed} cached bytes, all ranks retry in {backoff} ms"
+        );
         std::thread::sleep(Duration::from_millis(backoff));
         attempt += 1;
     }

@@ -5,14 +5,17 @@
 //! Creation rolls back whatever it made when a step fails; teardown follows the documented
 //! order and reports every error instead of swallowing it.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::context::Context;
 use super::error::{Error, Result};
 use super::registry::{ResourceId, ResourceKind};
-use super::retry::retry;
+use super::rendezvous::Comm;
+use super::retry::{lockstep, retry};
 use crate::driver::{CuResult, Device, DevicePtr, DriverError, HandleTypes, MemHandle, MulticastProp};
 
 /// Where the ranks of a team live and how they talk.
@@ -26,6 +29,8 @@ pub struct Shape {
     pub owner: String,
     /// Alignment of every address reservation (the team's granularity, a power of two).
     pub alignment: usize,
+    /// Multi-process team: the rendezvous; this process owns rank `comm.rank()` only.
+    pub comm: Option<Arc<Comm>>,
 }
 
 struct Tracked<T> {
@@ -62,8 +67,11 @@ struct Parts {
     devices: Vec<Device>,
     /// Per rank (with the rank, kept while a release fails).
     phys: Vec<(usize, Tracked<MemHandle>)>,
-    /// Per viewing rank: a reservation of `nranks * size` holding every rank's memory in order.
+    /// Per viewing rank: a reservation of `nranks * size` holding every rank's memory in order
+    /// (multi-process: only this process's rank).
     views: Vec<Tracked<DevicePtr>>,
+    /// Multi-process: the one rank this process owns.
+    local: Option<usize>,
     /// Unicast and peer mappings: address, size, id.
     maps: Vec<(DevicePtr, usize, ResourceId)>,
     mc: Option<Multicast>,
@@ -81,8 +89,13 @@ impl Segment {
             views: Vec::new(),
             maps: Vec::new(),
             mc: None,
+            local: shape.comm.as_ref().map(|c| c.rank()),
         };
-        if let Err(e) = parts.build(ctx, shape, trim) {
+        let built = match &shape.comm {
+            Some(comm) => parts.build_mp(ctx, shape, comm, trim),
+            None => parts.build(ctx, shape, trim),
+        };
+        if let Err(e) = built {
             for undo in parts.teardown(ctx) {
                 tracing::error!("rolling back a failed segment: {undo}");
             }
@@ -91,8 +104,8 @@ impl Segment {
         Ok(Segment {
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             size,
-            view_bases: parts.views.iter().map(|v| v.value).collect(),
-            mc_bases: parts.mc.as_ref().map(|m| m.views.iter().map(|(v, _)| v.value).collect()),
+            view_bases: parts.per_rank(parts.views.iter().map(|v| v.value).collect()),
+            mc_bases: parts.mc.as_ref().map(|m| parts.per_rank(m.views.iter().map(|(v, _)| v.value).collect())),
             parts: Mutex::new(parts),
         })
     }
@@ -125,6 +138,274 @@ impl Segment {
 }
 
 impl Parts {
+    /// Per-rank values from per-view values: multi-process, the one view sits at the local
+    /// rank's index and the others are 0 (never read: ranks of other processes are refused).
+    fn per_rank(&self, values: Vec<DevicePtr>) -> Vec<DevicePtr> {
+        match self.local {
+            None => values,
+            Some(r) => {
+                let mut v = vec![0; self.devices.len()];
+                if let Some(&x) = values.first() {
+                    v[r] = x;
+                }
+                v
+            }
+        }
+    }
+
+    /// A multi-process segment: this rank allocates shareable memory, exports it as a file
+    /// descriptor, and the ranks pass the descriptors to each other over the rendezvous; each
+    /// rank imports its peers' memory and maps every rank's memory side by side. On the
+    /// multicast transport rank 0 creates the object and passes it the same way; every rank
+    /// adds its own device, binds its own memory and maps the object. Every step that can fail
+    /// ends with a vote, so no rank enters a call that blocks on the others (bind, map of the
+    /// multicast object) unless every rank got there; out-of-memory retries are decided
+    /// together.
+    fn build_mp(&mut self, ctx: &Context, shape: &Shape, comm: &Comm, trim: &mut dyn FnMut() -> u64) -> Result<()> {
+        let driver = ctx.driver().clone();
+        let n = shape.devices.len();
+        let r = comm.rank();
+        let dev = shape.devices[r];
+        let size = self.size;
+        let owner = shape.owner.as_str();
+        let label = |step: &str| format!("segment of {size} bytes: {step}");
+        let ht = HandleTypes::POSIX_FD;
+        let what = || format!("allocating {size} bytes for rank {r} on device {dev}");
+        // `keep` records the allocation at once: a failure on another rank rolls it back.
+        let phys = &mut self.phys;
+        lockstep(
+            comm,
+            ctx,
+            &label("cuMemCreate"),
+            &what,
+            size as u64,
+            trim,
+            || driver.mem_create(dev, size, ht),
+            |h| {
+                let id = ctx.resources.track(ResourceKind::PhysicalAllocation, size as u64, Some(dev), owner);
+                phys.push((r, Tracked { value: h, id }));
+            },
+        )?;
+        let own = self.phys[0].1.value;
+        // Export and pass the descriptors.
+        let exported = driver
+            .mem_export_fd(own)
+            .map_err(|e| Error::driver(e, format_args!("exporting rank {r}'s memory as a file descriptor")));
+        let (status, fds) = match &exported {
+            Ok(fd) => (Ok(()), vec![fd.as_raw_fd()]),
+            Err(e) => (Err(e.clone()), vec![]),
+        };
+        let parts = comm.exchange(&label("export memory"), status, &[], &fds)?;
+        drop(exported);
+        let mut handles = vec![own; n];
+        let mut imported = Ok(());
+        for (peer, part) in parts.iter().enumerate() {
+            if peer == r {
+                continue;
+            }
+            let Some(fd) = part.fds.first() else {
+                imported = Err(Error::internal(format!("rank {peer}'s memory descriptor did not arrive")));
+                break;
+            };
+            match driver.mem_import_fd(fd.as_raw_fd()) {
+                Ok(h) => {
+                    let id = ctx.resources.track(ResourceKind::PhysicalAllocation, 0, Some(shape.devices[peer]), owner);
+                    self.phys.push((peer, Tracked { value: h, id }));
+                    handles[peer] = h;
+                }
+                Err(e) => {
+                    imported = Err(Error::driver(e, format_args!("rank {r} importing rank {peer}'s memory")));
+                    break;
+                }
+            }
+        }
+        drop(parts);
+        comm.vote(&label("import memory"), imported)?;
+        // Map every rank's memory on this rank's device.
+        let mapped = self.map_view(ctx, shape, &handles, r, trim);
+        comm.vote(&label("map peers"), mapped)?;
+        if shape.multicast {
+            self.build_multicast_mp(ctx, shape, comm, trim)?;
+        }
+        Ok(())
+    }
+
+    /// Reserves `n * size` and maps every rank's memory (`handles[peer]`) for rank `rank`.
+    fn map_view(
+        &mut self,
+        ctx: &Context,
+        shape: &Shape,
+        handles: &[MemHandle],
+        rank: usize,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<()> {
+        let driver = ctx.driver().clone();
+        let n = handles.len();
+        let size = self.size;
+        let dev = shape.devices[rank];
+        let owner = shape.owner.as_str();
+        let span = n * size;
+        let what = || format!("reserving {span} bytes of address space for rank {rank}");
+        let base = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(span, shape.alignment))?;
+        let id = ctx.resources.track(ResourceKind::Reservation, span as u64, None, owner);
+        self.views.push(Tracked { value: base, id });
+        for (peer, &handle) in handles.iter().enumerate() {
+            let addr = base + (peer * size) as u64;
+            let what = || format!("mapping rank {peer}'s memory for rank {rank}");
+            retry(ctx, &what, 0, trim, || driver.mem_map(addr, size, 0, handle))?;
+            let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
+            self.maps.push((addr, size, id));
+            let what = || format!("giving device {dev} access to rank {peer}'s memory");
+            retry(ctx, &what, 0, trim, || driver.mem_set_access(addr, size, &[dev]))?;
+        }
+        Ok(())
+    }
+
+    fn build_multicast_mp(
+        &mut self,
+        ctx: &Context,
+        shape: &Shape,
+        comm: &Comm,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<()> {
+        let driver = ctx.driver().clone();
+        let size = self.size;
+        let owner = shape.owner.as_str();
+        let r = comm.rank();
+        let dev = shape.devices[r];
+        let label = |step: &str| format!("segment of {size} bytes: {step}");
+        let prop = MulticastProp {
+            num_devices: shape.devices.len() as u32,
+            size,
+            handle_types: HandleTypes::POSIX_FD,
+            flags: 0,
+        };
+        // Rank 0 creates the object.
+        let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
+        let mut created = None;
+        let mc = &mut self.mc;
+        lockstep(
+            comm,
+            ctx,
+            &label("cuMulticastCreate"),
+            &what,
+            size as u64,
+            trim,
+            || if r == 0 { driver.multicast_create(&prop).map(Some) } else { Ok(None) },
+            |h| {
+                if let Some(handle) = h {
+                    let id = ctx.resources.track(ResourceKind::MulticastObject, size as u64, None, owner);
+                    *mc = Some(Multicast {
+                        handle: Tracked { value: handle, id },
+                        bound: Vec::new(),
+                        views: Vec::new(),
+                        released: false,
+                    });
+                    created = Some(handle);
+                }
+            },
+        )?;
+        // Rank 0 exports it; the others import it.
+        let exported = match created {
+            Some(h) => driver
+                .mem_export_fd(h)
+                .map(Some)
+                .map_err(|e| Error::driver(e, "exporting the multicast object as a file descriptor")),
+            None => Ok(None),
+        };
+        let (status, fds) = match &exported {
+            Ok(Some(fd)) => (Ok(()), vec![fd.as_raw_fd()]),
+            Ok(None) => (Ok(()), vec![]),
+            Err(e) => (Err(e.clone()), vec![]),
+        };
+        let parts = comm.exchange(&label("export multicast object"), status, &[], &fds)?;
+        drop(exported);
+        let mut imported = Ok(());
+        if r != 0 {
+            imported = match parts[0].fds.first() {
+                None => Err(Error::internal("the multicast object's descriptor did not arrive")),
+                Some(fd) => match driver.mem_import_fd(fd.as_raw_fd()) {
+                    Ok(handle) => {
+                        let id = ctx.resources.track(ResourceKind::MulticastObject, 0, None, owner);
+                        self.mc = Some(Multicast {
+                            handle: Tracked { value: handle, id },
+                            bound: Vec::new(),
+                            views: Vec::new(),
+                            released: false,
+                        });
+                        Ok(())
+                    }
+                    Err(e) => Err(Error::driver(e, format_args!("rank {r} importing the multicast object"))),
+                },
+            };
+        }
+        drop(parts);
+        comm.vote(&label("import multicast object"), imported)?;
+        let handle = self.mc_mut().handle.value;
+        // Every rank adds its own device; nobody binds before all were added.
+        let what = || format!("adding device {dev} to the multicast object");
+        lockstep(
+            comm,
+            ctx,
+            &label("cuMulticastAddDevice"),
+            &what,
+            0,
+            trim,
+            || driver.multicast_add_device(handle, dev),
+            |()| {},
+        )?;
+        let v2 = driver.has_multicast_bind_v2();
+        let mem = self.phys.iter().find(|(rank, _)| *rank == r).expect("own memory").1.value;
+        let what = || format!("binding rank {r}'s memory (device {dev}) to the multicast object");
+        let bound = &mut self.mc.as_mut().expect("the multicast object exists").bound;
+        lockstep(
+            comm,
+            ctx,
+            &label("cuMulticastBindMem"),
+            &what,
+            size as u64,
+            trim,
+            || {
+                if v2 {
+                    driver.multicast_bind_mem_v2(handle, dev, 0, mem, 0, size, 0)
+                } else {
+                    driver.multicast_bind_mem(handle, 0, mem, 0, size, 0)
+                }
+            },
+            |()| bound.push((dev, ctx.resources.track(ResourceKind::Binding, size as u64, Some(dev), owner))),
+        )?;
+        let mapped = self.map_multicast(ctx, shape, handle, r, trim);
+        comm.vote(&label("map multicast object"), mapped)
+    }
+
+    /// Reserves and maps the multicast object for rank `rank`.
+    fn map_multicast(
+        &mut self,
+        ctx: &Context,
+        shape: &Shape,
+        handle: MemHandle,
+        rank: usize,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<()> {
+        let driver = ctx.driver().clone();
+        let size = self.size;
+        let dev = shape.devices[rank];
+        let owner = shape.owner.as_str();
+        let what = || format!("reserving {size} bytes of multicast address space for rank {rank}");
+        let va = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(size, shape.alignment))?;
+        let id = ctx.resources.track(ResourceKind::Reservation, size as u64, None, owner);
+        self.mc_mut().views.push((Tracked { value: va, id }, None));
+        let what = || format!("mapping the multicast object for rank {rank} on device {dev}");
+        retry(ctx, &what, 0, trim, || driver.mem_map(va, size, 0, handle))?;
+        let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
+        if let Some(v) = self.mc_mut().views.last_mut() {
+            v.1 = Some(id);
+        }
+        let what = || format!("giving device {dev} access to the multicast mapping");
+        retry(ctx, &what, 0, trim, || driver.mem_set_access(va, size, &[dev]))?;
+        Ok(())
+    }
+
     fn build(&mut self, ctx: &Context, shape: &Shape, trim: &mut dyn FnMut() -> u64) -> Result<()> {
         let driver = ctx.driver().clone();
         let n = shape.devices.len();

@@ -14,6 +14,7 @@ use super::config::MulticastMode;
 use super::context::Context;
 use super::error::{Error, Result};
 use super::policy;
+use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
 use super::segment::{Segment, Shape};
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
@@ -50,6 +51,8 @@ pub struct Team {
     max_blocks: u32,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     error: Mutex<Option<Error>>,
+    /// Multi-process team: the rendezvous (this process owns rank `comm.rank()` only).
+    comm: Option<Arc<Comm>>,
     state: Mutex<State>,
 }
 
@@ -154,6 +157,7 @@ impl Team {
             multicast: transport == Transport::Multicast,
             owner: format!("team {serial} (devices {devices:?})"),
             alignment: granularity,
+            comm: None,
         };
         // The first segment holds the sync regions (zeroed) and the push one-shot's scratch.
         let reserved = crate::kernels::abi::team_reserved_bytes(devices.len() as u32);
@@ -187,6 +191,7 @@ impl Team {
             shape,
             max_blocks,
             error: Mutex::new(None),
+            comm: None,
             state: Mutex::new(State::default()),
         });
         team.state.lock().segments.push(SegmentSlot {
@@ -215,6 +220,174 @@ impl Team {
     /// Most blocks a collective kernel of this team may launch (see [`Team::block_cap`]).
     pub fn max_blocks(&self) -> u32 {
         self.max_blocks
+    }
+
+    /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet over the
+    /// rendezvous named by `id` (see [`super::rendezvous`]), agree on the transport from every
+    /// rank's capabilities, and build the first segment together. Every step ends with a vote,
+    /// so a failure on one rank is an error on every rank; every wait is bounded by `timeout_ms`.
+    pub fn init_rank(
+        ctx: &Arc<Context>,
+        id: &[u8; ID_BYTES],
+        nranks: i32,
+        rank: i32,
+        device: i32,
+    ) -> Result<Arc<Team>> {
+        static SERIAL: AtomicU64 = AtomicU64::new(1);
+        if nranks < 1 || nranks as usize > MAX_RANKS {
+            return Err(Error::invalid_argument(format!("nranks is {nranks}; a team has 1 to {MAX_RANKS} ranks")));
+        }
+        if rank < 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks = {nranks}")));
+        }
+        ctx.check_device(device, "device")?;
+        let (n, r) = (nranks as usize, rank as usize);
+        let comm = Arc::new(Comm::connect(id, n, r, ctx.config().timeout_ms)?);
+        // Capabilities: every rank's device, why it cannot use multicast, and its mode.
+        let reason = ctx.multicast_reason(device);
+        let require = ctx.config().multicast == MulticastMode::Require;
+        let mut e = Enc::default();
+        e.u32(device as u32);
+        match &reason {
+            Ok(Some(why)) => e.u32(1).str(why),
+            _ => e.u32(0),
+        };
+        e.u32(u32::from(require));
+        let parts = comm.exchange("capabilities", reason.as_ref().map(|_| ()).map_err(Clone::clone), &e.0, &[])?;
+        let mut devices = Vec::with_capacity(n);
+        let mut reasons = Vec::with_capacity(n);
+        let mut requiring = None;
+        for (q, p) in parts.iter().enumerate() {
+            let mut d = Dec(&p.bytes);
+            devices.push(d.u32()? as Device);
+            let has = d.u32()? != 0;
+            reasons.push(if has { Some(format!("rank {q}: {}", d.str()?)) } else { None });
+            if d.u32()? != 0 && requiring.is_none() {
+                requiring = Some(q);
+            }
+        }
+        // Peer access from this rank's device to every other rank's.
+        let mut problem = Ok(None);
+        for &other in &devices {
+            if other != device {
+                match ctx.can_access_peer(device, other) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        problem = Ok(Some(format!("device {device} cannot access device {other}'s memory")));
+                        break;
+                    }
+                    Err(e) => {
+                        problem = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut e = Enc::default();
+        match &problem {
+            Ok(Some(why)) => e.u32(1).str(why),
+            _ => e.u32(0),
+        };
+        let parts = comm.exchange("peer access", problem.as_ref().map(|_| ()).map_err(Clone::clone), &e.0, &[])?;
+        let mut peer_problem = None;
+        for p in &parts {
+            let mut d = Dec(&p.bytes);
+            if d.u32()? != 0 && peer_problem.is_none() {
+                peer_problem = Some(d.str()?);
+            }
+        }
+        // Every rank decides the same from the same facts.
+        let mut reason = policy::team_reason(&devices, &reasons);
+        if reason.is_none() {
+            reason = peer_problem.clone();
+        }
+        let transport = match (&reason, requiring) {
+            (None, _) => Transport::Multicast,
+            (Some(why), Some(q)) => {
+                return Err(Error::not_supported(format!(
+                    "multicast is required by rank {q} (MCAST_MULTICAST=require) but {why}"
+                )))
+            }
+            (Some(_), None) => match &peer_problem {
+                None => Transport::P2P,
+                Some(why) => {
+                    return Err(Error::not_supported(format!(
+                        "neither multicast ({}) nor peer-to-peer ({why}) is possible for devices {devices:?}",
+                        reason.as_deref().unwrap_or("")
+                    )))
+                }
+            },
+        };
+        let local = Self::granularity(ctx, &[device], transport);
+        let sms = ctx.props(device).map(|p| p.sm_count.max(1) as u32);
+        let mut e = Enc::default();
+        e.u64(*local.as_ref().unwrap_or(&1) as u64);
+        e.u32(*sms.as_ref().unwrap_or(&1));
+        let ok = local.as_ref().map(|_| ()).map_err(Clone::clone).and(sms.as_ref().map(|_| ()).map_err(Clone::clone));
+        let parts = comm.exchange("granularity", ok, &e.0, &[])?;
+        let mut granularity = 1usize;
+        // The grid cap must be the same on every rank: the smallest share of SMs any rank's
+        // device gives each of the ranks it hosts.
+        let mut max_blocks = u32::MAX;
+        for (q, p) in parts.iter().enumerate() {
+            let mut d = Dec(&p.bytes);
+            let g = (d.u64()? as usize).max(1);
+            granularity = granularity / gcd(granularity, g) * g;
+            let sharing = devices.iter().filter(|&&x| x == devices[q]).count() as u32;
+            max_blocks = max_blocks.min(d.u32()?.max(1) / sharing);
+        }
+        let max_blocks = max_blocks.max(1);
+        if !granularity.is_power_of_two() {
+            return Err(Error::internal(format!(
+                "the ranks' granularities combine to {granularity}, not a power of two"
+            )));
+        }
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let shape = Shape {
+            devices: devices.clone(),
+            multicast: transport == Transport::Multicast,
+            owner: format!("multi-process team {serial} (rank {r} of {n}, devices {devices:?})"),
+            alignment: granularity,
+            comm: Some(comm.clone()),
+        };
+        let reserved = crate::kernels::abi::team_reserved_bytes(n as u32);
+        let size = round_up(reserved, granularity).expect("small");
+        let seg = Segment::create(ctx, &shape, size, &mut || 0)?;
+        let zeroed = ctx
+            .driver()
+            .memset_d8(device, seg.peer_base(r, r), 0, SYNC_BYTES)
+            .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")));
+        if let Err(e) = comm.vote("zero sync regions", zeroed) {
+            for undo in seg.teardown(ctx) {
+                tracing::error!("rolling back team creation: {undo}");
+            }
+            if !seg.is_released() {
+                ctx.park(Arc::new(seg));
+            }
+            return Err(e);
+        }
+        let team = Arc::new(Team {
+            ctx: ctx.clone(),
+            devices: devices.clone(),
+            transport,
+            reason: reason.unwrap_or_default(),
+            granularity,
+            sync: (0..n).map(|viewer| (0..n).map(|q| seg.peer_base(viewer, q)).collect()).collect(),
+            sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
+            shape,
+            max_blocks,
+            error: Mutex::new(None),
+            comm: Some(comm),
+            state: Mutex::new(State::default()),
+        });
+        team.state.lock().segments.push(SegmentSlot {
+            free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
+            seg: Arc::new(seg),
+            buffers: 0,
+        });
+        tracing::debug!("multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}");
+        ctx.add_team(team.clone());
+        Ok(team)
     }
 
     fn peer_problem(ctx: &Context, devices: &[i32]) -> Result<Option<String>> {
@@ -280,6 +453,24 @@ impl Team {
         Ok(rank as usize)
     }
 
+    /// Checks `rank` is a rank of this team that this process owns (every rank in a
+    /// single-process team; only its own in a multi-process team).
+    pub fn check_own_rank(&self, rank: i32, what: &str) -> Result<usize> {
+        let r = self.check_rank(rank, what)?;
+        match &self.comm {
+            Some(c) if c.rank() != r => Err(Error::invalid_argument(format!(
+                "{what} {rank} belongs to another process: this process is rank {} of a multi-process team",
+                c.rank()
+            ))),
+            _ => Ok(r),
+        }
+    }
+
+    /// The rank this process owns in a multi-process team.
+    pub fn local_rank(&self) -> Option<usize> {
+        self.comm.as_ref().map(|c| c.rank())
+    }
+
     /// Address of rank `rank`'s sync region as seen by rank `viewer`.
     pub fn sync_base(&self, viewer: usize, rank: usize) -> DevicePtr {
         self.sync[viewer][rank]
@@ -308,7 +499,10 @@ impl Team {
     /// Waits for all work on every device of the team (as `cudaFree` does), so memory is not
     /// released under a kernel still using it.
     pub fn quiesce(&self) -> Result<()> {
-        let mut devices = self.devices.clone();
+        let mut devices = match self.local_rank() {
+            Some(r) => vec![self.devices[r]],
+            None => self.devices.clone(),
+        };
         devices.sort_unstable();
         devices.dedup();
         for dev in devices {

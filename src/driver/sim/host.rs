@@ -25,10 +25,13 @@ unsafe impl Send for Memfd {}
 unsafe impl Sync for Memfd {}
 
 impl Memfd {
-    /// A zero-filled, sparse memfd of `size` bytes (no memory is used until a page is touched).
-    pub(super) fn create(size: usize) -> io::Result<Memfd> {
+    /// A zero-filled, sparse memfd of `size` bytes (no memory is used until a page is touched),
+    /// named `mcast-sim:<tag>` so that another process importing the descriptor can tell what
+    /// it is (see [`memfd_tag`]).
+    pub(super) fn create(size: usize, tag: &str) -> io::Result<Memfd> {
+        let name = std::ffi::CString::new(format!("mcast-sim:{tag}")).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: the name is a valid NUL-terminated string; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"mcast-sim".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -39,6 +42,11 @@ impl Memfd {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        Self::adopt(fd, size)
+    }
+
+    /// Wraps a memfd of `size` bytes (made here or received from another process).
+    pub(super) fn adopt(fd: OwnedFd, size: usize) -> io::Result<Memfd> {
         let identity = fd_identity(fd.as_raw_fd())?;
         // SAFETY: a fresh shared mapping of the whole file at an address the kernel chooses.
         let shadow = unsafe {
@@ -83,6 +91,22 @@ impl Drop for Memfd {
         // SAFETY: `shadow`/`size` is exactly the mapping created in `create`, unmapped only here.
         unsafe { libc::munmap(self.shadow.cast(), self.size) };
     }
+}
+
+/// The `<tag>` of a memfd made by [`Memfd::create`] in any process, and its size; `None` when
+/// the descriptor is not such a memfd.
+pub(super) fn memfd_tag(fd: RawFd) -> Option<(String, usize)> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let link = link.to_string_lossy();
+    let tag = link.strip_prefix("/memfd:mcast-sim:")?;
+    let tag = tag.strip_suffix(" (deleted)").unwrap_or(tag);
+    // SAFETY: `stat` is plain old data; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((tag.to_string(), usize::try_from(st.st_size).ok()?))
 }
 
 /// `(st_dev, st_ino)` of an open descriptor.

@@ -17,6 +17,7 @@
 mod faults;
 mod host;
 mod ledger;
+mod shared;
 mod workers;
 
 #[cfg(test)]
@@ -39,6 +40,7 @@ use super::{
 };
 use faults::Calls;
 use host::Memfd;
+use shared::{SharedBinding, SharedMc};
 use workers::Workers;
 
 const MIB: usize = 1 << 20;
@@ -125,6 +127,27 @@ struct Mc {
     bindings: Vec<Binding>,
     released: bool,
     maps: u64,
+    /// Shareable objects: the control block every process that holds the object shares
+    /// (devices added and bindings, across processes).
+    shared: Option<SharedMc>,
+}
+
+impl Mc {
+    /// Devices added, by any process.
+    fn added(&self) -> usize {
+        match &self.shared {
+            Some(sh) => sh.added() as usize,
+            None => self.devices.len(),
+        }
+    }
+
+    /// True when `dev` was added, by any process.
+    fn has_device(&self, dev: Device) -> bool {
+        match &self.shared {
+            Some(sh) => sh.has(dev),
+            None => self.devices.contains(&dev),
+        }
+    }
 }
 
 /// A mapping of a handle over part of a reservation.
@@ -314,6 +337,27 @@ impl SimDriver {
         }
         let mc = st.mcs.get(&m.handle)?;
         let off = m.offset + (addr - start) as usize;
+        if let Some(sh) = &mc.shared {
+            // Bindings of every process; the memory is reached through this process's import
+            // of it (a process maps its peers' memory before it uses the multicast range).
+            let mut hits: Vec<(Device, *mut u8)> = Vec::new();
+            for b in sh.bindings() {
+                if !(off >= b.mc_offset && off + len <= b.mc_offset + b.size) {
+                    continue;
+                }
+                let phys = st.phys.values().find(|p| p.memfd.identity() == b.identity)?;
+                if b.mem_offset + b.size > phys.size {
+                    return None;
+                }
+                // SAFETY: mem_offset + size <= phys.size (checked above).
+                hits.push((b.dev, unsafe { phys.memfd.shadow().add(b.mem_offset + (off - b.mc_offset)) }));
+            }
+            if hits.is_empty() {
+                return None;
+            }
+            hits.sort_by_key(|&(dev, _)| dev);
+            return Some(hits.into_iter().map(|(_, p)| p).collect());
+        }
         let mut hits: Vec<(Device, *mut u8)> = mc
             .bindings
             .iter()
@@ -425,13 +469,20 @@ impl SimDriver {
         let deadline = Instant::now() + self.config.watchdog;
         loop {
             let obj = st.live_mc(mc)?;
-            let (added, wanted) = (obj.devices.len(), obj.prop.num_devices as usize);
+            let (added, wanted) = (obj.added(), obj.prop.num_devices as usize);
             if added >= wanted {
                 return Ok(());
             }
-            if self.team_changed.wait_until(st, deadline).timed_out() {
+            let timed_out = if obj.shared.is_some() {
+                // Other processes add devices: poll the shared count.
+                MutexGuard::unlocked(st, || std::thread::sleep(Duration::from_millis(1)));
+                Instant::now() >= deadline
+            } else {
+                self.team_changed.wait_until(st, deadline).timed_out()
+            };
+            if timed_out {
                 let obj = st.live_mc(mc)?;
-                let added = obj.devices.len();
+                let added = obj.added();
                 if added >= wanted {
                     return Ok(());
                 }
@@ -515,7 +566,7 @@ impl SimDriver {
         let src = self.bind_check(&st, mc, dev, mc_offset, memory, size, flags)?;
         let obj = st.live_mc(mc)?;
         let target = dev.unwrap_or(src.dev);
-        if src.dev != target || !obj.devices.contains(&target) {
+        if src.dev != target || !obj.has_device(target) {
             return Err(CuResult::ERROR_INVALID_DEVICE);
         }
         if obj
@@ -526,6 +577,13 @@ impl SimDriver {
             return Err(INVALID_VALUE);
         }
         let binding = Binding { dev: target, mc_offset, size, phys: src.phys, mem_offset: src.mem_offset };
+        if let Some(sh) = &obj.shared {
+            let identity = st.phys.get(&src.phys).ok_or(CuResult::ERROR_UNKNOWN)?.memfd.identity();
+            let record = SharedBinding { dev: target, mc_offset, size, mem_offset: src.mem_offset, identity };
+            if !sh.bind(record) {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+        }
         if let Some(p) = st.phys.get_mut(&src.phys) {
             p.refs += 1;
         }
@@ -657,7 +715,8 @@ impl Driver for SimDriver {
             if used.saturating_add(size as u64) > self.config.device_memory {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
-            let memfd = Memfd::create(size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+            let tag = format!("mem:dev={dev}:types={}", handle_types.0);
+            let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
             let id = st.fresh_id();
             st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
             let handle = MemHandle(st.fresh_id());
@@ -799,9 +858,14 @@ impl Driver for SimDriver {
     fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
         self.call("cuMemExportToShareableHandle", || {
             let st = self.state.lock();
-            if st.live_mc(handle).is_ok() {
-                // Exporting multicast objects comes with the cross-process simulator.
-                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            if let Ok(obj) = st.live_mc(handle) {
+                // Only objects created with a shareable handle type export.
+                return match &obj.shared {
+                    Some(sh) if obj.prop.handle_types.contains(HandleTypes::POSIX_FD) => {
+                        sh.dup().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
+                    }
+                    _ => Err(INVALID_VALUE),
+                };
             }
             let alloc = st.live_alloc(handle)?;
             let phys = st.phys_of(alloc)?;
@@ -816,11 +880,48 @@ impl Driver for SimDriver {
         self.call("cuMemImportFromShareableHandle", || {
             let identity = host::fd_identity(fd).map_err(|_| INVALID_VALUE)?;
             let mut st = self.state.lock();
-            let (&id, _) = st
-                .phys
-                .iter()
-                .find(|(_, p)| p.memfd.identity() == identity && p.handle_types.contains(HandleTypes::POSIX_FD))
-                .ok_or(INVALID_VALUE)?;
+            let known =
+                st.phys.iter().find(|(_, p)| p.memfd.identity() == identity).map(|(&id, p)| (id, p.handle_types));
+            let id = match known {
+                Some((id, types)) if types.contains(HandleTypes::POSIX_FD) => id,
+                Some(_) => return Err(INVALID_VALUE),
+                // A multicast object (from this or another process): map its control block.
+                None if SharedMc::import(fd).is_some() => {
+                    let (sh, prop) = SharedMc::import(fd).ok_or(INVALID_VALUE)?;
+                    if !prop.handle_types.contains(HandleTypes::POSIX_FD) {
+                        return Err(INVALID_VALUE);
+                    }
+                    if st.mcs.len() >= self.config.multicast_slots as usize {
+                        return Err(CuResult::ERROR_OUT_OF_MEMORY);
+                    }
+                    let handle = MemHandle(st.fresh_id());
+                    let obj = Mc {
+                        prop,
+                        devices: Vec::new(),
+                        imported: true,
+                        bindings: Vec::new(),
+                        released: false,
+                        maps: 0,
+                        shared: Some(sh),
+                    };
+                    st.mcs.insert(handle, obj);
+                    return Ok(handle);
+                }
+                // Memory made by the simulator of another process: adopt the descriptor.
+                None => {
+                    let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
+                    self.check_dev(dev)?;
+                    if !types.contains(HandleTypes::POSIX_FD) {
+                        return Err(INVALID_VALUE);
+                    }
+                    let own = host_dup(fd)?;
+                    let memfd = Memfd::adopt(own, size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+                    let id = st.fresh_id();
+                    // The handle below holds the only reference.
+                    st.phys.insert(id, Phys { memfd, dev, size, handle_types: types, refs: 0 });
+                    id
+                }
+            };
             let handle = MemHandle(st.fresh_id());
             if let Some(p) = st.phys.get_mut(&id) {
                 p.refs += 1;
@@ -858,6 +959,11 @@ impl Driver for SimDriver {
             if st.mcs.len() >= self.config.multicast_slots as usize {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
+            let shared = if prop.handle_types.is_shareable() {
+                Some(SharedMc::create(prop).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?)
+            } else {
+                None
+            };
             let handle = MemHandle(st.fresh_id());
             let obj = Mc {
                 prop: *prop,
@@ -866,6 +972,7 @@ impl Driver for SimDriver {
                 bindings: Vec::new(),
                 released: false,
                 maps: 0,
+                shared,
             };
             st.mcs.insert(handle, obj);
             Ok(handle)
@@ -878,8 +985,17 @@ impl Driver for SimDriver {
             st.live_mc(mc)?;
             self.check_dev(dev)?;
             let obj = st.mcs.get_mut(&mc).ok_or(INVALID_VALUE)?;
-            if obj.devices.contains(&dev) || obj.devices.len() >= obj.prop.num_devices as usize {
-                return Err(INVALID_VALUE);
+            match &obj.shared {
+                Some(sh) => {
+                    if !sh.add(dev) {
+                        return Err(INVALID_VALUE);
+                    }
+                }
+                None => {
+                    if obj.devices.contains(&dev) || obj.devices.len() >= obj.prop.num_devices as usize {
+                        return Err(INVALID_VALUE);
+                    }
+                }
             }
             obj.devices.push(dev);
             self.team_changed.notify_all();
@@ -957,6 +1073,9 @@ impl Driver for SimDriver {
                 );
                 return Err(INVALID_VALUE);
             };
+            if let Some(sh) = &obj.shared {
+                sh.unbind(dev, mc_offset, size);
+            }
             let phys = st.mcs.get_mut(&mc).map(|obj| obj.bindings.remove(i).phys);
             if let Some(phys) = phys {
                 st.unref_phys(phys);
@@ -1158,6 +1277,21 @@ impl Driver for SimDriver {
     fn as_sim(&self) -> Option<&SimDriver> {
         Some(self)
     }
+}
+
+/// Device, handle types and size of a memory memfd made by a simulator (any process).
+fn parse_mem_tag(fd: RawFd) -> Option<(Device, HandleTypes, usize)> {
+    let (tag, size) = host::memfd_tag(fd)?;
+    let rest = tag.strip_prefix("mem:dev=")?;
+    let (dev, types) = rest.split_once(":types=")?;
+    Some((dev.parse().ok()?, HandleTypes(types.parse().ok()?), size))
+}
+
+/// A close-on-exec duplicate of `fd`.
+fn host_dup(fd: RawFd) -> R<OwnedFd> {
+    // SAFETY: the caller's descriptor is open for the duration of the call.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
 }
 
 /// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap.

@@ -938,3 +938,49 @@ fn ledger_tracks_a_full_multicast_lifecycle_to_empty() {
     assert_eq!(s.ledger().to_string(), "nothing live");
     assert!(t0.elapsed() < Duration::from_secs(1));
 }
+
+/// Two simulators stand for two processes: a shareable multicast object exported by one and
+/// imported by the other shares its added devices and bindings (a memfd control block); a bind
+/// blocks until every device was added by either; an imported object binds only shareable
+/// memory; multimem targets reach memory bound by the other process once imported here.
+#[test]
+fn multicast_objects_are_shared_across_simulators() {
+    use std::os::fd::AsRawFd;
+    let a = Arc::new(SimDriver::new(SimConfig::default()));
+    let b = SimDriver::new(SimConfig::default());
+    let prop = MulticastProp { num_devices: 2, size: G, handle_types: HandleTypes::POSIX_FD, flags: 0 };
+    let mc_a = a.multicast_create(&prop).unwrap();
+    let fd = a.mem_export_fd(mc_a).unwrap();
+    let mc_b = b.mem_import_fd(fd.as_raw_fd()).unwrap();
+    let mem_a = a.mem_create(0, G, HandleTypes::POSIX_FD).unwrap();
+    let mem_b = b.mem_create(1, G, HandleTypes::POSIX_FD).unwrap();
+    let plain_b = b.mem_create(1, G, HandleTypes::NONE).unwrap();
+    a.multicast_add_device(mc_a, 0).unwrap();
+    assert_eq!(code(a.multicast_add_device(mc_a, 0)), IV, "device 0 was added already");
+    let waiter = {
+        let a = a.clone();
+        std::thread::spawn(move || a.multicast_bind_mem(mc_a, 0, mem_a, 0, G, 0))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!waiter.is_finished(), "a bind blocks until every device was added");
+    b.multicast_add_device(mc_b, 1).unwrap();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(code(b.multicast_bind_mem(mc_b, 0, plain_b, 0, G, 0)), IV, "imported objects bind shareable memory");
+    b.multicast_bind_mem(mc_b, 0, mem_b, 0, G, 0).unwrap();
+    // b imports a's memory and maps the object: both copies are reachable from b.
+    let fd_mem = a.mem_export_fd(mem_a).unwrap();
+    let imported = b.mem_import_fd(fd_mem.as_raw_fd()).unwrap();
+    let va = b.mem_address_reserve(G, G).unwrap();
+    b.mem_map(va, G, 0, mc_b).unwrap();
+    assert_eq!(b.multicast_targets(va, 64).map(|t| t.len()), Some(2));
+    b.mem_unmap(va, G).unwrap();
+    b.mem_address_free(va, G).unwrap();
+    b.multicast_unbind(mc_b, 1, 0, G).unwrap();
+    a.multicast_unbind(mc_a, 0, 0, G).unwrap();
+    for (s, hs) in [(&*a, vec![mc_a, mem_a]), (&b, vec![mc_b, mem_b, plain_b, imported])] {
+        for h in hs {
+            s.mem_release(h).unwrap();
+        }
+        assert!(s.ledger().is_empty(), "{}", s.ledger());
+    }
+}

@@ -1,0 +1,196 @@
+/* One process per rank (mcast_get_unique_id, mcast_team_init_rank): the parent makes the id,
+ * forks N ranks before any context exists, and each rank joins the team and runs its part.
+ *   mp_collectives N collectives   every collective checked on every rank
+ *   mp_collectives N absent        rank N-1 exits without joining: the others get
+ *                                  MCAST_ERROR_TIMEOUT within timeout_ms
+ *   mp_collectives N killed        rank N-1 is killed (SIGKILL) after the team is built, before
+ *                                  the collective: the others get MCAST_ERROR_TIMEOUT from
+ *                                  mcast_synchronize, and destroy everything without a leak
+ *   mp_collectives N fault         rank 1 alone fails a buffer allocation (injected): every
+ *                                  rank gets an error naming rank 1
+ * The backend and multicast mode come from the environment (MCAST_BACKEND, MCAST_MULTICAST);
+ * on CUDA, rank r uses device r % count, and without a device the test exits 77 (skipped). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#define TIMEOUT_MS 3000
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static mcast_context_t context(void) {
+  mcast_config_t config;
+  mcast_context_t ctx = {0};
+  mcast_config_init(&config);
+  config.timeout_ms = TIMEOUT_MS;
+  config.retry_backoff_ms = 1;
+  mcast_status_t s = mcast_context_create(&config, &ctx);
+  if (s == MCAST_ERROR_DRIVER_UNAVAILABLE) exit(77);
+  CHECK_OK(s);
+  return ctx;
+}
+
+static void no_leaks(mcast_context_t ctx) {
+  mcast_live_counts_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  CHECK_OK(mcast_context_live_counts(ctx, &c));
+  CHECK(c.teams == 0 && c.buffers == 0 && c.multicast_objects == 0 && c.physical_allocations == 0 &&
+        c.mappings == 0 && c.reservations == 0);
+  CHECK_OK(mcast_context_destroy(ctx));
+}
+
+static void collectives(mcast_team_t team, int n, int r) {
+  const size_t count = 100003;
+  mcast_buffer_t buf;
+  float *f = malloc(count * sizeof *f);
+  int32_t *x = malloc((size_t)n * count * sizeof *x);
+  unsigned char *bytes = malloc((size_t)n * 4099);
+  CHECK(f && x && bytes);
+  CHECK_OK(mcast_buffer_alloc(team, (size_t)n * count * 8, &buf));
+  /* Another process's rank is refused. */
+  void *p;
+  CHECK_STATUS(mcast_buffer_local_ptr(buf, (r + 1) % n, &p), MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(mcast_synchronize(team, (r + 1) % n, NULL), MCAST_ERROR_INVALID_ARGUMENT);
+  /* All-reduce, f32 sum: exact on small integers. */
+  for (size_t i = 0; i < count; i++) f[i] = (float)((r + 1) * (int)(i % 7));
+  CHECK_OK(mcast_buffer_write(buf, r, 0, f, count * sizeof *f));
+  CHECK_OK(mcast_all_reduce(buf, r, 0, count, MCAST_FLOAT32, MCAST_SUM, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, 0, f, count * sizeof *f));
+  for (size_t i = 0; i < count; i++) CHECK(f[i] == (float)((int)(i % 7) * n * (n + 1) / 2));
+  /* All-reduce, i32 max. */
+  for (size_t i = 0; i < count; i++) x[i] = (int32_t)((i * 13 + (size_t)r * 5) % 101) - 50;
+  CHECK_OK(mcast_buffer_write(buf, r, 0, x, count * sizeof *x));
+  CHECK_OK(mcast_all_reduce(buf, r, 0, count, MCAST_INT32, MCAST_MAX, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, 0, x, count * sizeof *x));
+  for (size_t i = 0; i < count; i++) {
+    int32_t want = -1000;
+    for (int q = 0; q < n; q++) {
+      int32_t v = (int32_t)((i * 13 + (size_t)q * 5) % 101) - 50;
+      if (v > want) want = v;
+    }
+    CHECK(x[i] == want);
+  }
+  /* Reduce-scatter, i32 sum: rank r keeps block r. */
+  for (size_t i = 0; i < (size_t)n * count; i++) x[i] = (int32_t)(i % 9) + r;
+  CHECK_OK(mcast_buffer_write(buf, r, 0, x, (size_t)n * count * sizeof *x));
+  CHECK_OK(mcast_reduce_scatter(buf, r, 0, count, MCAST_INT32, MCAST_SUM, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, (size_t)r * count * sizeof *x, x, count * sizeof *x));
+  for (size_t i = 0; i < count; i++) {
+    size_t g = (size_t)r * count + i;
+    CHECK(x[i] == (int32_t)(g % 9) * n + n * (n - 1) / 2);
+  }
+  /* Broadcast from the last rank, then all-gather. */
+  const size_t block = 4099;
+  for (size_t i = 0; i < (size_t)n * block; i++) bytes[i] = (unsigned char)(i * 31 + (size_t)r * 7);
+  CHECK_OK(mcast_buffer_write(buf, r, 0, bytes, (size_t)n * block));
+  CHECK_OK(mcast_broadcast(buf, r, n - 1, 0, block, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, 0, bytes, block));
+  for (size_t i = 0; i < block; i++) CHECK(bytes[i] == (unsigned char)(i * 31 + (size_t)(n - 1) * 7));
+  for (size_t i = 0; i < (size_t)n * block; i++) bytes[i] = (unsigned char)(i * 31 + (size_t)r * 7);
+  CHECK_OK(mcast_buffer_write(buf, r, 0, bytes, (size_t)n * block));
+  CHECK_OK(mcast_all_gather(buf, r, 0, block, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, 0, bytes, (size_t)n * block));
+  for (size_t i = 0; i < (size_t)n * block; i++)
+    CHECK(bytes[i] == (unsigned char)(i * 31 + (i / block) * 7));
+  CHECK_OK(mcast_buffer_free(buf));
+  free(f);
+  free(x);
+  free(bytes);
+}
+
+static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
+  if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
+  if (strcmp(role, "fault") == 0 && r == 1) setenv("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@2", 1);
+  mcast_context_t ctx = context();
+  int count = 0;
+  CHECK_OK(mcast_device_count(ctx, &count));
+  CHECK(count > 0);
+  mcast_team_t team = {0};
+  double t0 = now_s();
+  if (strcmp(role, "absent") == 0) {
+    CHECK_STATUS(mcast_team_init_rank(ctx, id, n, r, r % count, &team), MCAST_ERROR_TIMEOUT);
+    CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
+    no_leaks(ctx);
+    return 0;
+  }
+  CHECK_OK(mcast_team_init_rank(ctx, id, n, r, r % count, &team));
+  if (strcmp(role, "collectives") == 0) {
+    collectives(team, n, r);
+  } else if (strcmp(role, "killed") == 0) {
+    mcast_buffer_t buf;
+    CHECK_OK(mcast_buffer_alloc(team, 1 << 20, &buf));
+    if (r == n - 1) raise(SIGKILL);
+    t0 = now_s();
+    CHECK_OK(mcast_all_reduce(buf, r, 0, 1024, MCAST_FLOAT32, MCAST_SUM, NULL));
+    CHECK_STATUS(mcast_synchronize(team, r, NULL), MCAST_ERROR_TIMEOUT);
+    CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
+    CHECK_OK(mcast_buffer_free(buf));
+  } else if (strcmp(role, "fault") == 0) {
+    mcast_buffer_t buf;
+    mcast_status_t s = mcast_buffer_alloc(team, 4 << 20, &buf);
+    CHECK(s != MCAST_SUCCESS);
+    CHECK(strstr(mcast_last_error(), "rank 1") != NULL);
+  } else {
+    fprintf(stderr, "unknown role %s\n", role);
+    return 2;
+  }
+  CHECK_OK(mcast_team_destroy(team));
+  no_leaks(ctx);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s NRANKS collectives|absent|killed|fault\n", argv[0]);
+    return 2;
+  }
+  int n = atoi(argv[1]);
+  const char *role = argv[2];
+  mcast_unique_id_t id;
+  CHECK_OK(mcast_get_unique_id(&id));
+  pid_t pids[16];
+  CHECK(n >= 1 && n <= 16);
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    CHECK(pids[r] >= 0);
+    if (pids[r] == 0) {
+      fflush(stdout);
+      _exit(rank_main(role, id, n, r));
+    }
+  }
+  int failed = 0, skipped = 0;
+  for (int r = 0; r < n; r++) {
+    int st = 0;
+    CHECK(waitpid(pids[r], &st, 0) == pids[r]);
+    int expected_death = (strcmp(role, "killed") == 0 || strcmp(role, "absent") == 0) && r == n - 1;
+    if (expected_death) continue;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+      skipped++;
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "rank %d of %d (%s) failed: status %#x\n", r, n, role, (unsigned)st);
+      failed++;
+    }
+  }
+  if (failed) return 1;
+  if (skipped) return 77;
+  printf("mp_collectives %d %s: ok\n", n, role);
+  return 0;
+}

@@ -1,0 +1,301 @@
+//! One process per rank on the simulator: the test re-runs its own binary as the ranks
+//! (`MCAST_MP_CHILD` selects the role), over real processes, real file descriptors passed with
+//! `SCM_RIGHTS` and the simulator's memfd-backed memory.
+
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcast::driver::Stream;
+use mcast::kernels::{Collective, DType, RedOp};
+use mcast::runtime::buffer::Buffer;
+use mcast::runtime::collective::{run, synchronize};
+use mcast::runtime::config::{Backend, Config, MulticastMode};
+use mcast::runtime::context::Context;
+use mcast::runtime::rendezvous::new_unique_id;
+use mcast::runtime::team::{Team, Transport};
+use mcast::runtime::ErrorKind;
+
+const MIB: usize = 1 << 20;
+/// Transports under test: P2P, and MULTICAST (the simulator's cross-process multicast).
+const MODES: [bool; 2] = [false, true];
+const ROLE: &str = "MCAST_MP_CHILD";
+
+fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> [u8; 128] {
+    let mut id = [0u8; 128];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    id
+}
+
+/// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
+/// rank's exit status and how long the slowest took.
+fn spawn(n: usize, role: &str, multicast: bool, env: impl Fn(usize) -> Vec<(&'static str, String)>) -> Vec<ExitStatus> {
+    let id = hex(&new_unique_id().unwrap());
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+                .env(ROLE, format!("{role}:{n}:{r}:{}:{id}", u8::from(multicast)))
+                .env_remove("MCAST_SIM_FAULTS");
+            for (k, v) in env(r) {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    children.into_iter().map(|mut c| c.wait().unwrap()).collect()
+}
+
+fn all_ok(st: &[ExitStatus]) {
+    for (r, s) in st.iter().enumerate() {
+        assert!(s.success(), "rank {r} failed: {s:?}");
+    }
+}
+
+#[test]
+fn collectives_p2p_2_3_4_processes() {
+    for n in [2, 3, 4] {
+        all_ok(&spawn(n, "collectives", false, |_| vec![]));
+    }
+}
+
+#[test]
+fn collectives_multicast_2_3_4_processes() {
+    for n in [2, 3, 4] {
+        all_ok(&spawn(n, "collectives", true, |_| vec![]));
+    }
+}
+
+#[test]
+fn a_fault_on_one_rank_fails_every_rank() {
+    // The second cuMemCreate of rank 1 (the buffer's segment) fails; every rank checks it got
+    // an error naming rank 1, and nothing leaks.
+    for multicast in MODES {
+        all_ok(&spawn(3, "fault", multicast, |r| {
+            if r == 1 {
+                vec![("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@2".into())]
+            } else {
+                vec![]
+            }
+        }));
+    }
+}
+
+#[test]
+fn out_of_memory_on_one_rank_is_retried_together() {
+    all_ok(&spawn(3, "oom", true, |r| {
+        if r == 2 {
+            vec![("MCAST_SIM_FAULTS", "cuMemCreate=OUT_OF_MEMORY@2x2".into())]
+        } else {
+            vec![]
+        }
+    }));
+}
+
+#[test]
+fn a_rank_killed_mid_setup_gives_the_others_an_error() {
+    for multicast in MODES {
+        let st = spawn(3, "die-setup", multicast, |r| {
+            if r == 2 {
+                vec![("MCAST_SIM_FAULTS", "cuMemImportFromShareableHandle=PANIC@1".into())]
+            } else {
+                vec![]
+            }
+        });
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_collective_gives_the_others_a_timeout() {
+    for multicast in MODES {
+        let st = spawn(3, "die-collective", multicast, |_| vec![]);
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+    }
+}
+
+// ---- the ranks ----
+
+const TIMEOUT_MS: u32 = 3000;
+
+fn context(multicast: bool) -> Arc<Context> {
+    let config = Config {
+        backend: Backend::Sim,
+        multicast: if multicast { MulticastMode::Require } else { MulticastMode::Off },
+        sim_devices: 4,
+        sim_device_memory: 256 * MIB as u64,
+        timeout_ms: TIMEOUT_MS,
+        retry_backoff_ms: 1,
+        ..Config::default()
+    };
+    Arc::new(Context::new(config).unwrap())
+}
+
+/// Shuts the context down and checks that nothing is left in the runtime or the simulator.
+fn no_leaks(ctx: Arc<Context>) {
+    let report = ctx.shutdown();
+    assert!(report.is_empty(), "{report}");
+    let ledger = ctx.driver().as_sim().unwrap().ledger();
+    assert!(ledger.is_empty(), "{ledger}");
+}
+
+/// Small integers: exact in every dtype and order.
+fn value(r: usize, i: usize) -> f64 {
+    ((r * 7 + i * 3) % 17) as f64 - 8.0
+}
+
+fn encode(d: DType, v: f64) -> Vec<u8> {
+    match d {
+        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+        DType::F64 => v.to_ne_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::BF16 => half::bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+        DType::U32 => (v.abs() as u32).to_ne_bytes().to_vec(),
+        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
+        DType::U64 => (v.abs() as u64).to_ne_bytes().to_vec(),
+    }
+}
+
+fn input(d: DType, r: usize, count: usize) -> Vec<f64> {
+    (0..count).map(|i| if matches!(d, DType::U32 | DType::U64) { value(r, i).abs() } else { value(r, i) }).collect()
+}
+
+fn bytes(d: DType, xs: &[f64]) -> Vec<u8> {
+    xs.iter().flat_map(|&v| encode(d, v)).collect()
+}
+
+fn reduce(op: RedOp, xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    match op {
+        RedOp::Sum => v.iter().sum(),
+        RedOp::Min => v.iter().cloned().fold(f64::INFINITY, f64::min),
+        RedOp::Max => v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+fn check_collectives(team: &Arc<Team>, n: usize, r: usize) {
+    let rank = r as i32;
+    let s = Stream::DEFAULT;
+    let buf = Buffer::alloc(team, 3 * MIB).unwrap();
+    // All-reduce, every dtype and op, a small and a large count.
+    for d in DType::ALL {
+        for op in RedOp::ALL {
+            for count in [5usize, 70_001] {
+                buf.write(rank, 0, &bytes(d, &input(d, r, count))).unwrap();
+                run(&buf, rank, 0, count, Collective::AllReduce { dtype: d, op }, s).unwrap();
+                synchronize(team, rank, s).unwrap();
+                let inputs: Vec<Vec<f64>> = (0..n).map(|q| input(d, q, count)).collect();
+                let want: Vec<f64> = (0..count).map(|i| reduce(op, inputs.iter().map(|x| x[i]))).collect();
+                let mut got = vec![0u8; count * d.size()];
+                buf.read(rank, 0, &mut got).unwrap();
+                assert_eq!(got, bytes(d, &want), "all-reduce {d:?} {op:?} count {count} on rank {r} of {n}");
+            }
+        }
+    }
+    // Reduce-scatter.
+    let (d, count) = (DType::I32, 1001usize);
+    buf.write(rank, 0, &bytes(d, &input(d, r, n * count))).unwrap();
+    run(&buf, rank, 0, count, Collective::ReduceScatter { dtype: d, op: RedOp::Sum }, s).unwrap();
+    synchronize(team, rank, s).unwrap();
+    let inputs: Vec<Vec<f64>> = (0..n).map(|q| input(d, q, n * count)).collect();
+    let want: Vec<f64> = (r * count..(r + 1) * count).map(|i| inputs.iter().map(|x| x[i]).sum()).collect();
+    let mut got = vec![0u8; count * 4];
+    buf.read(rank, r * count * 4, &mut got).unwrap();
+    assert_eq!(got, bytes(d, &want), "reduce-scatter on rank {r}");
+    // Broadcast from the last rank, and all-gather.
+    let block = 4099usize;
+    let mine: Vec<u8> = (0..n * block).map(|i| (i * 31 + r * 7) as u8).collect();
+    buf.write(rank, 0, &mine).unwrap();
+    let root = n - 1;
+    run(&buf, rank, 0, block, Collective::Broadcast { root: root as u32 }, s).unwrap();
+    synchronize(team, rank, s).unwrap();
+    let mut got = vec![0u8; block];
+    buf.read(rank, 0, &mut got).unwrap();
+    let want: Vec<u8> = (0..block).map(|i| (i * 31 + root * 7) as u8).collect();
+    assert_eq!(got, want, "broadcast on rank {r}");
+    buf.write(rank, 0, &mine).unwrap();
+    run(&buf, rank, 0, block, Collective::AllGather, s).unwrap();
+    synchronize(team, rank, s).unwrap();
+    let mut got = vec![0u8; n * block];
+    buf.read(rank, 0, &mut got).unwrap();
+    let want: Vec<u8> = (0..n * block).map(|i| (i * 31 + (i / block) * 7) as u8).collect();
+    assert_eq!(got, want, "all-gather on rank {r}");
+    buf.free().unwrap();
+}
+
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var(ROLE) else { return };
+    let f: Vec<&str> = spec.split(':').collect();
+    let (role, n, r, multicast, id) =
+        (f[0], f[1].parse::<usize>().unwrap(), f[2].parse::<usize>().unwrap(), f[3] == "1", unhex(f[4]));
+    let rank = r as i32;
+    let ctx = context(multicast);
+    let start = Instant::now();
+    let bound = Duration::from_millis(u64::from(TIMEOUT_MS) * 2 + 2000);
+    match role {
+        "collectives" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let want = if multicast { Transport::Multicast } else { Transport::P2P };
+            assert_eq!(team.transport(), want);
+            // Ranks of other processes are refused.
+            let other = ((r + 1) % n) as i32;
+            let b = Buffer::alloc(&team, 1000).unwrap();
+            assert_eq!(b.local_ptr(other).unwrap_err().kind, ErrorKind::InvalidArgument);
+            assert_eq!(synchronize(&team, other, Stream::DEFAULT).unwrap_err().kind, ErrorKind::InvalidArgument);
+            assert!(b.peer_ptr(rank, other).is_ok());
+            b.free().unwrap();
+            check_collectives(&team, n, r);
+            team.destroy().unwrap();
+        }
+        "fault" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let e = Buffer::alloc(&team, 4 * MIB).err().expect("the buffer fails on every rank");
+            assert!(e.message.contains("rank 1"), "rank {r}: {}", e.message);
+            assert!(start.elapsed() < bound);
+            team.destroy().unwrap();
+        }
+        "oom" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let b = Buffer::alloc(&team, 4 * MIB).unwrap();
+            b.free().unwrap();
+            team.destroy().unwrap();
+        }
+        "die-setup" => {
+            if r == 2 {
+                // A hard death: no unwinding, no cleanup.
+                std::panic::set_hook(Box::new(|_| std::process::abort()));
+            }
+            let e = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).err().expect("setup fails");
+            assert_eq!(e.kind, ErrorKind::Timeout, "rank {r}: {}", e.message);
+            assert!(start.elapsed() < bound, "rank {r} took {:?}", start.elapsed());
+        }
+        "die-collective" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let buf = Buffer::alloc(&team, 4096).unwrap();
+            if r == 2 {
+                std::process::abort();
+            }
+            let t = Instant::now();
+            run(&buf, rank, 0, 1024, Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum }, Stream::DEFAULT)
+                .unwrap();
+            let e = synchronize(&team, rank, Stream::DEFAULT).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{}", e.message);
+            assert!(t.elapsed() < bound, "rank {r} took {:?}", t.elapsed());
+            buf.free().unwrap();
+            team.destroy().unwrap();
+        }
+        other => panic!("unknown role {other}"),
+    }
+    no_leaks(ctx);
+}
