@@ -5,7 +5,7 @@
  * arrives (MCAST_ERROR_TIMEOUT, sticky).
  *
  * The including file defines, before including this header:
- *   static mcast_stream_t test_stream_create(int rank);
+ *   static mcast_stream_t test_stream_create(int rank, int device);
  *   static void test_stream_destroy(mcast_stream_t stream);
  * and may define COLL_LARGE_COUNTS 0 to skip the counts above the one-shot limit. */
 #ifndef MCAST_TEST_COLLECTIVES_CHECK_H
@@ -26,7 +26,7 @@
 #define COLL_MARGIN 64
 #define COLL_POISON 0xA5
 
-static mcast_stream_t test_stream_create(int rank);
+static mcast_stream_t test_stream_create(int rank, int device);
 static void test_stream_destroy(mcast_stream_t stream);
 
 static const mcast_dtype_t coll_dtypes[8] = {MCAST_FLOAT32, MCAST_FLOAT64, MCAST_FLOAT16, MCAST_BFLOAT16,
@@ -356,7 +356,7 @@ static void coll_timeout(mcast_context_t ctx, const int *devices, int n) {
   CHECK(n >= 2 && n <= COLL_MAX_RANKS);
   CHECK_OK(mcast_team_create(ctx, devices, n, &team));
   CHECK_OK(mcast_buffer_alloc(team, 4096, &buf));
-  for (r = 0; r < n; r++) streams[r] = test_stream_create(r);
+  for (r = 0; r < n; r++) streams[r] = test_stream_create(r, devices[r]);
   CHECK_OK(mcast_all_reduce(buf, 0, 0, 256, MCAST_FLOAT32, MCAST_SUM, streams[0]));
   start = coll_now();
   CHECK_STATUS(mcast_synchronize(team, 0, streams[0]), MCAST_ERROR_TIMEOUT);
@@ -391,7 +391,7 @@ static void coll_team(mcast_context_t ctx, const int *devices, int n, mcast_tran
   CHECK_OK(mcast_team_get_info(team, &info));
   CHECK(info.size == n);
   CHECK(info.transport == transport);
-  for (r = 0; r < n; r++) streams[r] = test_stream_create(r);
+  for (r = 0; r < n; r++) streams[r] = test_stream_create(r, devices[r]);
   coll_sweep(team, n, streams);
   coll_invalid_arguments(team, n, streams);
   for (r = 0; r < n; r++) test_stream_destroy(streams[r]);

@@ -7,14 +7,17 @@
 #include <string.h>
 
 typedef struct CUstream_st *cudaStream_t;
+extern int cudaSetDevice(int device);
 extern int cudaStreamCreate(cudaStream_t *stream);
 extern int cudaStreamDestroy(cudaStream_t stream);
 
 #include "collectives_check.h"
 
-static mcast_stream_t test_stream_create(int rank) {
+/* A stream belongs to the device current when it is created: the rank's own. */
+static mcast_stream_t test_stream_create(int rank, int device) {
   cudaStream_t s = NULL;
-  int err = cudaStreamCreate(&s);
+  int err = cudaSetDevice(device);
+  if (err == 0) err = cudaStreamCreate(&s);
   if (err != 0) {
     fprintf(stderr, "cudaStreamCreate for rank %d failed: %d\n", rank, err);
     exit(1);
