@@ -410,7 +410,8 @@ typedef struct mcast_device_info_t {
    */
   char multicast_reason[160];
   /**
-   * Multicast granularity, MINIMUM (0 where the driver has no multicast entry points).
+   * Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
+   * report it for this device).
    */
   uint64_t granularity_min;
   /**

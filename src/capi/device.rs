@@ -29,7 +29,8 @@ pub struct mcast_device_info_t {
     pub multicast_usable: i32,
     /// Why not usable, or `""`.
     pub multicast_reason: [c_char; 160],
-    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points).
+    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
+    /// report it for this device).
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,

@@ -98,22 +98,6 @@ pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc
     Ok(m)
 }
 
-/// Unloads every module this layer loaded through `driver` (team or context teardown).
-pub fn unload_all(driver: &dyn Driver) -> Result<(), KernelError> {
-    let dk = driver_key(driver);
-    let mut map = modules().lock();
-    let keys: Vec<Key> = map.keys().filter(|k| k.0 == dk).copied().collect();
-    let mut first = Ok(());
-    for k in keys {
-        if let Some(m) = map.remove(&k) {
-            if let Err(e) = driver.module_unload(k.1, m.module) {
-                first = first.and(Err(KernelError::Driver(e)));
-            }
-        }
-    }
-    first
-}
-
 /// Enqueues `l` on `l.stream`: chooses the entry point (multicast kernel, or its P2P fallback;
 /// one-shot or two-shot all-reduce by [`abi::one_shot_max_bytes`]) and launches it. No host sync;
 /// no allocation once the module of this device and build is loaded.

@@ -40,7 +40,8 @@ pub struct DeviceInfo {
     pub multicast_usable: bool,
     /// Why not usable, or empty.
     pub multicast_reason: String,
-    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points).
+    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
+    /// report it for this device).
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,
