@@ -225,8 +225,10 @@ impl Team {
 
     /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet over the
     /// rendezvous named by `id` (see [`super::rendezvous`]), agree on the transport from every
-    /// rank's capabilities, and build the first segment together. Every step ends with a vote,
-    /// so a failure on one rank is an error on every rank; every wait is bounded by `timeout_ms`.
+    /// rank's capabilities and on how memory travels between them (fabric handles where every
+    /// rank can use them, else POSIX file descriptors: see [`Team::handle_type`]), and build
+    /// the first segment together. Every step ends with a vote, so a failure on one rank is an
+    /// error on every rank; every wait is bounded by `timeout_ms`.
     pub fn init_rank(
         ctx: &Arc<Context>,
         id: &[u8; ID_BYTES],
