@@ -118,7 +118,7 @@ static void collectives(mcast_team_t team, int n, int r) {
 
 static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
   if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
-  if (strcmp(role, "fault") == 0 && r == 1) setenv("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@2", 1);
+  if (strcmp(role, "fault") == 0 && r == 1) setenv("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@3", 1);
   mcast_context_t ctx = context();
   int count = 0;
   CHECK_OK(mcast_device_count(ctx, &count));

@@ -1,12 +1,13 @@
 //! One process per rank on the simulator: the test re-runs its own binary as the ranks
 //! (`MCAST_MP_CHILD` selects the role), over real processes, real file descriptors passed with
-//! `SCM_RIGHTS` and the simulator's memfd-backed memory.
+//! `SCM_RIGHTS` or the simulator's fabric handles (64 bytes naming a memfd of another process),
+//! and the simulator's memfd-backed memory.
 
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcast::driver::Stream;
+use mcast::driver::{HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, synchronize};
@@ -20,6 +21,8 @@ const MIB: usize = 1 << 20;
 /// Transports under test: P2P, and MULTICAST (the simulator's cross-process multicast).
 const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
+/// The handle type a child expects its team to use: `fabric` or `posix`.
+const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
 
 fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
@@ -43,7 +46,10 @@ fn spawn(n: usize, role: &str, multicast: bool, env: impl Fn(usize) -> Vec<(&'st
             let mut c = Command::new(&exe);
             c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
                 .env(ROLE, format!("{role}:{n}:{r}:{}:{id}", u8::from(multicast)))
-                .env_remove("MCAST_SIM_FAULTS");
+                .env_remove("MCAST_SIM_FAULTS")
+                .env_remove("MCAST_HANDLE_TYPE")
+                .env_remove("MCAST_SIM_FABRIC")
+                .env_remove(EXPECT_HT);
             for (k, v) in env(r) {
                 c.env(k, v);
             }
@@ -59,28 +65,77 @@ fn all_ok(st: &[ExitStatus]) {
     }
 }
 
+fn expect(ht: &str) -> Vec<(&'static str, String)> {
+    vec![(EXPECT_HT, ht.into())]
+}
+
+/// By default (`MCAST_HANDLE_TYPE=auto`) the simulator's ranks all support fabric handles.
 #[test]
 fn collectives_p2p_2_3_4_processes() {
     for n in [2, 3, 4] {
-        all_ok(&spawn(n, "collectives", false, |_| vec![]));
+        all_ok(&spawn(n, "collectives", false, |_| expect("fabric")));
     }
 }
 
 #[test]
 fn collectives_multicast_2_3_4_processes() {
     for n in [2, 3, 4] {
-        all_ok(&spawn(n, "collectives", true, |_| vec![]));
+        all_ok(&spawn(n, "collectives", true, |_| expect("fabric")));
+    }
+}
+
+#[test]
+fn collectives_over_posix_descriptors_2_3_processes() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            all_ok(&spawn(n, "collectives", multicast, |_| {
+                let mut v = expect("posix");
+                v.push(("MCAST_HANDLE_TYPE", "posix".into()));
+                v
+            }));
+        }
+    }
+}
+
+/// One rank's device lacks fabric support: every rank falls back to POSIX descriptors.
+#[test]
+fn one_rank_without_fabric_falls_back_to_posix() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            all_ok(&spawn(n, "collectives", multicast, |r| {
+                let mut v = expect("posix");
+                if r == n - 1 {
+                    v.push(("MCAST_SIM_FABRIC", "0".into()));
+                }
+                v
+            }));
+        }
+    }
+}
+
+/// Fabric handles forced on every rank while rank 1 lacks them: a clean error on every rank.
+#[test]
+fn forced_fabric_without_support_fails_every_rank() {
+    for multicast in MODES {
+        all_ok(&spawn(3, "forced-fabric", multicast, |r| {
+            let mut v = vec![("MCAST_HANDLE_TYPE", "fabric".to_string())];
+            if r == 1 {
+                v.push(("MCAST_SIM_FABRIC", "0".into()));
+            }
+            v
+        }));
     }
 }
 
 #[test]
 fn a_fault_on_one_rank_fails_every_rank() {
-    // The second cuMemCreate of rank 1 (the buffer's segment) fails; every rank checks it got
-    // an error naming rank 1, and nothing leaks.
+    // The third cuMemCreate of rank 1 (after the fabric probe and the first segment: the
+    // buffer's segment) fails; every rank checks it got an error naming rank 1, and nothing
+    // leaks.
     for multicast in MODES {
         all_ok(&spawn(3, "fault", multicast, |r| {
             if r == 1 {
-                vec![("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@2".into())]
+                vec![("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@3".into())]
             } else {
                 vec![]
             }
@@ -92,7 +147,7 @@ fn a_fault_on_one_rank_fails_every_rank() {
 fn out_of_memory_on_one_rank_is_retried_together() {
     all_ok(&spawn(3, "oom", true, |r| {
         if r == 2 {
-            vec![("MCAST_SIM_FAULTS", "cuMemCreate=OUT_OF_MEMORY@2x2".into())]
+            vec![("MCAST_SIM_FAULTS", "cuMemCreate=OUT_OF_MEMORY@3x2".into())]
         } else {
             vec![]
         }
@@ -136,7 +191,12 @@ fn context(multicast: bool) -> Arc<Context> {
         timeout_ms: TIMEOUT_MS,
         retry_backoff_ms: 1,
         ..Config::default()
-    };
+    }
+    // The handle type and the simulated fabric support come from the environment.
+    .with_env(|name| match name {
+        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" => std::env::var(name).ok(),
+        _ => None,
+    });
     Arc::new(Context::new(config).unwrap())
 }
 
@@ -248,6 +308,11 @@ fn child() {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
             let want = if multicast { Transport::Multicast } else { Transport::P2P };
             assert_eq!(team.transport(), want);
+            match std::env::var(EXPECT_HT).as_deref() {
+                Ok("fabric") => assert_eq!(team.handle_type(), HandleTypes::FABRIC, "rank {r}"),
+                Ok("posix") => assert_eq!(team.handle_type(), HandleTypes::POSIX_FD, "rank {r}"),
+                other => panic!("rank {r}: no expected handle type ({other:?})"),
+            }
             // Ranks of other processes are refused.
             let other = ((r + 1) % n) as i32;
             let b = Buffer::alloc(&team, 1000).unwrap();
@@ -265,6 +330,12 @@ fn child() {
             assert!(start.elapsed() < bound);
             team.destroy().unwrap();
         }
+        "forced-fabric" => {
+            let e = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).err().expect("setup fails");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+            assert!(e.message.contains("rank 1") && e.message.contains("fabric"), "rank {r}: {}", e.message);
+            assert!(start.elapsed() < bound);
+        }
         "oom" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
             let b = Buffer::alloc(&team, 4 * MIB).unwrap();
@@ -277,7 +348,10 @@ fn child() {
                 std::panic::set_hook(Box::new(|_| std::process::abort()));
             }
             let e = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).err().expect("setup fails");
-            assert_eq!(e.kind, ErrorKind::Timeout, "rank {r}: {}", e.message);
+            // With fabric handles a rank may open rank 2's memory after rank 2 died: the handle
+            // is stale, which is a clean error of its own instead of the timeout.
+            let stale = e.message.contains("importing rank 2's memory");
+            assert!(e.kind == ErrorKind::Timeout || stale, "rank {r}: {:?} {}", e.kind, e.message);
             assert!(start.elapsed() < bound, "rank {r} took {:?}", start.elapsed());
         }
         "die-collective" => {

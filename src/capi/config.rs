@@ -132,6 +132,11 @@ impl mcast_config_t {
             sim_device_memory: self.sim_device_memory,
             sim_multicast_slots: self.sim_multicast_slots,
             sim_multicast_supported: self.sim_multicast_supported == 1,
+            // Not in the C struct: from the environment.
+            ..Config::default().with_env(|name| match name {
+                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" => std::env::var(name).ok(),
+                _ => None,
+            })
         })
     }
 }

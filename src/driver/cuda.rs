@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 
 use super::{
     CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
 };
 
 /// A `CUresult` as the integer the driver returns (never read as a Rust enum).
@@ -623,6 +623,38 @@ impl Driver for CudaDriver {
                 &mut handle,
                 fd as usize as *mut c_void,
                 cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        Ok(MemHandle(handle))
+    }
+
+    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
+        let _ctx = self.enter_any();
+        let mut out = cu::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+        // SAFETY: for CU_MEM_HANDLE_TYPE_FABRIC the driver writes a `CUmemFabricHandle` (64
+        // bytes) to the out-pointer, which is a local of that type; flags must be 0.
+        check("cuMemExportToShareableHandle", unsafe {
+            (self.api.cuMemExportToShareableHandle)(
+                (&mut out as *mut cu::CUmemFabricHandle).cast(),
+                handle.0,
+                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+                0,
+            )
+        })?;
+        Ok(out.data)
+    }
+
+    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
+        let _ctx = self.enter_any();
+        let mut fabric = cu::CUmemFabricHandle { data: *data };
+        let mut handle: cu::CUmemGenericAllocationHandle = 0;
+        // SAFETY: for fabric handles the driver reads a `CUmemFabricHandle` through the pointer
+        // (a local that outlives the call) and does not keep it; the out-pointer is a local.
+        check("cuMemImportFromShareableHandle", unsafe {
+            (self.api.cuMemImportFromShareableHandle)(
+                &mut handle,
+                (&mut fabric as *mut cu::CUmemFabricHandle).cast(),
+                cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
             )
         })?;
         Ok(MemHandle(handle))

@@ -168,6 +168,9 @@ pub enum Granularity {
     Recommended,
 }
 
+/// Size of a `CUmemFabricHandle`.
+pub const FABRIC_HANDLE_BYTES: usize = 64;
+
 /// A bit set of `CUmemAllocationHandleType` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct HandleTypes(pub u32);
@@ -294,6 +297,15 @@ pub trait Driver: Send + Sync + 'static {
 
     /// `cuMemImportFromShareableHandle` of a POSIX file descriptor (not consumed).
     fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle>;
+
+    /// `cuMemExportToShareableHandle` as a `CU_MEM_HANDLE_TYPE_FABRIC` handle: the 64 bytes
+    /// of a `CUmemFabricHandle`, which any process of the same NVLink domain (other nodes
+    /// included) can import. Only objects created with [`HandleTypes::FABRIC`] export this way.
+    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]>;
+
+    /// `cuMemImportFromShareableHandle` of a fabric handle made by [`Driver::mem_export_fabric`]
+    /// in this or another process.
+    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle>;
 
     /// `cuMulticastGetGranularity`.
     fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize>;

@@ -24,6 +24,18 @@ pub enum MulticastMode {
     Require,
 }
 
+/// How multi-process teams share memory between processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleTypeMode {
+    /// Fabric handles when every rank's device reports support and a probe export succeeds on
+    /// every rank, else POSIX file descriptors.
+    Auto,
+    /// POSIX file descriptors passed over the rendezvous socket.
+    Posix,
+    /// Fabric handles; a team where some rank cannot use them is an error naming the rank.
+    Fabric,
+}
+
 /// Everything a context is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -45,6 +57,11 @@ pub struct Config {
     pub sim_multicast_slots: u32,
     /// Value of the simulated multicast-supported attribute.
     pub sim_multicast_supported: bool,
+    /// Handle type of multi-process teams (`MCAST_HANDLE_TYPE`; not in the C config struct).
+    pub handle_type: HandleTypeMode,
+    /// Value of the simulated fabric-handle-supported attribute (`MCAST_SIM_FABRIC`; not in
+    /// the C config struct).
+    pub sim_fabric_supported: bool,
 }
 
 impl Default for Config {
@@ -59,6 +76,8 @@ impl Default for Config {
             sim_device_memory: 1 << 30,
             sim_multicast_slots: 128,
             sim_multicast_supported: true,
+            handle_type: HandleTypeMode::Auto,
+            sim_fabric_supported: true,
         }
     }
 }
@@ -104,6 +123,20 @@ impl Config {
             match parse_bool(&v) {
                 Some(b) => self.sim_multicast_supported = b,
                 None => warn_malformed("MCAST_SIM_MULTICAST", &v, "0 or 1"),
+            }
+        }
+        if let Some(v) = get("MCAST_HANDLE_TYPE") {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => self.handle_type = HandleTypeMode::Auto,
+                "posix" => self.handle_type = HandleTypeMode::Posix,
+                "fabric" => self.handle_type = HandleTypeMode::Fabric,
+                _ => warn_malformed("MCAST_HANDLE_TYPE", &v, "auto, posix or fabric"),
+            }
+        }
+        if let Some(v) = get("MCAST_SIM_FABRIC") {
+            match parse_bool(&v) {
+                Some(b) => self.sim_fabric_supported = b,
+                None => warn_malformed("MCAST_SIM_FABRIC", &v, "0 or 1"),
             }
         }
         self
@@ -166,7 +199,8 @@ mod tests {
         let c = Config::default();
         assert_eq!((c.oom_retries, c.retry_backoff_ms, c.timeout_ms), (3, 10, 30_000));
         assert_eq!((c.sim_devices, c.sim_device_memory, c.sim_multicast_slots), (4, 1 << 30, 128));
-        assert!(c.sim_multicast_supported);
+        assert!(c.sim_multicast_supported && c.sim_fabric_supported);
+        assert_eq!(c.handle_type, HandleTypeMode::Auto);
         assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
     }
 
@@ -180,7 +214,11 @@ mod tests {
             ("MCAST_SIM_DEVICES", "8"),
             ("MCAST_SIM_DEVICE_MEMORY", "512M"),
             ("MCAST_SIM_MULTICAST", "0"),
+            ("MCAST_HANDLE_TYPE", "Posix"),
+            ("MCAST_SIM_FABRIC", "off"),
         ]);
+        assert_eq!(c.handle_type, HandleTypeMode::Posix);
+        assert!(!c.sim_fabric_supported);
         assert_eq!(c.backend, Backend::Sim);
         assert_eq!(c.multicast, MulticastMode::Off);
         assert_eq!(c.oom_retries, 5);
@@ -198,6 +236,8 @@ mod tests {
             ("MCAST_SIM_DEVICES", "0"),
             ("MCAST_SIM_DEVICE_MEMORY", "lots"),
             ("MCAST_TIMEOUT_MS", "1e3"),
+            ("MCAST_HANDLE_TYPE", "nvlink"),
+            ("MCAST_SIM_FABRIC", "2"),
         ]);
         assert_eq!(c, Config::default());
     }

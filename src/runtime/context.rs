@@ -127,6 +127,7 @@ impl Context {
             device_memory: config.sim_device_memory,
             multicast_slots: config.sim_multicast_slots,
             multicast_supported: config.sim_multicast_supported,
+            fabric_supported: config.sim_fabric_supported,
             faults,
             ..SimConfig::default()
         }))

@@ -5,7 +5,7 @@
 //! Creation rolls back whatever it made when a step fails; teardown follows the documented
 //! order and reports every error instead of swallowing it.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -14,9 +14,12 @@ use parking_lot::Mutex;
 use super::context::Context;
 use super::error::{Error, Result};
 use super::registry::{ResourceId, ResourceKind};
-use super::rendezvous::Comm;
+use super::rendezvous::{Comm, Part};
 use super::retry::{lockstep, retry};
-use crate::driver::{CuResult, Device, DevicePtr, DriverError, HandleTypes, MemHandle, MulticastProp};
+use crate::driver::{
+    CuResult, DResult, Device, DevicePtr, Driver, DriverError, HandleTypes, MemHandle, MulticastProp,
+    FABRIC_HANDLE_BYTES,
+};
 
 /// Where the ranks of a team live and how they talk.
 #[derive(Clone, Debug)]
@@ -31,6 +34,54 @@ pub struct Shape {
     pub alignment: usize,
     /// Multi-process team: the rendezvous; this process owns rank `comm.rank()` only.
     pub comm: Option<Arc<Comm>>,
+    /// Multi-process team: how memory and multicast objects travel between the processes,
+    /// [`HandleTypes::POSIX_FD`] (descriptors over the rendezvous socket) or
+    /// [`HandleTypes::FABRIC`] (64-byte handles as exchange bytes). Single-process: `NONE`.
+    pub handle_type: HandleTypes,
+}
+
+/// An exported memory or multicast object, as it travels over the rendezvous.
+enum Exported {
+    Fd(OwnedFd),
+    Fabric([u8; FABRIC_HANDLE_BYTES]),
+}
+
+impl Exported {
+    /// Exports `handle` as `ht` (POSIX_FD or FABRIC).
+    fn of(driver: &dyn Driver, handle: MemHandle, ht: HandleTypes) -> DResult<Exported> {
+        if ht == HandleTypes::FABRIC {
+            driver.mem_export_fabric(handle).map(Exported::Fabric)
+        } else {
+            driver.mem_export_fd(handle).map(Exported::Fd)
+        }
+    }
+
+    /// The exchange's bytes and descriptors.
+    fn payload(&self) -> (&[u8], Vec<RawFd>) {
+        match self {
+            Exported::Fd(fd) => (&[], vec![fd.as_raw_fd()]),
+            Exported::Fabric(bytes) => (bytes, vec![]),
+        }
+    }
+
+    /// Imports what `part` carries as `ht`; `None` when nothing arrived.
+    fn import(driver: &dyn Driver, part: &Part, ht: HandleTypes) -> Option<DResult<MemHandle>> {
+        if ht == HandleTypes::FABRIC {
+            let bytes: &[u8; FABRIC_HANDLE_BYTES] = part.bytes.as_slice().try_into().ok()?;
+            Some(driver.mem_import_fabric(bytes))
+        } else {
+            part.fds.first().map(|fd| driver.mem_import_fd(fd.as_raw_fd()))
+        }
+    }
+}
+
+/// How a handle type is named in messages.
+fn handle_type_name(ht: HandleTypes) -> &'static str {
+    if ht == HandleTypes::FABRIC {
+        "a fabric handle"
+    } else {
+        "a file descriptor"
+    }
 }
 
 struct Tracked<T> {
@@ -154,7 +205,8 @@ impl Parts {
     }
 
     /// A multi-process segment: this rank allocates shareable memory, exports it as a file
-    /// descriptor, and the ranks pass the descriptors to each other over the rendezvous; each
+    /// descriptor or a fabric handle ([`Shape::handle_type`]), and the ranks pass the
+    /// descriptors (or the handles' bytes) to each other over the rendezvous; each
     /// rank imports its peers' memory and maps every rank's memory side by side. On the
     /// multicast transport rank 0 creates the object and passes it the same way; every rank
     /// adds its own device, binds its own memory and maps the object. Every step that can fail
@@ -169,7 +221,7 @@ impl Parts {
         let size = self.size;
         let owner = shape.owner.as_str();
         let label = |step: &str| format!("segment of {size} bytes: {step}");
-        let ht = HandleTypes::POSIX_FD;
+        let ht = shape.handle_type;
         let what = || format!("allocating {size} bytes for rank {r} on device {dev}");
         // `keep` records the allocation at once: a failure on another rank rolls it back.
         let phys = &mut self.phys;
@@ -187,15 +239,17 @@ impl Parts {
             },
         )?;
         let own = self.phys[0].1.value;
-        // Export and pass the descriptors.
-        let exported = driver
-            .mem_export_fd(own)
-            .map_err(|e| Error::driver(e, format_args!("exporting rank {r}'s memory as a file descriptor")));
-        let (status, fds) = match &exported {
-            Ok(fd) => (Ok(()), vec![fd.as_raw_fd()]),
-            Err(e) => (Err(e.clone()), vec![]),
+        // Export and pass the descriptors or fabric handles.
+        let exported = Exported::of(&*driver, own, ht)
+            .map_err(|e| Error::driver(e, format_args!("exporting rank {r}'s memory as {}", handle_type_name(ht))));
+        let (status, bytes, fds) = match &exported {
+            Ok(x) => {
+                let (bytes, fds) = x.payload();
+                (Ok(()), bytes, fds)
+            }
+            Err(e) => (Err(e.clone()), &[][..], vec![]),
         };
-        let parts = comm.exchange(&label("export memory"), status, &[], &fds)?;
+        let parts = comm.exchange(&label("export memory"), status, bytes, &fds)?;
         drop(exported);
         let mut handles = vec![own; n];
         let mut imported = Ok(());
@@ -203,17 +257,17 @@ impl Parts {
             if peer == r {
                 continue;
             }
-            let Some(fd) = part.fds.first() else {
-                imported = Err(Error::internal(format!("rank {peer}'s memory descriptor did not arrive")));
-                break;
-            };
-            match driver.mem_import_fd(fd.as_raw_fd()) {
-                Ok(h) => {
+            match Exported::import(&*driver, part, ht) {
+                None => {
+                    imported = Err(Error::internal(format!("rank {peer}'s memory handle did not arrive")));
+                    break;
+                }
+                Some(Ok(h)) => {
                     let id = ctx.resources.track(ResourceKind::PhysicalAllocation, 0, Some(shape.devices[peer]), owner);
                     self.phys.push((peer, Tracked { value: h, id }));
                     handles[peer] = h;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     imported = Err(Error::driver(e, format_args!("rank {r} importing rank {peer}'s memory")));
                     break;
                 }
@@ -274,12 +328,8 @@ impl Parts {
         let r = comm.rank();
         let dev = shape.devices[r];
         let label = |step: &str| format!("segment of {size} bytes: {step}");
-        let prop = MulticastProp {
-            num_devices: shape.devices.len() as u32,
-            size,
-            handle_types: HandleTypes::POSIX_FD,
-            flags: 0,
-        };
+        let prop =
+            MulticastProp { num_devices: shape.devices.len() as u32, size, handle_types: shape.handle_type, flags: 0 };
         // Rank 0 creates the object.
         let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
         let mut created = None;
@@ -306,37 +356,38 @@ impl Parts {
             },
         )?;
         // Rank 0 exports it; the others import it.
+        let ht = shape.handle_type;
         let exported = match created {
-            Some(h) => driver
-                .mem_export_fd(h)
-                .map(Some)
-                .map_err(|e| Error::driver(e, "exporting the multicast object as a file descriptor")),
+            Some(h) => Exported::of(&*driver, h, ht).map(Some).map_err(|e| {
+                Error::driver(e, format_args!("exporting the multicast object as {}", handle_type_name(ht)))
+            }),
             None => Ok(None),
         };
-        let (status, fds) = match &exported {
-            Ok(Some(fd)) => (Ok(()), vec![fd.as_raw_fd()]),
-            Ok(None) => (Ok(()), vec![]),
-            Err(e) => (Err(e.clone()), vec![]),
+        let (status, bytes, fds) = match &exported {
+            Ok(Some(x)) => {
+                let (bytes, fds) = x.payload();
+                (Ok(()), bytes, fds)
+            }
+            Ok(None) => (Ok(()), &[][..], vec![]),
+            Err(e) => (Err(e.clone()), &[][..], vec![]),
         };
-        let parts = comm.exchange(&label("export multicast object"), status, &[], &fds)?;
+        let parts = comm.exchange(&label("export multicast object"), status, bytes, &fds)?;
         drop(exported);
         let mut imported = Ok(());
         if r != 0 {
-            imported = match parts[0].fds.first() {
-                None => Err(Error::internal("the multicast object's descriptor did not arrive")),
-                Some(fd) => match driver.mem_import_fd(fd.as_raw_fd()) {
-                    Ok(handle) => {
-                        let id = ctx.resources.track(ResourceKind::MulticastObject, 0, None, owner);
-                        self.mc = Some(Multicast {
-                            handle: Tracked { value: handle, id },
-                            bound: Vec::new(),
-                            views: Vec::new(),
-                            released: false,
-                        });
-                        Ok(())
-                    }
-                    Err(e) => Err(Error::driver(e, format_args!("rank {r} importing the multicast object"))),
-                },
+            imported = match Exported::import(&*driver, &parts[0], ht) {
+                None => Err(Error::internal("the multicast object's handle did not arrive")),
+                Some(Ok(handle)) => {
+                    let id = ctx.resources.track(ResourceKind::MulticastObject, 0, None, owner);
+                    self.mc = Some(Multicast {
+                        handle: Tracked { value: handle, id },
+                        bound: Vec::new(),
+                        views: Vec::new(),
+                        released: false,
+                    });
+                    Ok(())
+                }
+                Some(Err(e)) => Err(Error::driver(e, format_args!("rank {r} importing the multicast object"))),
             };
         }
         drop(parts);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::config::MulticastMode;
+use super::config::{HandleTypeMode, MulticastMode};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::policy;
@@ -150,7 +150,7 @@ impl Team {
                 }
             },
         };
-        let granularity = Self::granularity(ctx, devices, transport)?;
+        let granularity = Self::granularity(ctx, devices, transport, HandleTypes::NONE)?;
         let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
         let shape = Shape {
             devices: devices.to_vec(),
@@ -158,6 +158,7 @@ impl Team {
             owner: format!("team {serial} (devices {devices:?})"),
             alignment: granularity,
             comm: None,
+            handle_type: HandleTypes::NONE,
         };
         // The first segment holds the sync regions (zeroed) and the push one-shot's scratch.
         let reserved = crate::kernels::abi::team_reserved_bytes(devices.len() as u32);
@@ -224,8 +225,10 @@ impl Team {
 
     /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet over the
     /// rendezvous named by `id` (see [`super::rendezvous`]), agree on the transport from every
-    /// rank's capabilities, and build the first segment together. Every step ends with a vote,
-    /// so a failure on one rank is an error on every rank; every wait is bounded by `timeout_ms`.
+    /// rank's capabilities and on how memory travels between them (fabric handles where every
+    /// rank can use them, else POSIX file descriptors: see [`Team::handle_type`]), and build
+    /// the first segment together. Every step ends with a vote, so a failure on one rank is an
+    /// error on every rank; every wait is bounded by `timeout_ms`.
     pub fn init_rank(
         ctx: &Arc<Context>,
         id: &[u8; ID_BYTES],
@@ -318,7 +321,8 @@ impl Team {
                 }
             },
         };
-        let local = Self::granularity(ctx, &[device], transport);
+        let handle_type = Self::agree_handle_type(ctx, &comm, device, &devices, transport)?;
+        let local = Self::granularity(ctx, &[device], transport, handle_type);
         let sms = ctx.props(device).map(|p| p.sm_count.max(1) as u32);
         let mut e = Enc::default();
         e.u64(*local.as_ref().unwrap_or(&1) as u64);
@@ -349,6 +353,7 @@ impl Team {
             owner: format!("multi-process team {serial} (rank {r} of {n}, devices {devices:?})"),
             alignment: granularity,
             comm: Some(comm.clone()),
+            handle_type,
         };
         let reserved = crate::kernels::abi::team_reserved_bytes(n as u32);
         let size = round_up(reserved, granularity).expect("small");
@@ -385,7 +390,10 @@ impl Team {
             seg: Arc::new(seg),
             buffers: 0,
         });
-        tracing::debug!("multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}");
+        tracing::debug!(
+            "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles",
+            handle_type_label(handle_type)
+        );
         ctx.add_team(team.clone());
         Ok(team)
     }
@@ -401,19 +409,112 @@ impl Team {
         Ok(None)
     }
 
-    fn granularity(ctx: &Context, devices: &[i32], transport: Transport) -> Result<usize> {
+    /// Every rank says whether it can share memory through fabric handles (its device reports
+    /// support and a probe allocation exports; on the multicast transport rank 0 also probes a
+    /// multicast object) and how `MCAST_HANDLE_TYPE` is set on it; every rank decides the same:
+    /// fabric handles when every rank can and none asks for POSIX descriptors; POSIX
+    /// descriptors otherwise, unless a rank asks for fabric handles, which is an error naming
+    /// the ranks that cannot use them.
+    fn agree_handle_type(
+        ctx: &Context,
+        comm: &Comm,
+        device: Device,
+        devices: &[Device],
+        transport: Transport,
+    ) -> Result<HandleTypes> {
+        let r = comm.rank();
+        let mode = ctx.config().handle_type;
+        let probe = match mode {
+            HandleTypeMode::Posix => Err("MCAST_HANDLE_TYPE=posix".to_string()),
+            _ => {
+                Self::probe_fabric(ctx, device, (r == 0 && transport == Transport::Multicast).then_some(devices.len()))
+            }
+        };
+        if let Err(why) = &probe {
+            tracing::debug!("rank {r}: no fabric handles: {why}");
+        }
+        let mut e = Enc::default();
+        e.u32(match mode {
+            HandleTypeMode::Auto => 0,
+            HandleTypeMode::Posix => 1,
+            HandleTypeMode::Fabric => 2,
+        });
+        match &probe {
+            Ok(()) => e.u32(1),
+            Err(why) => e.u32(0).str(why),
+        };
+        let parts = comm.exchange("handle type", Ok(()), &e.0, &[])?;
+        let (mut cannot, mut posix, mut fabric) = (Vec::new(), None, None);
+        for (q, p) in parts.iter().enumerate() {
+            let mut d = Dec(&p.bytes);
+            match d.u32()? {
+                1 => posix = posix.or(Some(q)),
+                2 => fabric = fabric.or(Some(q)),
+                _ => {}
+            }
+            if d.u32()? == 0 {
+                cannot.push(format!("rank {q}: {}", d.str()?));
+            }
+        }
+        match (fabric, posix) {
+            (Some(q), _) if !cannot.is_empty() => Err(Error::not_supported(format!(
+                "fabric handles are required by rank {q} (MCAST_HANDLE_TYPE=fabric) but {}",
+                cannot.join("; ")
+            ))),
+            _ if cannot.is_empty() && posix.is_none() => Ok(HandleTypes::FABRIC),
+            _ => Ok(HandleTypes::POSIX_FD),
+        }
+    }
+
+    /// Whether `dev` can share memory through fabric handles: it reports support, and an
+    /// allocation of one granularity (and, with `multicast` devices, a multicast object)
+    /// created with the fabric type exports; the probes are released at once.
+    fn probe_fabric(ctx: &Context, dev: Device, multicast: Option<usize>) -> std::result::Result<(), String> {
+        let driver = ctx.driver();
+        let props = ctx.props(dev).map_err(|e| e.message)?;
+        if !props.fabric_supported {
+            return Err(format!("device {dev} does not report fabric handle support"));
+        }
+        let ht = HandleTypes::FABRIC;
+        let size = driver.mem_granularity(dev, Granularity::Minimum, ht).map_err(|e| e.to_string())?;
+        let mut objects = vec![driver.mem_create(dev, size, ht).map_err(|e| e.to_string())?];
+        let mut outcome = driver.mem_export_fabric(objects[0]).map(drop);
+        if let (Ok(()), Some(n)) = (&outcome, multicast) {
+            let prop = MulticastProp { num_devices: n as u32, size: 0, handle_types: ht, flags: 0 };
+            outcome = driver
+                .multicast_granularity(&prop, Granularity::Minimum)
+                .and_then(|size| driver.multicast_create(&MulticastProp { size, ..prop }))
+                .and_then(|mc| {
+                    objects.push(mc);
+                    driver.mem_export_fabric(mc).map(drop)
+                });
+        }
+        for h in objects {
+            if let Err(e) = driver.mem_release(h) {
+                tracing::error!("releasing a fabric handle probe on device {dev}: {e}");
+            }
+        }
+        outcome.map_err(|e| e.to_string())
+    }
+
+    /// How multi-process ranks share memory: [`HandleTypes::FABRIC`] or
+    /// [`HandleTypes::POSIX_FD`]; `NONE` for a single-process team.
+    pub fn handle_type(&self) -> HandleTypes {
+        self.shape.handle_type
+    }
+
+    fn granularity(ctx: &Context, devices: &[i32], transport: Transport, ht: HandleTypes) -> Result<usize> {
         let driver = ctx.driver();
         let mut g = 1usize;
         let mut lcm = |x: usize| g = g / gcd(g, x) * x;
         for &d in devices {
             let m = driver
-                .mem_granularity(d, Granularity::Minimum, HandleTypes::NONE)
+                .mem_granularity(d, Granularity::Minimum, ht)
                 .map_err(|e| Error::driver(e, format_args!("asking the allocation granularity of device {d}")))?;
             lcm(m.max(1));
         }
         if transport == Transport::Multicast {
-            let prop =
-                MulticastProp { num_devices: devices.len() as u32, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
+            let prop = MulticastProp { num_devices: devices.len() as u32, size: 0, handle_types: ht, flags: 0 };
             let m = driver
                 .multicast_granularity(&prop, Granularity::Minimum)
                 .map_err(|e| Error::driver(e, "asking the multicast granularity"))?;
@@ -698,5 +799,16 @@ impl Team {
             self.ctx.park(seg);
         }
         errors
+    }
+}
+
+/// `"fabric"`, `"POSIX fd"` or `"no shareable"`.
+fn handle_type_label(ht: HandleTypes) -> &'static str {
+    if ht == HandleTypes::FABRIC {
+        "fabric"
+    } else if ht == HandleTypes::POSIX_FD {
+        "POSIX fd"
+    } else {
+        "no shareable"
     }
 }

@@ -79,11 +79,6 @@ impl Memfd {
     pub(super) fn identity(&self) -> (u64, u64) {
         self.identity
     }
-
-    /// A new descriptor for the same file (close-on-exec).
-    pub(super) fn dup(&self) -> io::Result<OwnedFd> {
-        self.fd.try_clone()
-    }
 }
 
 impl Drop for Memfd {

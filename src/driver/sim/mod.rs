@@ -14,6 +14,7 @@
 //! - a `cuMulticastUnbind` that matches no earlier bind (undefined behaviour on hardware) returns
 //!   `CUDA_ERROR_INVALID_VALUE` and is logged with `tracing::error!`.
 
+mod fabric;
 mod faults;
 mod host;
 mod ledger;
@@ -36,7 +37,7 @@ pub use ledger::Ledger;
 
 use super::{
     CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use host::Memfd;
@@ -56,6 +57,10 @@ pub struct SimConfig {
     pub multicast_slots: u32,
     /// Value of `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`.
     pub multicast_supported: bool,
+    /// Value of `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`. Without it, memory and
+    /// multicast objects cannot be created with [`HandleTypes::FABRIC`] (`NOT_SUPPORTED`) and
+    /// fabric handles neither export nor import. Default true.
+    pub fabric_supported: bool,
     /// `cuMemGetAllocationGranularity` (both options); a power of two. Default 2 MiB.
     pub mem_granularity: usize,
     /// `CU_MULTICAST_GRANULARITY_MINIMUM`; a power of two. Default 2 MiB.
@@ -70,7 +75,7 @@ pub struct SimConfig {
 }
 
 impl Default for SimConfig {
-    /// 4 devices of 1 GiB, 128 multicast slots, multicast supported, 2 MiB granularities
+    /// 4 devices of 1 GiB, 128 multicast slots, multicast and fabric handles supported, 2 MiB granularities
     /// (512 MiB recommended for multicast), a 20 s watchdog and no faults.
     fn default() -> Self {
         SimConfig {
@@ -78,6 +83,7 @@ impl Default for SimConfig {
             device_memory: 1 << 30,
             multicast_slots: 128,
             multicast_supported: true,
+            fabric_supported: true,
             mem_granularity: 2 * MIB,
             multicast_granularity_min: 2 * MIB,
             multicast_granularity_recommended: 512 * MIB,
@@ -203,6 +209,22 @@ impl State {
     fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
         0x51D0_0000_0000 + self.next_id
+    }
+
+    /// The descriptor and identity behind `handle` (memory, or a multicast object's control
+    /// block) for an export as `need`: only objects created with that handle type export.
+    fn exportable(&self, handle: MemHandle, need: HandleTypes) -> R<(RawFd, (u64, u64))> {
+        if let Ok(obj) = self.live_mc(handle) {
+            return match &obj.shared {
+                Some(sh) if obj.prop.handle_types.contains(need) => Ok((sh.raw_fd(), sh.identity())),
+                _ => Err(INVALID_VALUE),
+            };
+        }
+        let phys = self.phys_of(self.live_alloc(handle)?)?;
+        if !phys.handle_types.contains(need) {
+            return Err(INVALID_VALUE);
+        }
+        Ok((phys.memfd.raw_fd(), phys.memfd.identity()))
     }
 
     fn live_alloc(&self, handle: MemHandle) -> R<&Alloc> {
@@ -439,6 +461,61 @@ impl SimDriver {
     /// Counts the call, applies an injected fault, else runs `body`. The call-count lock is
     /// released before a fault acts, so an injected panic leaves no simulator lock held and no
     /// state changed.
+    /// `cuMemImportFromShareableHandle` of a descriptor for a simulator's memfd (memory or a
+    /// multicast object's control block, from this or another process), which must have been
+    /// created with the handle type `need`.
+    fn import_fd(&self, fd: RawFd, need: HandleTypes) -> R<MemHandle> {
+        let identity = host::fd_identity(fd).map_err(|_| INVALID_VALUE)?;
+        let mut st = self.state.lock();
+        let known = st.phys.iter().find(|(_, p)| p.memfd.identity() == identity).map(|(&id, p)| (id, p.handle_types));
+        let id = match known {
+            Some((id, types)) if types.contains(need) => id,
+            Some(_) => return Err(INVALID_VALUE),
+            // A multicast object (from this or another process): map its control block.
+            None if SharedMc::import(fd).is_some() => {
+                let (sh, prop) = SharedMc::import(fd).ok_or(INVALID_VALUE)?;
+                if !prop.handle_types.contains(need) {
+                    return Err(INVALID_VALUE);
+                }
+                if st.mcs.len() >= self.config.multicast_slots as usize {
+                    return Err(CuResult::ERROR_OUT_OF_MEMORY);
+                }
+                let handle = MemHandle(st.fresh_id());
+                let obj = Mc {
+                    prop,
+                    devices: Vec::new(),
+                    imported: true,
+                    bindings: Vec::new(),
+                    released: false,
+                    maps: 0,
+                    shared: Some(sh),
+                };
+                st.mcs.insert(handle, obj);
+                return Ok(handle);
+            }
+            // Memory made by the simulator of another process: adopt the descriptor.
+            None => {
+                let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
+                self.check_dev(dev)?;
+                if !types.contains(need) {
+                    return Err(INVALID_VALUE);
+                }
+                let own = host_dup(fd)?;
+                let memfd = Memfd::adopt(own, size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+                let id = st.fresh_id();
+                // The handle below holds the only reference.
+                st.phys.insert(id, Phys { memfd, dev, size, handle_types: types, refs: 0 });
+                id
+            }
+        };
+        let handle = MemHandle(st.fresh_id());
+        if let Some(p) = st.phys.get_mut(&id) {
+            p.refs += 1;
+        }
+        st.allocs.insert(handle, Alloc { phys: id, imported: true, released: false, maps: 0 });
+        Ok(handle)
+    }
+
     fn call<T>(&self, func: &'static str, body: impl FnOnce() -> R<T>) -> DResult<T> {
         let fault = self.calls.lock().enter(func);
         match fault {
@@ -676,7 +753,7 @@ impl Driver for SimDriver {
                 multicast_supported: self.config.multicast_supported,
                 vmm_supported: true,
                 posix_fd_supported: true,
-                fabric_supported: true,
+                fabric_supported: self.config.fabric_supported,
             })
         })
     }
@@ -709,6 +786,9 @@ impl Driver for SimDriver {
             self.check_dev(dev)?;
             if size == 0 || size % self.config.mem_granularity != 0 {
                 return Err(INVALID_VALUE);
+            }
+            if handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
             let mut st = self.state.lock();
             let used: u64 = st.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
@@ -858,76 +938,33 @@ impl Driver for SimDriver {
     fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
         self.call("cuMemExportToShareableHandle", || {
             let st = self.state.lock();
-            if let Ok(obj) = st.live_mc(handle) {
-                // Only objects created with a shareable handle type export.
-                return match &obj.shared {
-                    Some(sh) if obj.prop.handle_types.contains(HandleTypes::POSIX_FD) => {
-                        sh.dup().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
-                    }
-                    _ => Err(INVALID_VALUE),
-                };
-            }
-            let alloc = st.live_alloc(handle)?;
-            let phys = st.phys_of(alloc)?;
-            if !phys.handle_types.contains(HandleTypes::POSIX_FD) {
-                return Err(INVALID_VALUE);
-            }
-            phys.memfd.dup().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
+            let (fd, _) = st.exportable(handle, HandleTypes::POSIX_FD)?;
+            host_dup(fd)
         })
     }
 
     fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle> {
-        self.call("cuMemImportFromShareableHandle", || {
-            let identity = host::fd_identity(fd).map_err(|_| INVALID_VALUE)?;
-            let mut st = self.state.lock();
-            let known =
-                st.phys.iter().find(|(_, p)| p.memfd.identity() == identity).map(|(&id, p)| (id, p.handle_types));
-            let id = match known {
-                Some((id, types)) if types.contains(HandleTypes::POSIX_FD) => id,
-                Some(_) => return Err(INVALID_VALUE),
-                // A multicast object (from this or another process): map its control block.
-                None if SharedMc::import(fd).is_some() => {
-                    let (sh, prop) = SharedMc::import(fd).ok_or(INVALID_VALUE)?;
-                    if !prop.handle_types.contains(HandleTypes::POSIX_FD) {
-                        return Err(INVALID_VALUE);
-                    }
-                    if st.mcs.len() >= self.config.multicast_slots as usize {
-                        return Err(CuResult::ERROR_OUT_OF_MEMORY);
-                    }
-                    let handle = MemHandle(st.fresh_id());
-                    let obj = Mc {
-                        prop,
-                        devices: Vec::new(),
-                        imported: true,
-                        bindings: Vec::new(),
-                        released: false,
-                        maps: 0,
-                        shared: Some(sh),
-                    };
-                    st.mcs.insert(handle, obj);
-                    return Ok(handle);
-                }
-                // Memory made by the simulator of another process: adopt the descriptor.
-                None => {
-                    let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
-                    self.check_dev(dev)?;
-                    if !types.contains(HandleTypes::POSIX_FD) {
-                        return Err(INVALID_VALUE);
-                    }
-                    let own = host_dup(fd)?;
-                    let memfd = Memfd::adopt(own, size).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
-                    let id = st.fresh_id();
-                    // The handle below holds the only reference.
-                    st.phys.insert(id, Phys { memfd, dev, size, handle_types: types, refs: 0 });
-                    id
-                }
-            };
-            let handle = MemHandle(st.fresh_id());
-            if let Some(p) = st.phys.get_mut(&id) {
-                p.refs += 1;
+        self.call("cuMemImportFromShareableHandle", || self.import_fd(fd, HandleTypes::POSIX_FD))
+    }
+
+    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
+        self.call("cuMemExportToShareableHandle", || {
+            if !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
-            st.allocs.insert(handle, Alloc { phys: id, imported: true, released: false, maps: 0 });
-            Ok(handle)
+            let st = self.state.lock();
+            let (fd, identity) = st.exportable(handle, HandleTypes::FABRIC)?;
+            Ok(fabric::encode(std::process::id(), fd, identity))
+        })
+    }
+
+    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
+        self.call("cuMemImportFromShareableHandle", || {
+            if !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            let fd = fabric::open(data)?;
+            self.import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd), HandleTypes::FABRIC)
         })
     }
 
@@ -954,6 +991,9 @@ impl Driver for SimDriver {
             let g = self.mc_gran();
             if prop.num_devices == 0 || prop.flags != 0 || prop.size == 0 || prop.size % g != 0 {
                 return Err(INVALID_VALUE);
+            }
+            if prop.handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
             let mut st = self.state.lock();
             if st.mcs.len() >= self.config.multicast_slots as usize {

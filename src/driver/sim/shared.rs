@@ -95,9 +95,14 @@ impl SharedMc {
         Some((s, prop))
     }
 
-    /// A descriptor for export.
-    pub(super) fn dup(&self) -> io::Result<OwnedFd> {
-        self.memfd.dup()
+    /// The control block's descriptor (exports duplicate it or name it).
+    pub(super) fn raw_fd(&self) -> RawFd {
+        self.memfd.raw_fd()
+    }
+
+    /// `(st_dev, st_ino)` of the control block's memfd.
+    pub(super) fn identity(&self) -> (u64, u64) {
+        self.memfd.identity()
     }
 
     /// Devices added, by every process.

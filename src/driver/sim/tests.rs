@@ -984,3 +984,72 @@ fn multicast_objects_are_shared_across_simulators() {
         assert!(s.ledger().is_empty(), "{}", s.ledger());
     }
 }
+
+/// Fabric handles: 64 bytes that another simulator (process) opens without a descriptor being
+/// passed; only FABRIC objects export that way; garbage, stale handles and handles of memory
+/// made without the FABRIC type are refused; a simulator without fabric support refuses them.
+#[test]
+fn fabric_handles_name_memory_and_multicast_objects() {
+    use std::os::fd::AsRawFd;
+    let a = SimDriver::new(SimConfig::default());
+    let b = SimDriver::new(SimConfig::default());
+    // Memory: a's bytes are b's bytes.
+    let (mem_a, va) = mapped(&a, 0, G, HandleTypes::FABRIC);
+    let handle = a.mem_export_fabric(mem_a).unwrap();
+    let mem_b = b.mem_import_fabric(&handle).unwrap();
+    let vb = b.mem_address_reserve(G, 0).unwrap();
+    b.mem_map(vb, G, 0, mem_b).unwrap();
+    b.mem_set_access(vb, G, &[1]).unwrap();
+    a.memcpy_htod(0, va + 64, b"fabric").unwrap();
+    let mut out = [0u8; 6];
+    b.memcpy_dtoh(1, &mut out, vb + 64).unwrap();
+    assert_eq!(&out, b"fabric");
+    // Importing in the exporting simulator refers to the same memory.
+    let again = a.mem_import_fabric(&handle).unwrap();
+    assert_eq!(a.ledger().allocations[0], 1, "an import is no new memory");
+    a.mem_release(again).unwrap();
+    // Only FABRIC objects export as fabric handles; a fabric object is no POSIX fd.
+    let posix = a.mem_create(0, G, HandleTypes::POSIX_FD).unwrap();
+    assert_eq!(code(a.mem_export_fabric(posix)), IV);
+    assert_eq!(code(a.mem_export_fd(mem_a)), IV);
+    // A handle naming memory made without the FABRIC type does not import.
+    let fd = a.mem_export_fd(posix).unwrap();
+    let forged = fabric::encode(std::process::id(), fd.as_raw_fd(), host::fd_identity(fd.as_raw_fd()).unwrap());
+    assert_eq!(code(b.mem_import_fabric(&forged)), IV);
+    drop(fd);
+    a.mem_release(posix).unwrap();
+    // Garbage.
+    assert_eq!(code(b.mem_import_fabric(&[0u8; FABRIC_HANDLE_BYTES])), IV);
+    assert_eq!(code(b.mem_import_fabric(&[0x5au8; FABRIC_HANDLE_BYTES])), IV);
+    let mut bent = handle;
+    bent[20] ^= 1;
+    assert_eq!(code(b.mem_import_fabric(&bent)), IV, "another identity");
+    // Multicast objects.
+    let prop = MulticastProp { num_devices: 2, size: G, handle_types: HandleTypes::FABRIC, flags: 0 };
+    let mc_a = a.multicast_create(&prop).unwrap();
+    assert_eq!(code(a.mem_export_fd(mc_a)), IV);
+    let mc_handle = a.mem_export_fabric(mc_a).unwrap();
+    let mc_b = b.mem_import_fabric(&mc_handle).unwrap();
+    b.multicast_add_device(mc_b, 1).unwrap();
+    assert_eq!(code(a.multicast_add_device(mc_a, 1)), IV, "device 1 was added through b");
+    let posix_mc = a.multicast_create(&MulticastProp { handle_types: HandleTypes::POSIX_FD, ..prop }).unwrap();
+    assert_eq!(code(a.mem_export_fabric(posix_mc)), IV);
+    for h in [mc_a, posix_mc] {
+        a.mem_release(h).unwrap();
+    }
+    b.mem_release(mc_b).unwrap();
+    // Released: the handle is stale.
+    b.mem_unmap(vb, G).unwrap();
+    b.mem_address_free(vb, G).unwrap();
+    b.mem_release(mem_b).unwrap();
+    unmapped_free(&a, mem_a, va, G);
+    assert_eq!(code(b.mem_import_fabric(&handle)), IV, "the memory is gone");
+    assert!(a.ledger().is_empty(), "{}", a.ledger());
+    assert!(b.ledger().is_empty(), "{}", b.ledger());
+    // Without fabric support.
+    let c = SimDriver::new(SimConfig { fabric_supported: false, ..SimConfig::default() });
+    assert!(!c.device_props(0).unwrap().fabric_supported);
+    assert_eq!(code(c.mem_create(0, G, HandleTypes::FABRIC)), CuResult::ERROR_NOT_SUPPORTED);
+    assert_eq!(code(c.multicast_create(&prop)), CuResult::ERROR_NOT_SUPPORTED);
+    assert_eq!(code(c.mem_import_fabric(&handle)), CuResult::ERROR_NOT_SUPPORTED);
+}
