@@ -524,17 +524,8 @@ impl Parts {
             let id = ctx.resources.track(ResourceKind::Binding, size as u64, Some(dev), owner);
             self.mc_mut().bound.push((dev, id));
         }
-        for (rank, &dev) in shape.devices.iter().enumerate() {
-            let what = || format!("reserving {size} bytes of multicast address space for rank {rank}");
-            let va = retry(ctx, &what, 0, trim, || driver.mem_address_reserve(size, shape.alignment))?;
-            let id = ctx.resources.track(ResourceKind::Reservation, size as u64, None, owner);
-            self.mc_mut().views.push((Tracked { value: va, id }, None));
-            let what = || format!("mapping the multicast object for rank {rank} on device {dev}");
-            retry(ctx, &what, 0, trim, || driver.mem_map(va, size, 0, handle))?;
-            let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
-            self.mc_mut().views[rank].1 = Some(id);
-            let what = || format!("giving device {dev} access to the multicast mapping");
-            retry(ctx, &what, 0, trim, || driver.mem_set_access(va, size, &[dev]))?;
+        for rank in 0..shape.devices.len() {
+            self.map_multicast(ctx, shape, handle, rank, trim)?;
         }
         Ok(())
     }

@@ -170,12 +170,7 @@ impl Team {
                 .memset_d8(dev, seg.peer_base(rank, rank), 0, SYNC_BYTES)
                 .map_err(|e| Error::driver(e, format_args!("zeroing rank {rank}'s sync region")));
             if let Err(e) = zeroed {
-                for undo in seg.teardown(ctx) {
-                    tracing::error!("rolling back team creation: {undo}");
-                }
-                if !seg.is_released() {
-                    ctx.park(Arc::new(seg));
-                }
+                Self::abandon(ctx, seg);
                 return Err(e);
             }
         }
@@ -187,7 +182,7 @@ impl Team {
             transport,
             reason: reason.unwrap_or_default(),
             granularity,
-            sync: (0..n).map(|viewer| (0..n).map(|r| seg.peer_base(viewer, r)).collect()).collect(),
+            sync: (0..n).map(|viewer| (0..n).map(|q| seg.peer_base(viewer, q)).collect()).collect(),
             sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
             shape,
             max_blocks,
@@ -195,14 +190,31 @@ impl Team {
             comm: None,
             state: Mutex::new(State::default()),
         });
-        team.state.lock().segments.push(SegmentSlot {
+        team.install_first_segment(seg, size, reserved);
+        tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
+        Ok(team)
+    }
+
+    /// Rolls back a first segment whose team could not be completed; what a failing release step
+    /// kept goes to the context, which retries it when destroyed.
+    fn abandon(ctx: &Context, seg: Segment) {
+        for undo in seg.teardown(ctx) {
+            tracing::error!("rolling back team creation: {undo}");
+        }
+        if !seg.is_released() {
+            ctx.park(Arc::new(seg));
+        }
+    }
+
+    /// Makes `seg` (of `size` bytes per rank, the first `reserved` of them the sync regions and
+    /// scratch) the team's first segment and registers the team with its context.
+    fn install_first_segment(self: &Arc<Self>, seg: Segment, size: usize, reserved: usize) {
+        self.state.lock().segments.push(SegmentSlot {
             free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
             seg: Arc::new(seg),
             buffers: 0,
         });
-        tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
-        ctx.add_team(team.clone());
-        Ok(team)
+        self.ctx.add_team(self.clone());
     }
 
     /// Every block of every rank on one device must be resident at once (blocks wait for their
@@ -363,12 +375,7 @@ impl Team {
             .memset_d8(device, seg.peer_base(r, r), 0, SYNC_BYTES)
             .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")));
         if let Err(e) = comm.vote("zero sync regions", zeroed) {
-            for undo in seg.teardown(ctx) {
-                tracing::error!("rolling back team creation: {undo}");
-            }
-            if !seg.is_released() {
-                ctx.park(Arc::new(seg));
-            }
+            Self::abandon(ctx, seg);
             return Err(e);
         }
         let team = Arc::new(Team {
@@ -385,16 +392,11 @@ impl Team {
             comm: Some(comm),
             state: Mutex::new(State::default()),
         });
-        team.state.lock().segments.push(SegmentSlot {
-            free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
-            seg: Arc::new(seg),
-            buffers: 0,
-        });
+        team.install_first_segment(seg, size, reserved);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles",
             handle_type_label(handle_type)
         );
-        ctx.add_team(team.clone());
         Ok(team)
     }
 
