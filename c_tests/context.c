@@ -65,6 +65,16 @@ int main(void) {
   config.multicast = (mcast_multicast_t)77;
   check_create_fails(&config, MCAST_ERROR_INVALID_ARGUMENT, "multicast = 77");
 
+  /* The simulator models up to 72 GPUs (an NVL72 rack), not one more. */
+  config = sim_config();
+  config.sim_devices = 72;
+  CHECK_OK(mcast_context_create(&config, &other));
+  CHECK_OK(mcast_device_count(other, &count));
+  CHECK(count == 72);
+  CHECK_OK(mcast_context_destroy(other));
+  config.sim_devices = 73;
+  check_create_fails(&config, MCAST_ERROR_INVALID_ARGUMENT, "sim_devices = 73");
+
   /* struct_size must be filled (mcast_config_init or sizeof). */
   config = sim_config();
   config.struct_size = 0;

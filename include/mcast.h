@@ -303,7 +303,7 @@ typedef struct mcast_config_t {
    */
   uint32_t timeout_ms;
   /**
-   * SIM: number of simulated GPUs; default 4.
+   * SIM: number of simulated GPUs, 1 to 72; default 4.
    */
   uint32_t sim_devices;
   /**

@@ -14,7 +14,7 @@
 //   kernels fall back to scalar accesses.
 
 // ============================== ABI (mirrored in src/kernels/abi.rs) ==============================
-#define MCAST_MAX_RANKS 16
+#define MCAST_MAX_RANKS 72
 #define MCAST_MAX_BLOCKS 64
 #define MCAST_THREADS 512
 #define MCAST_UNROLL 4
@@ -46,20 +46,21 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-// The kernel argument, passed by value. Mirrors `KernelArgs` (304 bytes).
+// The kernel argument, passed by value (1200 bytes: within the 4 KiB kernel parameter limit).
+// Mirrors `KernelArgs`.
 struct McastArgs {
   u64 data[MCAST_MAX_RANKS];  // 0
-  u64 sync[MCAST_MAX_RANKS];  // 128
-  u64 data_mc;                // 256: multicast address of data (emulated: data[rank])
-  u64 sync_mc;                // 264: multicast address of the sync region (emulated: sync[rank])
-  u64 count;                  // 272
-  u64 timeout_ns;             // 280: 0 = spin forever
-  u32 rank;                   // 288
-  u32 nranks;                 // 292
-  u32 root;                   // 296: broadcast root
-  u32 reserved;               // 300
+  u64 sync[MCAST_MAX_RANKS];  // 576
+  u64 data_mc;                // 1152: multicast address of data (emulated: data[rank])
+  u64 sync_mc;                // 1160: multicast address of the sync region (emulated: sync[rank])
+  u64 count;                  // 1168
+  u64 timeout_ns;             // 1176: 0 = spin forever
+  u32 rank;                   // 1184
+  u32 nranks;                 // 1188
+  u32 root;                   // 1192: broadcast root
+  u32 reserved;               // 1196
 };
-static_assert(sizeof(McastArgs) == 304, "McastArgs layout");
+static_assert(sizeof(McastArgs) == 1200, "McastArgs layout");
 
 // ============================== PTX helpers ==============================
 struct alignas(16) V16 {

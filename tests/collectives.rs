@@ -25,13 +25,18 @@ fn on_gpu() -> bool {
 
 /// A context for the chosen backend, or `None` (skipped) when CUDA was asked for and is absent.
 fn context(multicast: bool, timeout_ms: u32) -> Option<Arc<Context>> {
+    context_of(multicast, timeout_ms, 8)
+}
+
+/// As [`context`], with `sim_devices` simulated GPUs.
+fn context_of(multicast: bool, timeout_ms: u32, sim_devices: u32) -> Option<Arc<Context>> {
     let config = if on_gpu() {
         Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms, ..Config::default() }
     } else {
         Config {
             backend: Backend::Sim,
             multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-            sim_devices: 8,
+            sim_devices,
             sim_device_memory: 256 * MIB as u64,
             timeout_ms,
             ..Config::default()
@@ -349,6 +354,55 @@ fn p2p_teams_of_1_2_3() {
 #[test]
 fn p2p_teams_of_4_8() {
     sweep(false, &[4, 8], false);
+}
+
+/// The largest team, an NVL72 rack: every collective on 72 ranks, on both transports (on a GPU,
+/// 72 ranks over the visible devices), with the ledger empty afterwards.
+#[test]
+fn teams_of_72_ranks() {
+    for multicast in [true, false] {
+        let Some(ctx) = context_of(multicast, 60_000, 72) else { return };
+        let n = mcast::kernels::MAX_RANKS;
+        assert_eq!(n, 72);
+        let team = Team::create(&ctx, &devices(&ctx, n)).unwrap();
+        assert_eq!(team.transport() == Transport::Multicast, multicast && !on_gpu());
+        let mut cases = Vec::new();
+        for (dtype, op) in [(DType::BF16, RedOp::Sum), (DType::F32, RedOp::Max), (DType::I64, RedOp::Sum)] {
+            for (count, offset) in [(1, 0), (37, 24), (4099, 0), (72 * 1000 + 5, 16)] {
+                cases.push(Case {
+                    collective: Collective::AllReduce { dtype, op },
+                    count,
+                    offset,
+                    random_floats: false,
+                });
+                cases.push(Case {
+                    collective: Collective::ReduceScatter { dtype, op },
+                    count: count / 36 + 1,
+                    offset,
+                    random_floats: false,
+                });
+            }
+        }
+        for (i, bytes) in [1usize, 17, 4096, 100_003].into_iter().enumerate() {
+            let offset = [0, 1, 4, 13][i];
+            cases.push(Case { collective: Collective::AllGather, count: bytes, offset, random_floats: false });
+            let root = [71, 0, 35, 70][i];
+            cases.push(Case { collective: Collective::Broadcast { root }, count: bytes, offset, random_floats: false });
+        }
+        for (k, case) in cases.iter().enumerate() {
+            check(&ctx, &team, case, 7200 + k as u64).unwrap_or_else(|e| panic!("multicast {multicast}: {e}"));
+        }
+        team.destroy().unwrap();
+        // One rank more than a team holds is refused with the limit named.
+        let e = Team::create(&ctx, &devices(&ctx, n + 1)).err().expect("73 ranks are refused");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("at most 72 ranks"), "{e}");
+        assert!(ctx.shutdown().is_empty());
+        if let Some(sim) = ctx.driver().as_sim() {
+            let ledger = sim.ledger();
+            assert_eq!((ledger.mappings, ledger.multicast_objects, ledger.bindings), (0, 0, 0), "{ledger}");
+        }
+    }
 }
 
 #[test]

@@ -280,7 +280,7 @@ impl Fuzzer {
             0 => c.struct_size = self.rng.pick(&[0, 4, 8]),
             1 => c.backend.0 = self.rng.pick(&[3, 99, u32::MAX]),
             2 => c.multicast.0 = self.rng.pick(&[3, 99, u32::MAX]),
-            3 => c.sim_devices = self.rng.pick(&[0, 17, 1000, u32::MAX]),
+            3 => c.sim_devices = self.rng.pick(&[0, 73, 1000, u32::MAX]),
             4 => c.sim_device_memory = self.rng.pick(&[0, 1, u64::MAX]),
             5 => c.sim_multicast_slots = 0,
             6 => null_out = true,

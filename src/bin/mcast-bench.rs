@@ -352,14 +352,22 @@ struct RunInfo {
     check: bool,
 }
 
-/// Small integers in [-8, 8] ([0, 16] unsigned): exact in every dtype, and their sums over at
-/// most 16 ranks are exact too (|sum| <= 128 < 256, bf16's exact integer range).
-fn value(d: DType, rank: usize, j: usize) -> i64 {
-    let v = ((j * 7 + rank * 11) % 17) as i64;
+/// Half-width of the check values for a team of `nranks`: 8 up to 16 ranks, smaller above, so
+/// that a sum over every rank stays within 256, bf16's exact integer range.
+fn amplitude(nranks: usize) -> i64 {
+    (256 / nranks.max(1) as i64).clamp(1, 8)
+}
+
+/// Small integers in [-a, a] ([0, 2a] unsigned), a = [`amplitude`]: exact in every dtype, and
+/// their sums over the team are exact too (|sum| <= nranks * a <= 256). Up to 16 ranks every
+/// rank's value differs from rank 0's at every index (above, every rank within 2a + 1 of it).
+fn value(d: DType, nranks: usize, rank: usize, j: usize) -> i64 {
+    let a = amplitude(nranks);
+    let v = ((j * 7 + rank) % (2 * a as usize + 1)) as i64;
     if matches!(d, DType::U32 | DType::U64) {
         v
     } else {
-        v - 8
+        v - a
     }
 }
 
@@ -770,7 +778,7 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         Op::AllGather => Collective::AllGather,
     };
     let reduced = table(o.dtype, |j| {
-        let vals = (0..n).map(|r| value(o.dtype, r, j));
+        let vals = (0..n).map(|r| value(o.dtype, n, r, j));
         match o.redop {
             RedOp::Sum => vals.sum(),
             RedOp::Min => vals.min().unwrap_or(0),
@@ -783,7 +791,7 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         collective,
         op: o.op,
         dtype: o.dtype,
-        inputs: (0..n).map(|r| table(o.dtype, |j| value(o.dtype, r, j))).collect(),
+        inputs: (0..n).map(|r| table(o.dtype, |j| value(o.dtype, n, r, j))).collect(),
         reduced,
     };
     let result = measure(&bench, &shapes, &run_info, o);
@@ -981,14 +989,14 @@ mod tests {
     fn fill_and_count_wrong_follow_the_period_from_any_phase() {
         for d in DType::ALL {
             let es = d.size();
-            let t = table(d, |j| value(d, 1, j));
+            let t = table(d, |j| value(d, 4, 1, j));
             for first in [0, 5, PERIOD - 1, PERIOD, 3 * PERIOD + 7] {
                 let mut buf = vec![0u8; (2 * PERIOD + 13) * es];
                 fill(&mut buf, first, &t, es);
                 assert_eq!(count_wrong(&buf, first, &t, es), 0, "{d:?} from {first}");
                 let mut expect = vec![];
                 for i in first..first + 2 * PERIOD + 13 {
-                    encode(d, value(d, 1, i % PERIOD), &mut expect);
+                    encode(d, value(d, 4, 1, i % PERIOD), &mut expect);
                 }
                 assert_eq!(buf, expect, "{d:?} from {first}");
                 // Corrupt two elements; shift by one element: both are seen.
@@ -1002,11 +1010,13 @@ mod tests {
 
     #[test]
     fn check_data_is_exact_and_differs_between_ranks() {
-        for j in 0..PERIOD {
-            let sum: i64 = (0..MAX_RANKS).map(|r| value(DType::I32, r, j).abs()).sum();
-            assert!(sum <= 128, "16-rank sums stay exact in bf16");
-            for r in 1..MAX_RANKS {
-                assert_ne!(value(DType::F32, 0, j), value(DType::F32, r, j));
+        for n in 1..=MAX_RANKS {
+            for j in 0..PERIOD {
+                let sum: i64 = (0..n).map(|r| value(DType::I32, n, r, j).abs()).sum();
+                assert!(sum <= 256, "{n}-rank sums stay exact in bf16");
+                for r in 1..n.min(2 * amplitude(n) as usize + 1) {
+                    assert_ne!(value(DType::F32, n, 0, j), value(DType::F32, n, r, j), "{n} ranks, rank {r}");
+                }
             }
         }
     }

@@ -2,7 +2,7 @@
 
 use std::mem::size_of;
 
-use crate::runtime::config::{Backend, Config, MulticastMode};
+use crate::runtime::config::{Backend, Config, MulticastMode, MAX_SIM_DEVICES};
 use crate::runtime::{Error, Result};
 
 /// Which driver a context uses.
@@ -55,7 +55,7 @@ pub struct mcast_config_t {
     pub retry_backoff_ms: u32,
     /// Bound on waits for peers (device barriers, blocking steps); default 30000; 0 = forever.
     pub timeout_ms: u32,
-    /// SIM: number of simulated GPUs; default 4.
+    /// SIM: number of simulated GPUs, 1 to 72; default 4.
     pub sim_devices: u32,
     /// SIM: bytes per simulated GPU; default 1 GiB.
     pub sim_device_memory: u64,
@@ -106,9 +106,9 @@ impl mcast_config_t {
             v => return Err(Error::invalid_argument(format!("config->multicast = {v} is not an mcast_multicast_t"))),
         };
         if backend != Backend::Cuda {
-            if self.sim_devices == 0 || self.sim_devices > 64 {
+            if self.sim_devices == 0 || self.sim_devices > MAX_SIM_DEVICES {
                 return Err(Error::invalid_argument(format!(
-                    "config->sim_devices = {} is out of range (1 to 64)",
+                    "config->sim_devices = {} is out of range (1 to {MAX_SIM_DEVICES})",
                     self.sim_devices
                 )));
             }
@@ -176,5 +176,9 @@ mod tests {
         assert!(bad.to_config().unwrap_err().message.contains("struct_size"));
         let bad = mcast_config_t { sim_devices: 0, ..raw };
         assert_eq!(bad.to_config().unwrap_err().kind, ErrorKind::InvalidArgument);
+        let most = mcast_config_t { sim_devices: 72, ..raw };
+        assert_eq!(most.to_config().unwrap().sim_devices, 72);
+        let bad = mcast_config_t { sim_devices: 73, ..raw };
+        assert!(bad.to_config().unwrap_err().message.contains("1 to 72"));
     }
 }

@@ -124,7 +124,7 @@ pub struct KernelArgs {
 }
 
 /// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
-pub const KERNEL_ARGS_SIZE: usize = 304;
+pub const KERNEL_ARGS_SIZE: usize = 1200;
 const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
 const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 
@@ -450,19 +450,21 @@ mod tests {
 
     #[test]
     fn kernel_args_layout() {
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 304);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 1200);
         assert_eq!(offset_of!(KernelArgs, data), 0);
-        assert_eq!(offset_of!(KernelArgs, sync), 128);
-        assert_eq!(offset_of!(KernelArgs, data_mc), 256);
-        assert_eq!(offset_of!(KernelArgs, sync_mc), 264);
-        assert_eq!(offset_of!(KernelArgs, count), 272);
-        assert_eq!(offset_of!(KernelArgs, timeout_ns), 280);
-        assert_eq!(offset_of!(KernelArgs, rank), 288);
-        assert_eq!(offset_of!(KernelArgs, nranks), 292);
-        assert_eq!(offset_of!(KernelArgs, root), 296);
-        assert_eq!(offset_of!(KernelArgs, reserved), 300);
+        assert_eq!(offset_of!(KernelArgs, sync), 576);
+        assert_eq!(offset_of!(KernelArgs, data_mc), 1152);
+        assert_eq!(offset_of!(KernelArgs, sync_mc), 1160);
+        assert_eq!(offset_of!(KernelArgs, count), 1168);
+        assert_eq!(offset_of!(KernelArgs, timeout_ns), 1176);
+        assert_eq!(offset_of!(KernelArgs, rank), 1184);
+        assert_eq!(offset_of!(KernelArgs, nranks), 1188);
+        assert_eq!(offset_of!(KernelArgs, root), 1192);
+        assert_eq!(offset_of!(KernelArgs, reserved), 1196);
+        // CUDA's kernel parameter limit (4 KiB before 12.1's large-argument support).
+        assert!(std::mem::size_of::<KernelArgs>() <= 4096);
         // The C struct states the same offsets in comments; check they are there.
-        for (field, off) in [("data_mc", 256), ("count", 272), ("rank", 288), ("root", 296)] {
+        for (field, off) in [("data_mc", 1152), ("count", 1168), ("rank", 1184), ("root", 1192)] {
             assert!(
                 SOURCE.lines().any(|l| l.contains(&format!("u64 {field};"))
                     || l.contains(&format!("u32 {field};")) && l.contains(&format!("// {off}"))),

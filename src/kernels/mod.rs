@@ -16,8 +16,8 @@ pub mod sim;
 pub use cuda::launch;
 pub use error::KernelError;
 
-/// Most ranks a collective kernel takes.
-pub const MAX_RANKS: usize = 16;
+/// Most ranks a team and a collective kernel take: the 72 GPUs of an NVL72 rack.
+pub const MAX_RANKS: usize = 72;
 
 /// Bytes per rank, at the start of a team's first segment, reserved for barrier signal words
 /// and the rank's device state (epochs, error word). A multiple of the multicast granularity's

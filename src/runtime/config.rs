@@ -37,6 +37,10 @@ pub enum HandleTypeMode {
 }
 
 /// Everything a context is configured with.
+/// Most GPUs the simulator models in one process: the 72 of an NVL72 rack, so the largest teams
+/// are tested without hardware.
+pub const MAX_SIM_DEVICES: u32 = 72;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Driver choice.
@@ -111,7 +115,7 @@ impl Config {
         parse_into(&get, "MCAST_OOM_RETRIES", &mut self.oom_retries, |n: u32| n <= 64);
         parse_into(&get, "MCAST_RETRY_BACKOFF_MS", &mut self.retry_backoff_ms, |n: u32| n <= 60_000);
         parse_into(&get, "MCAST_TIMEOUT_MS", &mut self.timeout_ms, |_: u32| true);
-        parse_into(&get, "MCAST_SIM_DEVICES", &mut self.sim_devices, |n: u32| (1..=64).contains(&n));
+        parse_into(&get, "MCAST_SIM_DEVICES", &mut self.sim_devices, |n: u32| (1..=MAX_SIM_DEVICES).contains(&n));
         if let Some(v) = get("MCAST_SIM_DEVICE_MEMORY") {
             match parse_bytes(&v) {
                 Some(n) if n > 0 => self.sim_device_memory = n,
