@@ -38,12 +38,14 @@ def human(b):
     return str(b)
 
 
-def read_mcast(path, times, notes):
+def read_mcast(path, times, notes, ranks):
     try:
         with open(path) as f:
             for r in csv.DictReader(f):
                 mode = r.get("mode") or "eager"
                 times[(r["op"], int(r["size"]))][("mcast", mode)] = float(r["time_us"])
+                if r.get("nranks"):
+                    ranks.add(int(r["nranks"]))
     except (OSError, KeyError, ValueError) as e:
         notes.append(f"mcast-bench CSV {path} unreadable ({e}); skipped")
 
@@ -118,14 +120,15 @@ def main():
     ap.add_argument("--peers")
     ap.add_argument("--nccl-tests", action="append", default=[])
     ap.add_argument("--roofline")
-    ap.add_argument("--nranks", type=int, default=2)
+    ap.add_argument("--nranks", type=int, help="ranks (default: mcast-bench's CSV, else 2)")
     ap.add_argument("--md")
     args = ap.parse_args()
 
     notes = []
     times = defaultdict(dict)  # (op, bytes) -> (impl, mode) -> us
+    ranks = set()
     for p in args.mcast:
-        read_mcast(p, times, notes)
+        read_mcast(p, times, notes, ranks)
     if args.peers:
         read_peers(args.peers, times, notes)
     else:
@@ -138,7 +141,9 @@ def main():
     if not args.roofline:
         notes.append("no roofline measured (no nvcc?); the roofline targets are not judged")
 
-    n = args.nranks
+    n = args.nranks or (ranks.pop() if len(ranks) == 1 else 2)
+    if args.nranks is None and len(ranks) > 1:
+        notes.append(f"mcast-bench CSVs disagree on the rank count ({sorted(ranks)}); busbw assumes 2")
     out = []
     if ce is not None:
         out.append(f"Peak peer copy in this run (bench/p2p_roofline.cu, GB/s per direction, both directions "
