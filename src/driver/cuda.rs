@@ -1078,6 +1078,14 @@ mod tests {
         assert!(api.cuMulticastBindMem_v2.is_none());
         assert!(api.cuMulticastBindAddr_v2.is_some());
         assert_eq!(api.missing_optional(), vec!["cuMulticastCreate", "cuMulticastBindMem_v2"]);
+        // A driver without CUDA graphs still loads; only the graph entry points are absent.
+        let api = match Api::resolve(&fake_lookup(&["cuStreamBeginCapture_v2", "cuGraphLaunch"])) {
+            Ok(api) => api,
+            Err(name) => panic!("{name} reported missing"),
+        };
+        assert!(api.cuStreamBeginCapture_v2.is_none() && api.cuGraphLaunch.is_none());
+        assert!(api.cuStreamEndCapture.is_some() && api.cuGraphInstantiateWithFlags.is_some());
+        assert_eq!(api.missing_optional(), vec!["cuStreamBeginCapture_v2", "cuGraphLaunch"]);
     }
 
     #[test]
