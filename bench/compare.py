@@ -13,6 +13,7 @@ Inputs (any may be missing; what is missing is named in a note):
                 time is used (mcast's collectives are in place)
   --roofline    bench/p2p_roofline.cu's output: the copy-engine rate with both directions busy is
                 the peak peer copy (GB/s per direction)
+  --first-use   run-h200x2.sh's first_use.txt (seconds from process start, empty kernel cache)
 Times are microseconds per call; "x" columns are peer time / mcast time in the same mode (above 1:
 mcast is faster); busbw uses NCCL's factors.
 """
@@ -120,6 +121,7 @@ def main():
     ap.add_argument("--peers")
     ap.add_argument("--nccl-tests", action="append", default=[])
     ap.add_argument("--roofline")
+    ap.add_argument("--first-use", help="run-h200x2.sh's first_use.txt")
     ap.add_argument("--nranks", type=int, help="ranks (default: mcast-bench's CSV, else 2)")
     ap.add_argument("--md")
     args = ap.parse_args()
@@ -178,6 +180,15 @@ def main():
     out += ["| target | status | figure |", "|---|---|---|"]
     for name, status, figure in targets(times, n, ce):
         out.append(f"| {name} | {status} | {figure} |")
+    first = None
+    if args.first_use:
+        try:
+            m = re.search(r"([\d.]+) s", open(args.first_use).read())
+            first = float(m.group(1)) if m else None
+        except OSError:
+            pass
+    out.append("| first use (empty cache, process start to one bf16 all-reduce done) <= 2 s | "
+               + ("not measured | - |" if first is None else f"{'met' if first <= 2.0 else 'missed'} | {first:.2f} s |"))
     if notes:
         out.append("\nNotes:")
         out += [f"- {x}" for x in notes]
