@@ -930,14 +930,52 @@ __device__ void all_gather_mc(const McastArgs& a) {
 #define KERNEL extern "C" __global__ void __launch_bounds__(MCAST_THREADS)
 #define ARGS const __grid_constant__ McastArgs a
 
-#define P2P_RED(DN, D, ON, O)                                                             \
-  KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }         \
-  KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }       \
-  KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); } \
-  KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); }
-#define MC_RED(DN, D, ON, O)                                              \
-  KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); } \
-  KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); }
+// Selection (src/kernels/select.rs): with -DMCAST_SELECT the host compiles only the entry points
+// of one module, one collective for one dtype and operator (every algorithm of it: P2P one-shot,
+// push, two-shot and multicast), and defines each MCAST_SEL_<collective|dtype|op> to 1 or 0.
+// Without it every entry point is compiled (what scripts/check-kernels checks).
+#ifndef MCAST_SELECT
+#define MCAST_SEL_all_reduce 1
+#define MCAST_SEL_reduce_scatter 1
+#define MCAST_SEL_broadcast 1
+#define MCAST_SEL_all_gather 1
+#define MCAST_SEL_f32 1
+#define MCAST_SEL_f64 1
+#define MCAST_SEL_f16 1
+#define MCAST_SEL_bf16 1
+#define MCAST_SEL_i32 1
+#define MCAST_SEL_u32 1
+#define MCAST_SEL_i64 1
+#define MCAST_SEL_u64 1
+#define MCAST_SEL_sum 1
+#define MCAST_SEL_min 1
+#define MCAST_SEL_max 1
+#endif
+// MCAST_WHEN(c, d, o)(definitions...) keeps the definitions when all three flags are 1. The
+// flags are expanded before MCAST_PASTE4 pastes them (they are not operands of ## here).
+#define MCAST_PASTE4(a, b, c, d) a##b##c##d
+#define MCAST_WHEN(c, d, o) MCAST_PASTE4(MCAST_WHEN_, c, d, o)
+#define MCAST_WHEN_111(...) __VA_ARGS__
+#define MCAST_WHEN_110(...)
+#define MCAST_WHEN_101(...)
+#define MCAST_WHEN_100(...)
+#define MCAST_WHEN_011(...)
+#define MCAST_WHEN_010(...)
+#define MCAST_WHEN_001(...)
+#define MCAST_WHEN_000(...)
+
+#define P2P_RED(DN, D, ON, O)                                                                 \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                           \
+      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }       \
+      KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }     \
+      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); }) \
+  MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)(                       \
+      KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); })
+#define MC_RED(DN, D, ON, O)                                                       \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                \
+      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })     \
+  MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)(            \
+      KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); })
 #define P2P_OPS(DN, D) \
   P2P_RED(DN, D, sum, O_SUM) P2P_RED(DN, D, min, O_MIN) P2P_RED(DN, D, max, O_MAX)
 #define MC_OPS(DN, D) MC_RED(DN, D, sum, O_SUM) MC_RED(DN, D, min, O_MIN) MC_RED(DN, D, max, O_MAX)
@@ -960,7 +998,9 @@ MC_OPS(u32, D_U32)
 MC_OPS(i64, D_I64)
 MC_OPS(u64, D_U64)
 
-KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
-KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
-KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); }
-KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); }
+MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
+    KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
+    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); })
+MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
+    KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
+    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); })

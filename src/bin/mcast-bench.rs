@@ -5,6 +5,8 @@
 //! `--check 0`), runs `--warmup` untimed iterations, then times `--iters` iterations with events
 //! recorded on every rank's stream around the loop; the time is the slowest rank's elapsed time
 //! divided by the iterations. algbw = bytes / time; busbw = algbw * NCCL's factor for the op.
+//! With `-G N` (as nccl-tests' `-G`), each rank's `--iters` iterations are captured in a CUDA
+//! graph, replayed N times between the events, and the time is divided by iters x N.
 //! With no GPU it runs on the simulator with small default sizes.
 
 use std::fmt::Write as _;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use half::{bf16, f16};
-use mcast::driver::{Device, Event, Stream};
+use mcast::driver::{Device, Driver, Event, Graph, GraphExec, Stream};
 use mcast::kernels::{Collective, DType, RedOp, MAX_RANKS};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, synchronize};
@@ -39,6 +41,10 @@ options (`--flag value` or `--flag=value`):
   -f, --stepfactor F multiply the size by F each step, F >= 2 (default 2 on CUDA, 4 on sim)
   -n, --iters N      timed iterations per size, >= 1 (default 20 on CUDA, 5 on sim)
   -w, --warmup N     untimed iterations per size before timing (default 5 on CUDA, 1 on sim)
+  -G, --graph N      CUDA-graph mode, as nccl-tests' -G: each rank's --iters iterations are
+                     captured in a CUDA graph (one per rank's stream), which is replayed N
+                     times between the timing events; time = elapsed / (iters x N). 0: eager
+                     launches (default)
   -c, --check 0|1    check every rank against a host reference before timing (default 1);
                      the #wrong column counts wrong elements, and any makes the exit status 1
   --devices LIST     comma-separated device ordinals, one rank each, e.g. 0,1; a device may repeat
@@ -117,6 +123,8 @@ struct Options {
     factor: Option<u64>,
     iters: Option<u32>,
     warmup: Option<u32>,
+    /// Graph replays per size (`-G`); 0: eager.
+    graph: u32,
     check: bool,
     devices: Option<Vec<i32>>,
     backend: Option<Backend>,
@@ -176,6 +184,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
         factor: None,
         iters: None,
         warmup: None,
+        graph: 0,
         check: true,
         devices: None,
         backend: None,
@@ -223,6 +232,8 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
             "--iters",
             "-w",
             "--warmup",
+            "-G",
+            "--graph",
             "-c",
             "--check",
             "--devices",
@@ -285,6 +296,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
                 o.iters = Some(n);
             }
             "-w" | "--warmup" => o.warmup = Some(parse_num(flag, &v, "an integer >= 0")?),
+            "-G" | "--graph" => o.graph = parse_num(flag, &v, "a number of graph replays >= 0 (0: eager)")?,
             "-c" | "--check" => {
                 o.check = match v.trim() {
                     "1" => true,
@@ -349,7 +361,20 @@ struct RunInfo {
     date: String,
     iters: u32,
     warmup: u32,
+    /// Graph replays per size; 0: eager.
+    graph: u32,
     check: bool,
+}
+
+impl RunInfo {
+    /// `"eager"` or `"graph"`.
+    fn mode(&self) -> &'static str {
+        if self.graph == 0 {
+            "eager"
+        } else {
+            "graph"
+        }
+    }
 }
 
 /// Half-width of the check values for a team of `nranks`: 8 up to 16 ranks, smaller above, so
@@ -580,16 +605,20 @@ impl Bench<'_> {
     /// Each rank is driven by its own thread with its device current, as in a program with one
     /// thread (or process) per GPU: ranks' launches proceed in parallel, and a rank's time is
     /// its stream's, measured with events around its loop.
-    fn time(&self, s: &Shape, warmup: u32, iters: u32) -> Result<f64, Failure> {
+    ///
+    /// With `graph > 0` each rank captures its `iters` iterations in a CUDA graph and replays it
+    /// `graph` times between the events (see [`Bench::time_graph`]); the time is per iteration.
+    fn time(&self, s: &Shape, warmup: u32, iters: u32, graph: u32) -> Result<f64, Failure> {
         let driver = self.team.context().driver();
         let count = self.run_count(s);
         let rig = self.rig;
         let n = rig.streams.len();
         let start_line = std::sync::Barrier::new(n);
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let per_rank: Vec<Result<f64, Failure>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
                 .map(|r| {
-                    let start_line = &start_line;
+                    let (start_line, failed) = (&start_line, &failed);
                     scope.spawn(move || -> Result<f64, Failure> {
                         let (dev, stream) = (rig.devices[r], rig.streams[r]);
                         let name = self.op.name();
@@ -598,6 +627,9 @@ impl Bench<'_> {
                                 .map_err(|e| runtime(format!("{name} rank {r}: {e}")))
                         };
                         driver.bind_thread(dev).map_err(|e| runtime(format!("rank {r}: {e}")))?;
+                        if graph > 0 {
+                            return self.time_graph(r, count, warmup, iters, graph, start_line, failed);
+                        }
                         for _ in 0..warmup {
                             launch()?;
                         }
@@ -626,7 +658,127 @@ impl Bench<'_> {
         for t in per_rank {
             ms = ms.max(t?);
         }
-        Ok(ms * 1e3 / f64::from(iters))
+        Ok(ms * 1e3 / (f64::from(iters) * f64::from(graph.max(1))))
+    }
+
+    /// Rank `r`'s graph-mode timing, on its own thread with its device current: `warmup` eager
+    /// iterations; `iters` iterations captured on its stream (thread-local capture mode, as
+    /// nccl-tests) and instantiated; one untimed replay (which also uploads the graph); then,
+    /// once every rank is ready, `replays` replays between the events. Returns the elapsed
+    /// milliseconds of all replays. Every rank reaches the start line exactly once, even when its
+    /// setup failed (`failed` tells the others, which then skip the timed part), so a failure
+    /// never leaves a rank waiting there.
+    #[allow(clippy::too_many_arguments)]
+    fn time_graph(
+        &self,
+        r: usize,
+        count: usize,
+        warmup: u32,
+        iters: u32,
+        replays: u32,
+        start_line: &std::sync::Barrier,
+        failed: &std::sync::atomic::AtomicBool,
+    ) -> Result<f64, Failure> {
+        use std::sync::atomic::Ordering;
+        let driver = self.team.context().driver();
+        let rig = self.rig;
+        let (dev, stream) = (rig.devices[r], rig.streams[r]);
+        let name = self.op.name();
+        let setup = (|| -> Result<(Graph, GraphExec), Failure> {
+            for _ in 0..warmup {
+                run(self.buf(), r as i32, 0, count, self.collective, stream)
+                    .map_err(|e| runtime(format!("{name} rank {r}: {e}")))?;
+            }
+            synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}")))?;
+            let graph = capture(driver.as_ref(), dev, stream, || {
+                for _ in 0..iters {
+                    run(self.buf(), r as i32, 0, count, self.collective, stream)
+                        .map_err(|e| runtime(format!("{name} rank {r}, capturing: {e}")))?;
+                }
+                Ok(())
+            })?;
+            let exec = match driver.graph_instantiate(dev, graph) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = driver.graph_destroy(dev, graph);
+                    return Err(runtime(format!("rank {r}: instantiating the CUDA graph: {e}")));
+                }
+            };
+            Ok((graph, exec))
+        })();
+        let graph = match setup {
+            Ok(g) => Some(g),
+            Err(f) => {
+                failed.store(true, Ordering::SeqCst);
+                start_line.wait();
+                return Err(f);
+            }
+        };
+        let (g, x) = graph.expect("set up");
+        let replay =
+            |what: &str| driver.graph_launch(dev, x, stream).map_err(|e| runtime(format!("rank {r}: {what}: {e}")));
+        let timed = (|| -> Result<f64, Failure> {
+            // The untimed replay: the graph's first launch uploads it.
+            let warm = replay("replaying the CUDA graph")
+                .and_then(|()| synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}"))));
+            if warm.is_err() {
+                failed.store(true, Ordering::SeqCst);
+            }
+            // Every rank passes here exactly once, set up or failed; the flag is final after it.
+            start_line.wait();
+            warm?;
+            if failed.load(Ordering::SeqCst) {
+                return Err(runtime(format!("rank {r}: another rank failed to set up its CUDA graph")));
+            }
+            driver
+                .event_record(dev, rig.start[r], stream)
+                .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
+            for _ in 0..replays {
+                replay("replaying the CUDA graph")?;
+            }
+            driver
+                .event_record(dev, rig.end[r], stream)
+                .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
+            synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}")))?;
+            let ms = driver
+                .event_elapsed_ms(dev, rig.start[r], rig.end[r])
+                .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
+            Ok(f64::from(ms))
+        })();
+        let mut errors = vec![];
+        if let Err(e) = driver.graph_exec_destroy(dev, x) {
+            errors.push(format!("rank {r}: destroying the executable CUDA graph: {e}"));
+        }
+        if let Err(e) = driver.graph_destroy(dev, g) {
+            errors.push(format!("rank {r}: destroying the CUDA graph: {e}"));
+        }
+        match timed {
+            Ok(_) if !errors.is_empty() => Err(runtime(errors.join("; "))),
+            other => other.map_err(|f| with_errors(f, errors)),
+        }
+    }
+}
+
+/// Captures what `body` launches on `stream` into a graph. The capture is ended on every path,
+/// so the stream never stays capturing; a graph made before a failure is destroyed.
+fn capture(
+    driver: &dyn Driver,
+    dev: Device,
+    stream: Stream,
+    body: impl FnOnce() -> Result<(), Failure>,
+) -> Result<Graph, Failure> {
+    driver.stream_begin_capture(dev, stream).map_err(|e| runtime(format!("beginning a CUDA graph capture: {e}")))?;
+    let launched = body();
+    let ended = driver.stream_end_capture(dev, stream);
+    match (launched, ended) {
+        (Ok(()), Ok(graph)) => Ok(graph),
+        (Ok(()), Err(e)) => Err(runtime(format!("ending the CUDA graph capture: {e}"))),
+        (Err(f), ended) => {
+            if let Ok(graph) = ended {
+                let _ = driver.graph_destroy(dev, graph);
+            }
+            Err(f)
+        }
     }
 }
 
@@ -729,6 +881,7 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         date: utc_now(),
         iters,
         warmup,
+        graph: o.graph,
         check: o.check,
     };
     let policy = match ctx.config().multicast {
@@ -751,6 +904,14 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         "# sizes {min_b}..{max_b} x{factor}, {warmup} warmup + {iters} timed iteration(s), check {}",
         if o.check { "on" } else { "off" }
     );
+    match o.graph {
+        0 => println!("# mode: eager (a launch per iteration)"),
+        g => println!(
+            "# mode: graph (each rank's {iters} iteration(s) captured in a CUDA graph, replayed {g} time(s); time per \
+             iteration = elapsed / {})",
+            u64::from(iters) * u64::from(g)
+        ),
+    }
     let mut rig = Rig::new(&team);
     if let Err(f) = rig.populate(&team, buffer_bytes) {
         let mut errors = rig.release(ctx);
@@ -843,7 +1004,7 @@ fn measure(b: &Bench, shapes: &[Shape], info: &RunInfo, o: &Options) -> Result<V
             );
         }
         let wrong = if o.check { Some(b.check(s)?) } else { None };
-        let time_us = b.time(s, info.warmup, info.iters)?;
+        let time_us = b.time(s, info.warmup, info.iters, info.graph)?;
         let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
         let row = Row { size: bytes, count: s.count, time_us, algbw, busbw: algbw * b.op.bus_factor(n), wrong };
         println!(
@@ -873,12 +1034,13 @@ fn csv_field(s: &str) -> String {
 
 fn csv(info: &RunInfo, rows: &[Row]) -> String {
     let mut out = String::from(
-        "op,size,count,type,redop,root,time_us,algbw_gbps,busbw_gbps,wrong,nranks,backend,transport,device,date\n",
+        "op,size,count,type,redop,root,time_us,algbw_gbps,busbw_gbps,wrong,nranks,backend,transport,device,date,mode,\
+         graph_launches\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{},{},{},{},{},{},{}",
             info.op.name(),
             r.size,
             r.count,
@@ -893,7 +1055,9 @@ fn csv(info: &RunInfo, rows: &[Row]) -> String {
             info.backend,
             info.transport,
             csv_field(&info.device_name),
-            info.date
+            info.date,
+            info.mode(),
+            info.graph
         );
     }
     out
@@ -944,6 +1108,8 @@ fn json(info: &RunInfo, rows: &[Row]) -> String {
     let _ = writeln!(out, "  \"transport_reason\": {},", json_str(&info.transport_reason));
     let _ = writeln!(out, "  \"iters\": {},", info.iters);
     let _ = writeln!(out, "  \"warmup\": {},", info.warmup);
+    let _ = writeln!(out, "  \"mode\": {},", json_str(info.mode()));
+    let _ = writeln!(out, "  \"graph_launches\": {},", info.graph);
     let _ = writeln!(out, "  \"check\": {},", info.check);
     out.push_str("  \"rows\": [");
     for (i, r) in rows.iter().enumerate() {

@@ -13,7 +13,7 @@
 //! - Every name in [`REQUIRED_SYMBOLS`] must exist, else `load` fails with
 //!   `DriverError { func: <that symbol>, code: CUDA_ERROR_NOT_FOUND }`.
 //! - The names in [`OPTIONAL_SYMBOLS`] (the multicast API, the `_v2` binds, the two forms of
-//!   `cuEventElapsedTime`) are recorded when present; calling one that is absent returns
+//!   `cuEventElapsedTime`, stream capture and CUDA graphs) are recorded when present; calling one that is absent returns
 //!   `CUDA_ERROR_NOT_SUPPORTED` from that function, without calling anything.
 //! - No library: [`LIBRARY_ABSENT`] (`cuInit` / `CUDA_ERROR_NOT_INITIALIZED`). No device:
 //!   `cuInit` or `cuDeviceGetCount` with `CUDA_ERROR_NO_DEVICE`.
@@ -41,8 +41,8 @@ use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, Graph,
+    GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
 };
 
 /// A `CUresult` as the integer the driver returns (never read as a Rust enum).
@@ -209,6 +209,12 @@ driver_api! {
         cuMulticastBindAddr_v2(cu::CUmemGenericAllocationHandle, cu::CUdevice, usize, cu::CUdeviceptr, usize, u64);
         cuEventElapsedTime_v2(*mut f32, cu::CUevent, cu::CUevent);
         cuEventElapsedTime(*mut f32, cu::CUevent, cu::CUevent);
+        cuStreamBeginCapture_v2(cu::CUstream, c_uint);
+        cuStreamEndCapture(cu::CUstream, *mut cu::CUgraph);
+        cuGraphInstantiateWithFlags(*mut cu::CUgraphExec, cu::CUgraph, u64);
+        cuGraphLaunch(cu::CUgraphExec, cu::CUstream);
+        cuGraphExecDestroy(cu::CUgraphExec);
+        cuGraphDestroy(cu::CUgraph);
     }
 }
 
@@ -832,6 +838,55 @@ impl Driver for CudaDriver {
         check("cuEventDestroy", unsafe { (self.api.cuEventDestroy_v2)(event_ptr(event)) })
     }
 
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        let begin = self.api.cuStreamBeginCapture_v2.ok_or_else(|| not_supported("cuStreamBeginCapture"))?;
+        let _ctx = self.enter(dev)?;
+        let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as c_uint;
+        // SAFETY: the stream value is the caller's; the driver validates it; `mode` is a valid
+        // `CUstreamCaptureMode` passed as the C enum's integer.
+        check("cuStreamBeginCapture", unsafe { begin(stream_ptr(stream), mode) })
+    }
+
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
+        let end = self.api.cuStreamEndCapture.ok_or_else(|| not_supported("cuStreamEndCapture"))?;
+        let _ctx = self.enter(dev)?;
+        let mut graph: cu::CUgraph = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the stream value is the caller's.
+        check("cuStreamEndCapture", unsafe { end(stream_ptr(stream), &mut graph) })?;
+        Ok(Graph(graph as usize))
+    }
+
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
+        let instantiate =
+            self.api.cuGraphInstantiateWithFlags.ok_or_else(|| not_supported("cuGraphInstantiateWithFlags"))?;
+        let _ctx = self.enter(dev)?;
+        let mut exec: cu::CUgraphExec = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the graph value is the caller's; flags 0.
+        check("cuGraphInstantiateWithFlags", unsafe { instantiate(&mut exec, graph.0 as cu::CUgraph, 0) })?;
+        Ok(GraphExec(exec as usize))
+    }
+
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
+        let launch = self.api.cuGraphLaunch.ok_or_else(|| not_supported("cuGraphLaunch"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: executable graph and stream values are the caller's; the driver validates them.
+        check("cuGraphLaunch", unsafe { launch(exec.0 as cu::CUgraphExec, stream_ptr(stream)) })
+    }
+
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
+        let destroy = self.api.cuGraphExecDestroy.ok_or_else(|| not_supported("cuGraphExecDestroy"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: the executable graph value is the caller's; the driver validates it.
+        check("cuGraphExecDestroy", unsafe { destroy(exec.0 as cu::CUgraphExec) })
+    }
+
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
+        let destroy = self.api.cuGraphDestroy.ok_or_else(|| not_supported("cuGraphDestroy"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: the graph value is the caller's; the driver validates it.
+        check("cuGraphDestroy", unsafe { destroy(graph.0 as cu::CUgraph) })
+    }
+
     /// Copies, then synchronizes the legacy default stream: from pageable memory
     /// `cuMemcpyHtoD` may return before the DMA lands, and non-blocking streams do not wait
     /// for it.
@@ -989,6 +1044,12 @@ mod tests {
             "cuMulticastGetGranularity",
             "cuMulticastBindMem_v2",
             "cuMulticastBindAddr_v2",
+            "cuStreamBeginCapture_v2",
+            "cuStreamEndCapture",
+            "cuGraphInstantiateWithFlags",
+            "cuGraphLaunch",
+            "cuGraphExecDestroy",
+            "cuGraphDestroy",
         ] {
             assert!(OPTIONAL_SYMBOLS.contains(&name), "{name}");
         }
@@ -1017,6 +1078,14 @@ mod tests {
         assert!(api.cuMulticastBindMem_v2.is_none());
         assert!(api.cuMulticastBindAddr_v2.is_some());
         assert_eq!(api.missing_optional(), vec!["cuMulticastCreate", "cuMulticastBindMem_v2"]);
+        // A driver without CUDA graphs still loads; only the graph entry points are absent.
+        let api = match Api::resolve(&fake_lookup(&["cuStreamBeginCapture_v2", "cuGraphLaunch"])) {
+            Ok(api) => api,
+            Err(name) => panic!("{name} reported missing"),
+        };
+        assert!(api.cuStreamBeginCapture_v2.is_none() && api.cuGraphLaunch.is_none());
+        assert!(api.cuStreamEndCapture.is_some() && api.cuGraphInstantiateWithFlags.is_some());
+        assert_eq!(api.missing_optional(), vec!["cuStreamBeginCapture_v2", "cuGraphLaunch"]);
     }
 
     #[test]

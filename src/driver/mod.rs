@@ -159,6 +159,14 @@ pub struct Function(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Event(pub usize);
 
+/// A captured CUDA graph (`CUgraph`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Graph(pub usize);
+
+/// An executable CUDA graph (`CUgraphExec`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphExec(pub usize);
+
 /// `CU_MEM_ALLOC_GRANULARITY_*` / `CU_MULTICAST_GRANULARITY_*`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Granularity {
@@ -420,6 +428,32 @@ pub trait Driver: Send + Sync + 'static {
         stream: Stream,
         params: &mut [*mut c_void],
     ) -> DResult<()>;
+
+    /// `cuStreamBeginCapture` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (what nccl-tests uses):
+    /// work launched on `stream` from now on is recorded into a graph instead of running. The
+    /// legacy default stream cannot be captured; a stream already capturing gives
+    /// `CUDA_ERROR_ILLEGAL_STATE`.
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()>;
+
+    /// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the graph of what
+    /// was launched on it. A capture invalidated by an illegal call made during it (such as a
+    /// synchronization of the capturing stream) ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`
+    /// and no graph.
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph>;
+
+    /// `cuGraphInstantiateWithFlags` (flags 0): an executable graph of `graph`'s work, which
+    /// stays valid after `graph` is destroyed.
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec>;
+
+    /// `cuGraphLaunch`: runs the executable graph's work on `stream`, in the captured order,
+    /// after the work queued there before.
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()>;
+
+    /// `cuGraphExecDestroy`.
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()>;
+
+    /// `cuGraphDestroy`.
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()>;
 
     /// The simulator, when this is one: the kernels layer runs collectives on its workers.
     fn as_sim(&self) -> Option<&sim::SimDriver> {

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cuda;
 pub mod error;
 pub mod nvrtc;
+pub mod select;
 pub mod sim;
 
 pub use cuda::launch;

@@ -23,6 +23,9 @@ struct Targets(Vec<*mut u8>);
 // SAFETY: the pointers address simulated device memory shared by the worker threads; every
 // access is ordered by the barrier protocol, as on a GPU.
 unsafe impl Send for Targets {}
+// SAFETY: as for `Send`: a captured job (a CUDA-graph node) is shared by its replays, which run
+// one after another on the stream's worker; the pointers are only read.
+unsafe impl Sync for Targets {}
 
 /// Everything one rank's job needs, captured at launch.
 struct Job {
@@ -91,7 +94,8 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         mc_data,
         mc_signal,
     };
-    sim.enqueue(l.dev, l.stream, Box::new(move || job.run())).map_err(KernelError::Driver)
+    // `run` takes `&self`: a launch captured in a CUDA graph replays the same job.
+    sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
 }
 
 /// Bytes of the symmetric range a collective touches, from `data[r]`.
@@ -113,7 +117,7 @@ fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
 }
 
 impl Job {
-    fn run(self) {
+    fn run(&self) {
         let me = self.sync.0[self.rank];
         if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
             return;

@@ -3,6 +3,14 @@
 //! per-(device, stream) worker threads, memory and multicast-slot budgets, fault injection and a
 //! ledger of live resources.
 //!
+//! Stream capture and CUDA graphs: a stream between [`Driver::stream_begin_capture`] and
+//! [`Driver::stream_end_capture`] records its launches (and graph launches) instead of running
+//! them; an executable graph replays the recorded work in order on the stream it is launched
+//! on, after the work queued there before, as often as it is launched. A synchronization of a
+//! capturing stream fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
+//! capture; an event recorded on a capturing stream only orders the capture (no timing node),
+//! as `cuEventRecord` does in a capture.
+//!
 //! Device pointers are host addresses. A physical allocation is a sparse memfd; an address
 //! reservation is a `PROT_NONE` mapping; `cuMemMap` maps the memfd read-write over it. A multicast
 //! mapping stays `PROT_NONE` (an ordinary load or store there is undefined behaviour on hardware;
@@ -36,8 +44,8 @@ pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES
 pub use ledger::Ledger;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, Graph,
+    GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use host::Memfd;
@@ -188,6 +196,17 @@ impl EventCell {
     }
 }
 
+/// Stream work that can run more than once: a launch recorded by a stream capture.
+type Node = Arc<dyn Fn() + Send + Sync>;
+
+/// A stream capture in progress.
+#[derive(Default)]
+struct Capture {
+    nodes: Vec<Node>,
+    /// Set by an illegal call during the capture; ending it then fails.
+    invalidated: bool,
+}
+
 #[derive(Default)]
 struct State {
     next_id: u64,
@@ -203,6 +222,12 @@ struct State {
     /// created stream -> device
     streams: HashMap<usize, Device>,
     events: HashMap<usize, (Device, Arc<EventCell>)>,
+    /// (device, stream) -> the capture in progress on it
+    captures: HashMap<(Device, usize), Capture>,
+    /// graph -> its recorded work
+    graphs: HashMap<usize, Arc<Vec<Node>>>,
+    /// executable graph -> (device it was instantiated on, its work)
+    graph_execs: HashMap<usize, (Device, Arc<Vec<Node>>)>,
 }
 
 impl State {
@@ -337,12 +362,36 @@ impl SimDriver {
 
     /// Runs `work` on the worker of `(dev, stream)` after everything enqueued there before: the
     /// simulated kernel launch (counted, and faultable, as `cuLaunchKernel`). Any `stream` value
-    /// is accepted; `Stream(0)` is the legacy default stream of `dev`.
-    pub fn enqueue(&self, dev: Device, stream: Stream, work: Box<dyn FnOnce() + Send>) -> DResult<()> {
+    /// is accepted; `Stream(0)` is the legacy default stream of `dev`. On a capturing stream the
+    /// work is recorded into the capture instead (so it must be able to run more than once).
+    pub fn enqueue(&self, dev: Device, stream: Stream, work: impl Fn() + Send + Sync + 'static) -> DResult<()> {
         self.call("cuLaunchKernel", || {
             self.check_dev(dev)?;
-            self.workers.enqueue((dev, stream.0), work).map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+            self.submit(dev, stream, Arc::new(work))
         })
+    }
+
+    /// Queues `node` on `(dev, stream)`, or records it when that stream is capturing.
+    fn submit(&self, dev: Device, stream: Stream, node: Node) -> R<()> {
+        if let Some(capture) = self.state.lock().captures.get_mut(&(dev, stream.0)) {
+            capture.nodes.push(node);
+            return Ok(());
+        }
+        self.workers
+            .enqueue((dev, stream.0), Box::new(move || node()))
+            .map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+    }
+
+    /// True when `(dev, stream)` is capturing; the capture is then invalidated (what an illegal
+    /// call during a capture does).
+    fn invalidate_capture(&self, dev: Device, stream: Stream) -> bool {
+        match self.state.lock().captures.get_mut(&(dev, stream.0)) {
+            Some(capture) => {
+                capture.invalidated = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// For a range of a multicast mapping lying inside one binding region, the host address of
@@ -416,6 +465,9 @@ impl SimDriver {
         ledger.modules = st.modules.len() as u64;
         ledger.streams = st.streams.len() as u64;
         ledger.events = st.events.len() as u64;
+        ledger.captures = st.captures.len() as u64;
+        ledger.graphs = st.graphs.len() as u64;
+        ledger.graph_execs = st.graph_execs.len() as u64;
         ledger
     }
 
@@ -1142,6 +1194,8 @@ impl Driver for SimDriver {
                 return Err(CuResult::ERROR_INVALID_HANDLE);
             }
             st.streams.remove(&stream.0);
+            // A capture still open on it ends with the stream.
+            st.captures.remove(&(dev, stream.0));
             drop(st);
             // Work already queued still runs, as on hardware.
             self.workers.retire((dev, stream.0));
@@ -1152,6 +1206,9 @@ impl Driver for SimDriver {
     fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
         self.call("cuStreamSynchronize", || {
             self.check_dev(dev)?;
+            if self.invalidate_capture(dev, stream) {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
             self.workers.synchronize((dev, stream.0));
             Ok(())
         })
@@ -1182,8 +1239,15 @@ impl Driver for SimDriver {
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
         self.call("cuEventRecord", || {
             self.check_dev(dev)?;
-            let cell = self.state.lock().events.get(&event.0).map(|(_, c)| c.clone());
-            let cell = cell.ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+            let cell = {
+                let st = self.state.lock();
+                let cell = st.events.get(&event.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+                if st.captures.contains_key(&(dev, stream.0)) {
+                    // In a capture an event only orders the captured work: no node, no time.
+                    return Ok(());
+                }
+                cell
+            };
             cell.state.lock().recorded += 1;
             let reach = cell.clone();
             let work: Box<dyn FnOnce() + Send> = Box::new(move || {
@@ -1223,6 +1287,76 @@ impl Driver for SimDriver {
         self.call("cuEventDestroy", || {
             self.check_dev(dev)?;
             self.state.lock().events.remove(&event.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
+        })
+    }
+
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.call("cuStreamBeginCapture", || {
+            self.check_dev(dev)?;
+            if stream == Stream::DEFAULT {
+                // The legacy default stream cannot be captured.
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            let mut st = self.state.lock();
+            if st.captures.contains_key(&(dev, stream.0)) {
+                return Err(CuResult::ERROR_ILLEGAL_STATE);
+            }
+            st.captures.insert((dev, stream.0), Capture::default());
+            Ok(())
+        })
+    }
+
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
+        self.call("cuStreamEndCapture", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let capture = st.captures.remove(&(dev, stream.0)).ok_or(CuResult::ERROR_ILLEGAL_STATE)?;
+            if capture.invalidated {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+            }
+            let id = st.fresh_id() as usize;
+            st.graphs.insert(id, Arc::new(capture.nodes));
+            Ok(Graph(id))
+        })
+    }
+
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
+        self.call("cuGraphInstantiateWithFlags", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let nodes = st.graphs.get(&graph.0).cloned().ok_or(CuResult::ERROR_INVALID_VALUE)?;
+            let id = st.fresh_id() as usize;
+            st.graph_execs.insert(id, (dev, nodes));
+            Ok(GraphExec(id))
+        })
+    }
+
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
+        self.call("cuGraphLaunch", || {
+            self.check_dev(dev)?;
+            let nodes = match self.state.lock().graph_execs.get(&exec.0) {
+                Some((on, nodes)) if *on == dev => nodes.clone(),
+                Some(_) => return Err(CuResult::ERROR_INVALID_VALUE),
+                None => return Err(CuResult::ERROR_INVALID_HANDLE),
+            };
+            // One stream item runs the graph's work in the captured order; on a capturing
+            // stream it becomes one node (a child graph).
+            self.submit(dev, stream, Arc::new(move || nodes.iter().for_each(|node| node())))
+        })
+    }
+
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
+        self.call("cuGraphExecDestroy", || {
+            self.check_dev(dev)?;
+            // Replays already queued keep their work alive until they have run.
+            self.state.lock().graph_execs.remove(&exec.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
+        })
+    }
+
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
+        self.call("cuGraphDestroy", || {
+            self.check_dev(dev)?;
+            self.state.lock().graphs.remove(&graph.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
         })
     }
 

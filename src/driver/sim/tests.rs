@@ -712,6 +712,120 @@ fn events_time_the_work_between_them() {
     assert_eq!(code(s.event_record(0, b, st)), CuResult::ERROR_INVALID_HANDLE);
 }
 
+// ---- stream capture and CUDA graphs ----
+
+/// DESIGN.md (sim): launches on a capturing stream are recorded, not run; `cuGraphLaunch` runs
+/// the recorded work in order, after the work queued on the stream before, once per launch.
+#[test]
+fn capture_records_launches_and_graph_launch_replays_them_in_order() {
+    let s = sim();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let push = |v: u32| {
+        let seen = seen.clone();
+        move || seen.lock().push(v)
+    };
+    let stream = s.stream_create(1).unwrap();
+    s.stream_begin_capture(1, stream).unwrap();
+    for v in 1..=3 {
+        s.enqueue(1, stream, push(v)).unwrap();
+    }
+    // Another stream of the same device is not captured.
+    s.enqueue(1, Stream(77), push(100)).unwrap();
+    s.stream_synchronize(1, Stream(77)).unwrap();
+    assert_eq!(*seen.lock(), vec![100], "captured launches must not run");
+    let graph = s.stream_end_capture(1, stream).unwrap();
+    assert_eq!(s.ledger().graphs, 1);
+    let exec = s.graph_instantiate(1, graph).unwrap();
+    // The executable graph outlives its graph.
+    s.graph_destroy(1, graph).unwrap();
+    seen.lock().clear();
+    s.enqueue(1, stream, push(0)).unwrap();
+    s.graph_launch(1, exec, stream).unwrap();
+    s.graph_launch(1, exec, stream).unwrap();
+    s.enqueue(1, stream, push(9)).unwrap();
+    s.stream_synchronize(1, stream).unwrap();
+    assert_eq!(*seen.lock(), vec![0, 1, 2, 3, 1, 2, 3, 9]);
+    // Launched on another stream, the graph runs there.
+    seen.lock().clear();
+    s.graph_launch(1, exec, Stream(5)).unwrap();
+    s.stream_synchronize(1, Stream(5)).unwrap();
+    assert_eq!(*seen.lock(), vec![1, 2, 3]);
+    // On another device it is not valid.
+    assert_eq!(code(s.graph_launch(0, exec, Stream(5))), IV);
+    s.graph_exec_destroy(1, exec).unwrap();
+    assert_eq!(code(s.graph_launch(1, exec, stream)), CuResult::ERROR_INVALID_HANDLE);
+    assert_eq!(code(s.graph_exec_destroy(1, exec)), IV);
+    assert_eq!(code(s.graph_destroy(1, graph)), IV);
+    assert_eq!(code(s.graph_instantiate(1, graph)), IV);
+    s.stream_destroy(1, stream).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
+/// CUDA driver API: capture cannot begin on the legacy stream or on a stream already capturing,
+/// and ending needs a capture in progress; a synchronization of a capturing stream is illegal
+/// and invalidates the capture, whose end then fails.
+#[test]
+fn capture_rules() {
+    let s = sim();
+    let st = Stream(11);
+    assert_eq!(code(s.stream_begin_capture(0, Stream::DEFAULT)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_begin_capture(9, st)), ID);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_ILLEGAL_STATE, "not capturing");
+    s.stream_begin_capture(0, st).unwrap();
+    assert_eq!(code(s.stream_begin_capture(0, st)), CuResult::ERROR_ILLEGAL_STATE, "already capturing");
+    assert_eq!(s.ledger().captures, 1);
+    assert!(!s.ledger().is_empty(), "an open capture is live");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    s.enqueue(0, st, move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    // An event recorded in the capture only orders it: it never completes a timing.
+    let ev = s.event_create(0).unwrap();
+    s.event_record(0, ev, st).unwrap();
+    assert_eq!(code(s.stream_synchronize(0, st)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_eq!(s.ledger().captures, 0, "the invalidated capture has ended");
+    assert_eq!(s.ledger().graphs, 0);
+    // The stream works eagerly again; the captured launch never ran.
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    // A graph launched on a capturing stream becomes one node of the new capture.
+    s.stream_begin_capture(0, st).unwrap();
+    let r = ran.clone();
+    s.enqueue(0, st, move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let inner = s.graph_instantiate(0, s.stream_end_capture(0, st).unwrap()).unwrap();
+    s.stream_begin_capture(0, st).unwrap();
+    s.graph_launch(0, inner, st).unwrap();
+    s.graph_launch(0, inner, st).unwrap();
+    let outer = s.stream_end_capture(0, st).unwrap();
+    let outer_exec = s.graph_instantiate(0, outer).unwrap();
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran while capturing");
+    s.graph_launch(0, outer_exec, st).unwrap();
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    // Faults reach the new entry points like any other.
+    s.inject("cuGraphLaunch", CuResult::ERROR_LAUNCH_FAILED, 1, Some(1));
+    assert_eq!(code(s.graph_launch(0, outer_exec, st)), CuResult::ERROR_LAUNCH_FAILED);
+    s.clear_faults();
+    // Destroying a capturing stream ends its capture.
+    let st2 = s.stream_create(0).unwrap();
+    s.stream_begin_capture(0, st2).unwrap();
+    s.stream_destroy(0, st2).unwrap();
+    assert_eq!(s.ledger().captures, 0);
+    for e in [inner, outer_exec] {
+        s.graph_exec_destroy(0, e).unwrap();
+    }
+    let graphs = s.ledger().graphs;
+    assert_eq!(graphs, 2, "the two graphs ended without an error are live until destroyed");
+    s.event_destroy(0, ev).unwrap();
+}
+
 #[test]
 fn modules_and_launch() {
     let s = sim();
@@ -738,7 +852,7 @@ fn drop_runs_queued_work_and_joins_workers() {
         Box::new(move || {
             std::thread::sleep(Duration::from_millis(30));
             r.store(true, Ordering::SeqCst);
-            drop(t);
+            let _held = &t;
         }),
     )
     .unwrap();
