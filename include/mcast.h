@@ -558,7 +558,8 @@ mcast_status_t mcast_buffer_read(struct mcast_buffer_t buf,
 
 /**
  * Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
- * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, `bytes` 0, range past the end.
+ * `bytes` 0 is a no-op once the handle, rank and root are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, range past the end.
  * Thread-safe.
  */
 mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
@@ -571,8 +572,9 @@ mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
 /**
  * Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
  * count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
- * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, `count` 0,
- * misaligned offset, range past the end. Thread-safe.
+ * `count` 0 is a no-op once the handle and rank are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, misaligned offset,
+ * range past the end. Thread-safe.
  */
 mcast_status_t mcast_all_reduce(struct mcast_buffer_t buf,
                                 int rank,
@@ -598,14 +600,79 @@ mcast_status_t mcast_reduce_scatter(struct mcast_buffer_t buf,
 
 /**
  * Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
- * blocks. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, `bytes` 0, range past the end.
- * Thread-safe.
+ * blocks. `bytes` 0 is a no-op once the handle and rank are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, range past the end. Thread-safe.
  */
 mcast_status_t mcast_all_gather(struct mcast_buffer_t buf,
                                 int rank,
                                 size_t offset,
                                 size_t bytes,
                                 mcast_stream_t stream);
+
+/**
+ * Out of place: copies root's `send` `[send_offset, + bytes)` to every rank's `recv`
+ * `[recv_offset, + bytes)`. `send` and `recv` are buffers of the same team (allocated or
+ * registered; they may be the same buffer). Every rank passes the same offsets. The same
+ * buffer with `recv_offset == send_offset` is exactly `mcast_broadcast`; any other overlap of
+ * the two ranges is `MCAST_ERROR_INVALID_ARGUMENT`, as are buffers of different teams, a rank
+ * or root out of range and ranges past the end. `bytes` 0 is a no-op once the handles, rank
+ * and root are checked. The kernels read `send` and write `recv` directly (no staging copy).
+ * Thread-safe.
+ */
+mcast_status_t mcast_broadcast_into(struct mcast_buffer_t send,
+                                    size_t send_offset,
+                                    struct mcast_buffer_t recv,
+                                    size_t recv_offset,
+                                    int rank,
+                                    int root,
+                                    size_t bytes,
+                                    mcast_stream_t stream);
+
+/**
+ * Out of place: every rank's `recv` `[recv_offset, + count * esize)` receives the
+ * element-wise reduction over all ranks of `send` `[send_offset, + count * esize)`. Offsets
+ * are aligned to the element size (4 bytes for 16-bit types). The same buffer with equal
+ * offsets is exactly `mcast_all_reduce`; other rules as `mcast_broadcast_into`. Thread-safe.
+ */
+mcast_status_t mcast_all_reduce_into(struct mcast_buffer_t send,
+                                     size_t send_offset,
+                                     struct mcast_buffer_t recv,
+                                     size_t recv_offset,
+                                     int rank,
+                                     size_t count,
+                                     mcast_dtype_t dtype,
+                                     mcast_op_t op,
+                                     mcast_stream_t stream);
+
+/**
+ * Out of place: `send` `[send_offset, + N * count * esize)` holds N blocks of `count`
+ * elements on every rank; rank r's `recv` `[recv_offset, + count * esize)` receives the
+ * reduction of block r over all ranks. The same buffer with `recv_offset == send_offset + r *
+ * count * esize` is exactly `mcast_reduce_scatter`; other rules as `mcast_all_reduce_into`.
+ * Thread-safe.
+ */
+mcast_status_t mcast_reduce_scatter_into(struct mcast_buffer_t send,
+                                         size_t send_offset,
+                                         struct mcast_buffer_t recv,
+                                         size_t recv_offset,
+                                         int rank,
+                                         size_t count,
+                                         mcast_dtype_t dtype,
+                                         mcast_op_t op,
+                                         mcast_stream_t stream);
+
+/**
+ * Out of place: each rank's `send` `[send_offset, + bytes)` becomes block r of every rank's
+ * `recv` `[recv_offset, + N * bytes)`. The same buffer with `send_offset == recv_offset + r *
+ * bytes` is exactly `mcast_all_gather`; other rules as `mcast_broadcast_into`. Thread-safe.
+ */
+mcast_status_t mcast_all_gather_into(struct mcast_buffer_t send,
+                                     size_t send_offset,
+                                     struct mcast_buffer_t recv,
+                                     size_t recv_offset,
+                                     int rank,
+                                     size_t bytes,
+                                     mcast_stream_t stream);
 
 /**
  * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the

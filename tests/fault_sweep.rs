@@ -140,13 +140,22 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
             }
         }
         let stream = |r: i32| (r + 1) as usize as mcast_stream_t;
-        let calls: [(&'static str, &dyn Fn(i32) -> mcast_status_t); 4] = [
+        let o = bufs[1];
+        let calls: [(&'static str, &dyn Fn(i32) -> mcast_status_t); 8] = [
             ("mcast_all_reduce", &|r| mcast_all_reduce(b, r, 0, 256, mcast_dtype_t(4), mcast_op_t(0), stream(r))),
             ("mcast_broadcast", &|r| mcast_broadcast(b, r, 0, 0, 1000, stream(r))),
             ("mcast_reduce_scatter", &|r| {
                 mcast_reduce_scatter(b, r, 0, 64, mcast_dtype_t(0), mcast_op_t(2), stream(r))
             }),
             ("mcast_all_gather", &|r| mcast_all_gather(b, r, 0, 100, stream(r))),
+            ("mcast_all_reduce_into", &|r| {
+                mcast_all_reduce_into(b, 0, o, 64, r, 256, mcast_dtype_t(4), mcast_op_t(0), stream(r))
+            }),
+            ("mcast_broadcast_into", &|r| mcast_broadcast_into(b, 0, o, 3, r, 0, 1000, stream(r))),
+            ("mcast_reduce_scatter_into", &|r| {
+                mcast_reduce_scatter_into(b, 0, o, 16, r, 64, mcast_dtype_t(0), mcast_op_t(2), stream(r))
+            }),
+            ("mcast_all_gather_into", &|r| mcast_all_gather_into(b, 0, o, 5, r, 100, stream(r))),
         ];
         for (name, call) in calls {
             for r in 0..n as i32 {
