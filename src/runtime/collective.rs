@@ -111,8 +111,9 @@ pub fn run_into(
     if std::ptr::eq(send, recv) {
         // NCCL's in-place conventions: the result lands where the in-place function leaves it.
         let in_place = match collective {
-            Collective::AllGather => send_offset == recv_offset + r * block,
-            Collective::ReduceScatter { .. } => recv_offset == send_offset + r * block,
+            Collective::AllGather => r.checked_mul(block).and_then(|b| recv_offset.checked_add(b)) == Some(send_offset),
+            // `r * block` fits: the N blocks of send were checked within the buffer.
+            Collective::ReduceScatter { .. } => send_offset.checked_add(r * block) == Some(recv_offset),
             _ => send_offset == recv_offset,
         };
         if in_place {
