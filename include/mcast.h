@@ -486,7 +486,33 @@ mcast_status_t mcast_buffer_alloc(struct mcast_team_t team,
                                   struct mcast_buffer_t *out);
 
 /**
- * Frees a buffer; its pointers become invalid. The zero handle is a no-op returning
+ * Makes a symmetric buffer of memory the caller owns: `ptrs[i]` is the memory of the i-th
+ * rank this process holds, in rank order (every rank for `mcast_team_create` teams), each
+ * `bytes` long, device memory of that rank's device. On the MULTICAST transport each pointer
+ * is bound to a new multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too)
+ * every rank's allocation is mapped on every rank's device. The buffer is used like any other
+ * (collectives, `_into` forms, read/write, pointers: the local pointer aliases `ptrs[rank]`)
+ * and freed with `mcast_buffer_free`, which unbinds and unmaps but leaves the memory to its
+ * owner. Memory from `mcast_mem_alloc` always registers. `MCAST_ERROR_NOT_SUPPORTED`, naming
+ * the rule: memory not from `cuMemCreate` (for example `cudaMalloc` memory), a pointer not
+ * aligned to the multicast granularity on MULTICAST, a range (rounded to the granularity) past
+ * its allocation, a team of one rank per process (not implemented yet).
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `ptrs` or `out` NULL, a NULL pointer, `bytes` 0, memory that
+ * is not device memory of the rank's device, a range overlapping a live registration. On
+ * failure nothing is left. Thread-safe.
+ *
+ * # Safety
+ * `ptrs` must be NULL or valid for reads of one pointer per rank this process holds; `out`
+ * NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_register(struct mcast_team_t team,
+                                     void *const *ptrs,
+                                     size_t bytes,
+                                     struct mcast_buffer_t *out);
+
+/**
+ * Frees a buffer; its pointers become invalid. A registered buffer is unbound and unmapped,
+ * and its memory stays with its owner. The zero handle is a no-op returning
  * `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
  */
 mcast_status_t mcast_buffer_free(struct mcast_buffer_t buf);
@@ -771,6 +797,32 @@ mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
                                             int device,
                                             int peer,
                                             int *can);
+
+/**
+ * Allocates `bytes` of device memory on `device`, which any team holding that device can
+ * register (`mcast_buffer_register`): physical memory created with the shareable handle types
+ * this system exports (POSIX file descriptors, plus fabric handles where supported), rounded
+ * up to the allocation and multicast granularities and mapped read-write for `device` at an
+ * address aligned to them. On the SIM backend it is host memory of the simulated device. The
+ * memory is not zeroed. Retried on out-of-memory like every allocation; nothing is left on
+ * failure. On success `*ptr` holds the address, freed with `mcast_mem_free` (or at
+ * `mcast_context_destroy`, which reports it as a leak). `MCAST_ERROR_INVALID_ARGUMENT`: `ptr`
+ * NULL, `bytes` 0, `device` out of range; `MCAST_ERROR_INVALID_HANDLE`: `ctx`;
+ * `MCAST_ERROR_OUT_OF_MEMORY`: device memory exhausted. Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_mem_alloc(struct mcast_context_t ctx, int device, size_t bytes, void **ptr);
+
+/**
+ * Frees memory from `mcast_mem_alloc` of `ctx`, after the work in flight on its device. NULL
+ * is a no-op returning `MCAST_SUCCESS`. `MCAST_ERROR_IN_USE` while a registered buffer lies in
+ * it (free the buffer with `mcast_buffer_free` first); `MCAST_ERROR_INVALID_ARGUMENT` when
+ * `ptr` is not the start of an allocation from `mcast_mem_alloc` of `ctx`, or was already
+ * freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
+ */
+mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
 
 /**
  * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value

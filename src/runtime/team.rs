@@ -15,7 +15,7 @@ use super::context::Context;
 use super::error::{Error, Result};
 use super::policy;
 use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
-use super::segment::{Segment, Shape};
+use super::segment::{External, Segment, Shape};
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 
@@ -525,6 +525,12 @@ impl Team {
         Ok(g)
     }
 
+    /// The granularity of the team's segments (allocation and, on the multicast transport,
+    /// multicast).
+    pub fn alloc_granularity(&self) -> usize {
+        self.granularity
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
@@ -629,7 +635,9 @@ impl Team {
         let (mut mc, mut bytes) = (0u64, 0u64);
         for s in segs {
             mc += u64::from(s.has_multicast());
-            bytes += s.size as u64;
+            if !s.is_registered() {
+                bytes += s.size as u64;
+            }
         }
         TeamInfo {
             size: self.devices.len(),
@@ -685,6 +693,24 @@ impl Team {
         Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
     }
 
+    /// Makes a buffer of memory the application owns (see [`Segment::register`]): a segment of
+    /// its own, released when the buffer is freed. Single-process teams.
+    pub fn register(&self, ext: Vec<External>, bytes: usize, size: usize, mc_size: usize) -> Result<Allocation> {
+        let mut st = self.state.lock();
+        if st.destroyed {
+            for e in ext {
+                let _ = self.ctx.driver().mem_release(e.handle);
+            }
+            return Err(Error::invalid_handle("the team was destroyed"));
+        }
+        let ctx = &self.ctx;
+        let mut trim = || ctx.trim_caches();
+        let seg = Arc::new(Segment::register(ctx, &self.shape, ext, size, mc_size, &mut trim)?);
+        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1 });
+        st.buffers += 1;
+        Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
+    }
+
     fn carve(st: &mut State, bytes: usize, reserved: usize) -> Option<Allocation> {
         for slot in st.segments.iter_mut() {
             if let Some(i) = slot.free.iter().position(|&(_, len)| len >= reserved) {
@@ -711,6 +737,15 @@ impl Team {
             .iter()
             .position(|s| Arc::ptr_eq(&s.seg, &a.seg))
             .ok_or_else(|| Error::internal("a buffer's segment is not in its team"))?;
+        if st.segments[index].seg.is_registered() {
+            let seg = st.segments.remove(index).seg;
+            st.buffers -= 1;
+            let errors = self.release_segment(seg);
+            return match errors.into_iter().next() {
+                Some(e) => Err(e.context("unbinding and unmapping registered memory")),
+                None => Ok(()),
+            };
+        }
         let slot = &mut st.segments[index];
         let at = slot.free.partition_point(|&(off, _)| off < a.offset);
         slot.free.insert(at, (a.offset, a.reserved));
