@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::error::{Error, Result};
 use super::segment::External;
 use super::team::{Allocation, Team, Transport};
-use crate::driver::DevicePtr;
+use crate::driver::{CuResult, DevicePtr};
 
 /// A buffer.
 pub struct Buffer {
@@ -51,11 +51,12 @@ impl Buffer {
                         "ptrs[{i}] = {ptr:#x} is memory of device {d}, but rank {i} runs on device {dev}"
                     )))
                 }
-                Err(e) => {
+                Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => {
                     return Err(Error::invalid_argument(format!(
                         "ptrs[{i}] = {ptr:#x} is not device memory ({e}): register device memory of rank {i}'s device {dev}"
                     )))
                 }
+                Err(e) => return Err(Error::driver(e, format_args!("asking which device ptrs[{i}] belongs to"))),
             }
             if ptr.checked_add(bytes as u64).is_none() {
                 return Err(Error::invalid_argument(format!("ptrs[{i}] + {bytes} bytes overflows")));
@@ -74,6 +75,9 @@ impl Buffer {
             let checked = (|| {
                 let handle =
                     driver.mem_retain_allocation_handle(ptr).map_err(|e| {
+                        if e.code != CuResult::ERROR_INVALID_VALUE {
+                            return Error::driver(e, format_args!("retaining the allocation behind ptrs[{i}]"));
+                        }
                         Error::not_supported(format!(
                         "ptrs[{i}] = {ptr:#x} is not memory from cuMemCreate ({e}), for example cudaMalloc memory: {} \
                          needs a cuMemCreate allocation; allocate with mcast_mem_alloc, or call the mcast_team_* \
@@ -166,6 +170,12 @@ impl Buffer {
         }
         freed?;
         waited
+    }
+
+    /// A transient view of registered memory found by [`Team::find_registered`], for running a
+    /// collective on it zero-copy. Never freed: the registered buffer owns the memory.
+    pub(crate) fn view(team: &Arc<Team>, alloc: Allocation) -> Buffer {
+        Buffer { team: team.clone(), alloc, registration: None }
     }
 
     /// True for memory the application registered.

@@ -156,7 +156,129 @@ pub fn run_into(
         Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)))
+    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), None)
+}
+
+/// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
+/// pointer `send` to `recv` (the layouts of [`run_into`]; `send == recv` and NCCL's other
+/// in-place forms work in place). Where both ranges lie in registered buffers of the team it
+/// runs zero-copy as [`run_into`]; otherwise an all-reduce runs the push one-shot kernel in
+/// chunks through the team's bounded scratch (each chunk one launch that copies this rank's part
+/// of `send` into every peer's scratch, crosses one barrier and reduces into `recv`: the copy-in
+/// is fused into the kernel). Every rank must take the same route (all registered or none).
+#[allow(clippy::too_many_arguments)]
+pub fn run_ptr(
+    team: &Arc<Team>,
+    rank: i32,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let r = team.check_own_rank(rank, "rank")?;
+    if let Some(e) = team.error() {
+        return Err(e);
+    }
+    let n = team.size();
+    let (esize, align, _) = geometry(team, collective)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let block = count
+        .checked_mul(esize)
+        .filter(|b| b.checked_mul(n).is_some())
+        .ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))?;
+    let (send_len, recv_len) = match collective {
+        Collective::AllGather => (block, n * block),
+        Collective::ReduceScatter { .. } => (n * block, block),
+        _ => (block, block),
+    };
+    let dev = team.devices()[r];
+    let driver = team.context().driver();
+    for (what, p, len) in [("send", send, send_len), ("recv", recv, recv_len)] {
+        if p == 0 {
+            return Err(Error::invalid_argument(format!("{what} is NULL")));
+        }
+        if p % align as u64 != 0 {
+            return Err(Error::invalid_argument(format!("{what} = {p:#x} is not a multiple of {align} bytes")));
+        }
+        if p.checked_add(len as u64).is_none() {
+            return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
+        }
+        match driver.pointer_device(p) {
+            Ok(d) if d == dev => {}
+            Ok(d) => {
+                return Err(Error::invalid_argument(format!(
+                    "{what} = {p:#x} is memory of device {d}, but rank {rank} runs on device {dev}"
+                )))
+            }
+            Err(e) if e.code == crate::driver::CuResult::ERROR_INVALID_VALUE => {
+                return Err(Error::invalid_argument(format!(
+                    "{what} = {p:#x} is not device memory ({e}): pass device memory of rank {rank}'s device {dev}"
+                )))
+            }
+            Err(e) => return Err(Error::driver(e, format_args!("asking which device {what} belongs to"))),
+        }
+    }
+    let in_place = match collective {
+        Collective::AllGather => recv.checked_add((r * block) as u64) == Some(send),
+        Collective::ReduceScatter { .. } => send.checked_add((r * block) as u64) == Some(recv),
+        _ => send == recv,
+    };
+    if !in_place && send < recv + recv_len as u64 && recv < send + send_len as u64 {
+        return Err(Error::invalid_argument(format!(
+            "send {send:#x} + {send_len} and recv {recv:#x} + {recv_len} overlap and are not NCCL's in-place form of \
+             {collective:?}"
+        )));
+    }
+    // Zero-copy: both ranges in registered buffers of the team.
+    if let (Some((sa, so)), Some((ra, ro))) =
+        (team.find_registered(r, send, send_len), team.find_registered(r, recv, recv_len))
+    {
+        let same = Arc::ptr_eq(&sa.seg, &ra.seg);
+        let sv = Buffer::view(team, sa);
+        if same {
+            return run_into(&sv, so, &sv, ro, rank, count, collective, stream);
+        }
+        let rv = Buffer::view(team, ra);
+        return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
+    }
+    let Collective::AllReduce { .. } = collective else {
+        return Err(Error::not_supported(format!(
+            "{collective:?} on device pointers outside the team's registered buffers is not implemented yet: register \
+             the memory with mcast_buffer_register (zero-copy), or use mcast_buffer_alloc buffers"
+        )));
+    };
+    if n as u32 > crate::kernels::abi::PUSH_MAX_RANKS {
+        return Err(Error::not_supported(format!(
+            "an all-reduce on unregistered device pointers needs the team's scratch, kept for teams of up to {} \
+             ranks (this one has {n}): register the memory with mcast_buffer_register",
+            crate::kernels::abi::PUSH_MAX_RANKS
+        )));
+    }
+    if (send | recv) % 16 != 0 {
+        return Err(Error::not_supported(format!(
+            "an all-reduce on unregistered device pointers needs 16-byte aligned send and recv (send {send:#x}, recv \
+             {recv:#x}): register the memory with mcast_buffer_register"
+        )));
+    }
+    // Chunks that the push kernel takes in one launch: every block's part within one scratch
+    // row, the whole within the one-shot limit. The same on every rank.
+    let cap = u64::from(crate::kernels::abi::GRID_MAX_BLOCKS.min(team.max_blocks().max(1)));
+    let chunk = (crate::kernels::abi::one_shot_max_bytes(n as u32).min(cap * crate::kernels::abi::PUSH_CHUNK) / 16 * 16)
+        as usize;
+    let mut done = 0usize;
+    while done < send_len {
+        let len = chunk.min(send_len - done);
+        let mut data = vec![0; n];
+        let mut out = vec![0; n];
+        data[r] = send + done as u64;
+        out[r] = recv + done as u64;
+        launch_with(team, r, len / esize, collective, stream, data, None, Some((out, None)), Some(Path::P2P))?;
+        done += len;
+    }
+    Ok(())
 }
 
 /// Launches in place on `buf` at `offset`.
@@ -176,7 +298,7 @@ fn launch(
         Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, None)
+    launch_with(team, r, count, collective, stream, data, data_mc, None, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -189,8 +311,10 @@ fn launch_with(
     data: Vec<DevicePtr>,
     data_mc: Option<DevicePtr>,
     out: Option<(Vec<DevicePtr>, Option<DevicePtr>)>,
+    path: Option<Path>,
 ) -> Result<()> {
     let n = team.size();
+    let forced = path;
     // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
     // instructions emulated over peer pointers: no multicast object is involved, so the
     // kernels' slicing, vectors, barriers and tails can be verified on any GPU.
@@ -199,6 +323,7 @@ fn launch_with(
         Transport::P2P if kernels::cuda::emulate_forced() => Path::Multicast,
         Transport::P2P => Path::P2P,
     };
+    let path = forced.unwrap_or(path);
     let (out, out_mc) = out.unwrap_or_default();
     let launch = Launch {
         collective,
@@ -217,6 +342,18 @@ fn launch_with(
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
         max_blocks: team.max_blocks(),
     };
+    if forced.is_some() {
+        // The pointer form: only the push one-shot reads nothing but this rank's own memory.
+        match crate::kernels::abi::plan(&launch) {
+            Ok(Some(p)) if p.kernel.kind == crate::kernels::abi::KernelKind::AllReduceP2pPush => {}
+            other => {
+                return Err(Error::internal(format!(
+                    "the pointer form planned {other:?} instead of the push one-shot for {:?}",
+                    launch.collective
+                )))
+            }
+        }
+    }
     let driver = team.context().driver();
     let result = match driver.as_sim() {
         Some(sim) => kernels::sim::launch(sim, &launch),

@@ -20,7 +20,8 @@ struct UserAlloc {
     dev: Device,
     handle: MemHandle,
     size: usize,
-    ids: [ResourceId; 3],
+    /// Physical allocation, reservation, mapping: `None` once released.
+    ids: [Option<ResourceId>; 3],
 }
 
 /// A live registration: `[start, end)` on `dev`, made for buffer registration `serial`.
@@ -111,9 +112,11 @@ impl UserMemory {
             .max(1);
         if driver.has_multicast_api() && props.multicast_supported {
             let prop = MulticastProp { num_devices: 1, size: 0, handle_types: types, flags: 0 };
-            if let Ok(m) = driver.multicast_granularity(&prop, Granularity::Minimum) {
-                g = g / gcd(g, m.max(1)) * m.max(1);
-            }
+            let m = driver
+                .multicast_granularity(&prop, Granularity::Minimum)
+                .map_err(|e| Error::driver(e, format_args!("asking the multicast granularity of device {dev}")))?
+                .max(1);
+            g = g / gcd(g, m) * m;
         }
         let size = bytes
             .checked_next_multiple_of(g)
@@ -167,7 +170,7 @@ impl UserMemory {
             }
             return Err(e);
         }
-        let ids = [phys, reservation, mapping.expect("mapped")];
+        let ids = [Some(phys), Some(reservation), mapping];
         self.allocs.lock().insert(va, UserAlloc { dev, handle, size, ids });
         Ok(va)
     }
@@ -193,13 +196,18 @@ impl UserMemory {
                 r.end - r.start
             )));
         }
-        let a = allocs.remove(&ptr).expect("found above");
-        drop(allocs);
-        let driver = ctx.driver();
-        let waited = driver
-            .device_synchronize(a.dev)
-            .map_err(|e| Error::driver(e, format_args!("waiting for work in flight on device {}", a.dev)));
-        a.release(ctx, ptr).and(waited)
+        let dev = a.dev;
+        let waited = ctx
+            .driver()
+            .device_synchronize(dev)
+            .map_err(|e| Error::driver(e, format_args!("waiting for work in flight on device {dev}")));
+        let mut a = allocs.remove(&ptr).expect("found above");
+        let released = a.release(ctx, ptr);
+        if released.is_err() {
+            // Kept (what is left of it) for a later free or the context's destroy to retry.
+            allocs.insert(ptr, a);
+        }
+        released.and(waited)
     }
 
     /// Frees every allocation still alive (context destroy); returns how many there were.
@@ -207,7 +215,7 @@ impl UserMemory {
         let allocs = std::mem::take(&mut *self.allocs.lock());
         self.registrations.lock().clear();
         let n = allocs.len();
-        for (ptr, a) in allocs {
+        for (ptr, mut a) in allocs {
             if let Err(e) = a.release(ctx, ptr) {
                 tracing::error!("releasing mcast_mem_alloc memory at context destroy: {e}");
             }
@@ -222,23 +230,29 @@ impl UserMemory {
 }
 
 impl UserAlloc {
-    /// Unmaps, frees the reservation and releases the memory; stops at the first failure
-    /// (what is left stays tracked and shows in the leak report).
-    fn release(self, ctx: &Context, va: DevicePtr) -> Result<()> {
+    /// Unmaps, frees the reservation and releases the memory, skipping what an earlier call
+    /// released; stops at the first failure (what is left stays tracked, for a retry, and shows
+    /// in the leak report).
+    fn release(&mut self, ctx: &Context, va: DevicePtr) -> Result<()> {
         let driver = ctx.driver();
         let res = &ctx.resources;
         let size = self.size;
-        let ok = |r: crate::driver::DResult<()>, what: &str| match r {
-            Ok(()) => Ok(()),
-            Err(e) if e.code == CuResult::ERROR_DEINITIALIZED => Ok(()),
-            Err(e) => Err(Error::driver(e, format_args!("mcast_mem_free: {what}"))),
-        };
-        ok(driver.mem_unmap(va, size), "unmapping")?;
-        res.untrack(self.ids[2]);
-        ok(driver.mem_address_free(va, size), "freeing the address range")?;
-        res.untrack(self.ids[1]);
-        ok(driver.mem_release(self.handle), "releasing the memory")?;
-        res.untrack(self.ids[0]);
+        let handle = self.handle;
+        let steps: [(usize, &str, &dyn Fn() -> crate::driver::DResult<()>); 3] = [
+            (2, "unmapping", &|| driver.mem_unmap(va, size)),
+            (1, "freeing the address range", &|| driver.mem_address_free(va, size)),
+            (0, "releasing the memory", &|| driver.mem_release(handle)),
+        ];
+        for (i, what, step) in steps {
+            let Some(id) = self.ids[i] else { continue };
+            match step() {
+                Ok(()) => {}
+                Err(e) if e.code == CuResult::ERROR_DEINITIALIZED => {}
+                Err(e) => return Err(Error::driver(e, format_args!("mcast_mem_free: {what}"))),
+            }
+            res.untrack(id);
+            self.ids[i] = None;
+        }
         Ok(())
     }
 }

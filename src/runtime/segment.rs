@@ -114,6 +114,8 @@ pub struct Segment {
     skews: Vec<u64>,
     /// Memory the application registered (the segment holds retained handles, not the memory).
     registered: bool,
+    /// Registered: each rank's own pointer (what the application passed).
+    user_ptrs: Vec<DevicePtr>,
     parts: Mutex<Parts>,
 }
 
@@ -179,6 +181,7 @@ impl Segment {
             mc_bases: parts.mc.as_ref().map(|m| parts.per_rank(m.views.iter().map(|(v, _)| v.value).collect())),
             skews: vec![0; shape.devices.len()],
             registered: false,
+            user_ptrs: Vec::new(),
             parts: Mutex::new(parts),
         })
     }
@@ -236,6 +239,7 @@ impl Segment {
             mc_bases: parts.mc.as_ref().map(|m| m.views.iter().map(|(v, _)| v.value).collect()),
             skews: ext.iter().map(|e| e.offset as u64).collect(),
             registered: true,
+            user_ptrs: ext.iter().map(|e| e.ptr).collect(),
             parts: Mutex::new(parts),
         })
     }
@@ -243,6 +247,11 @@ impl Segment {
     /// True for memory the application registered.
     pub fn is_registered(&self) -> bool {
         self.registered
+    }
+
+    /// Registered memory: rank `rank`'s own pointer.
+    pub fn user_ptr(&self, rank: usize) -> Option<DevicePtr> {
+        self.user_ptrs.get(rank).copied()
     }
 
     /// Address, on rank `rank`'s device, of byte 0 of rank `peer`'s memory.

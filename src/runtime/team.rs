@@ -61,6 +61,8 @@ struct SegmentSlot {
     /// Free ranges `(offset, len)`, sorted by offset, coalesced.
     free: Vec<(usize, usize)>,
     buffers: usize,
+    /// Registered memory: the bytes registered.
+    bytes: usize,
 }
 
 #[derive(Default)]
@@ -213,6 +215,7 @@ impl Team {
             free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
             seg: Arc::new(seg),
             buffers: 0,
+            bytes: 0,
         });
         self.ctx.add_team(self.clone());
     }
@@ -667,7 +670,7 @@ impl Team {
         if let Some(i) = st.cache.iter().position(|s| s.size >= reserved) {
             let seg = st.cache.swap_remove(i);
             let size = seg.size;
-            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0 });
+            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0, bytes: 0 });
             return Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"));
         }
         let size = round_up(reserved, self.granularity).expect("checked above");
@@ -689,7 +692,7 @@ impl Team {
         st.cache = spare;
         let seg = created
             .map_err(|e| e.context(format!("allocating a buffer of {bytes} bytes on devices {:?}", self.devices)))?;
-        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0 });
+        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0, bytes: 0 });
         Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
     }
 
@@ -706,9 +709,21 @@ impl Team {
         let ctx = &self.ctx;
         let mut trim = || ctx.trim_caches();
         let seg = Arc::new(Segment::register(ctx, &self.shape, ext, size, mc_size, &mut trim)?);
-        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1 });
+        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1, bytes });
         st.buffers += 1;
         Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
+    }
+
+    /// The registered buffer of this team holding `[ptr, ptr + len)` of rank `rank`'s own
+    /// memory, as an allocation, with the offset of `ptr` in it.
+    pub fn find_registered(&self, rank: usize, ptr: DevicePtr, len: usize) -> Option<(Allocation, usize)> {
+        let st = self.state.lock();
+        st.segments.iter().find_map(|slot| {
+            let base = slot.seg.user_ptr(rank)?;
+            let bytes = slot.bytes;
+            (ptr >= base && ptr.checked_add(len as u64)? <= base + bytes as u64)
+                .then(|| (Allocation { seg: slot.seg.clone(), offset: 0, bytes, reserved: 0 }, (ptr - base) as usize))
+        })
     }
 
     fn carve(st: &mut State, bytes: usize, reserved: usize) -> Option<Allocation> {
