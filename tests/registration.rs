@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mcast::driver::{DevicePtr, HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
-use mcast::runtime::collective::{run, run_into, synchronize};
+use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
@@ -249,4 +249,165 @@ fn mem_alloc_rules_and_out_of_memory() {
     assert_eq!(ctx.memory.free(&ctx, p).unwrap_err().kind, ErrorKind::InvalidArgument, "freed twice");
     ctx.memory.free(&ctx, 0).unwrap();
     assert_clean(&ctx);
+}
+
+/// The pointer form on plain device memory (`cudaMalloc`-style): all-reduce in and out of
+/// place, chunked past the scratch, every dtype's alignment, teams of 1-4 on both transports.
+#[test]
+fn team_all_reduce_on_plain_device_memory() {
+    for multicast in [true, false] {
+        let ctx = context(multicast);
+        let driver = ctx.driver().clone();
+        for n in 1..=4usize {
+            let team = Team::create(&ctx, &(0..n as i32).collect::<Vec<_>>()).unwrap();
+            for (dtype, count) in
+                [(DType::F32, 1usize), (DType::I32, 37), (DType::BF16, 1001), (DType::F64, 3 * MIB / 8 + 3)]
+            {
+                let es = dtype.size();
+                let send: Vec<DevicePtr> = (0..n).map(|d| driver.mem_alloc(d as i32, count * es).unwrap()).collect();
+                let recv: Vec<DevicePtr> = (0..n).map(|d| driver.mem_alloc(d as i32, count * es).unwrap()).collect();
+                let value = |r: usize, i: usize| ((r + 1) * (i % 7)) as f64;
+                for (r, &p) in send.iter().enumerate() {
+                    for i in 0..count {
+                        // SAFETY: simulated device memory is host memory of `count * es` bytes.
+                        unsafe {
+                            match dtype {
+                                DType::F32 => *(p as *mut f32).add(i) = value(r, i) as f32,
+                                DType::I32 => *(p as *mut i32).add(i) = value(r, i) as i32,
+                                DType::BF16 => *(p as *mut u16).add(i) = half::bf16::from_f64(value(r, i)).to_bits(),
+                                _ => *(p as *mut f64).add(i) = value(r, i),
+                            }
+                        }
+                    }
+                }
+                let sum = Collective::AllReduce { dtype, op: RedOp::Sum };
+                let s = Stream::DEFAULT;
+                for in_place in [false, true] {
+                    for r in 0..n {
+                        let dst = if in_place { send[r] } else { recv[r] };
+                        run_ptr(&team, r as i32, send[r], dst, count, sum, s).unwrap();
+                    }
+                    for r in 0..n as i32 {
+                        synchronize(&team, r, s).unwrap();
+                    }
+                    let tri = (n * (n + 1) / 2) as f64;
+                    for r in 0..n {
+                        let p = if in_place { send[r] } else { recv[r] };
+                        for i in [0, count / 2, count - 1] {
+                            // SAFETY: as above.
+                            let got = unsafe {
+                                match dtype {
+                                    DType::F32 => *(p as *const f32).add(i) as f64,
+                                    DType::I32 => *(p as *const i32).add(i) as f64,
+                                    DType::BF16 => half::bf16::from_bits(*(p as *const u16).add(i)).to_f64(),
+                                    _ => *(p as *const f64).add(i),
+                                }
+                            };
+                            let want = (i % 7) as f64 * tri;
+                            assert_eq!(
+                                got, want,
+                                "{dtype:?} x {count} team of {n} rank {r} element {i} in place {in_place}"
+                            );
+                        }
+                    }
+                }
+                for (d, p) in send.into_iter().chain(recv).enumerate() {
+                    driver.mem_free((d % n) as i32, p).unwrap();
+                }
+            }
+            team.destroy().unwrap();
+        }
+        assert_clean(&ctx);
+    }
+}
+
+/// The pointer form on registered memory runs zero-copy for all four collectives, in and out of
+/// place; plain memory for the other three and the rules give their status.
+#[test]
+fn team_collectives_on_registered_pointers_and_rules() {
+    for multicast in [true, false] {
+        let ctx = context(multicast);
+        let driver = ctx.driver().clone();
+        let n = 3;
+        let team = Team::create(&ctx, &[0, 1, 2]).unwrap();
+        let bytes = 3 * 4096;
+        let mem: Vec<DevicePtr> = (0..n).map(|d| ctx.memory.alloc(&ctx, d as i32, 2 * bytes).unwrap()).collect();
+        let buf = Buffer::register(&team, &mem, 2 * bytes).unwrap();
+        let s = Stream::DEFAULT;
+        let fill = |r: usize, off: usize, len: usize, v: u8| {
+            // SAFETY: simulated device memory is host memory.
+            unsafe { std::ptr::write_bytes((mem[r] + off as u64) as *mut u8, v, len) };
+        };
+        let byte = |r: usize, off: usize| unsafe { *((mem[r] + off as u64) as *const u8) };
+        // All-gather, out of place: send at bytes + 0, recv at 0.
+        for r in 0..n {
+            fill(r, bytes, 4096, r as u8 + 10);
+        }
+        for r in 0..n {
+            run_ptr(&team, r as i32, mem[r] + bytes as u64, mem[r], 4096, Collective::AllGather, s).unwrap();
+        }
+        for r in 0..n as i32 {
+            synchronize(&team, r, s).unwrap();
+        }
+        for r in 0..n {
+            for q in 0..n {
+                assert_eq!(byte(r, q * 4096 + 7), q as u8 + 10);
+            }
+        }
+        // Broadcast in place from rank 2, reduce-scatter in NCCL's in-place form.
+        fill(2, 0, 100, 77);
+        for r in 0..n {
+            run_ptr(&team, r as i32, mem[r], mem[r], 100, Collective::Broadcast { root: 2 }, s).unwrap();
+        }
+        for r in 0..n {
+            fill(r, 0, bytes, 1);
+        }
+        let rs = Collective::ReduceScatter { dtype: DType::U32, op: RedOp::Sum };
+        for r in 0..n {
+            run_ptr(&team, r as i32, mem[r], mem[r] + (r * 4096) as u64, 1024, rs, s).unwrap();
+        }
+        for r in 0..n as i32 {
+            synchronize(&team, r, s).unwrap();
+        }
+        for r in 0..n {
+            assert_eq!(byte(r, r * 4096), 3, "reduce-scatter rank {r}");
+        }
+        // Rules.
+        let bad = |res: mcast::runtime::Result<()>, kind: ErrorKind, says: &str| {
+            let e = res.unwrap_err();
+            assert_eq!(e.kind, kind, "{e}");
+            assert!(e.message.contains(says), "{says}: {e}");
+        };
+        let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+        bad(run_ptr(&team, 0, 0, mem[0], 4, ar, s), ErrorKind::InvalidArgument, "send is NULL");
+        bad(run_ptr(&team, 0, mem[0], mem[0] + 2, 4, ar, s), ErrorKind::InvalidArgument, "multiple of 4");
+        bad(run_ptr(&team, 0, mem[0], mem[0] + 4, 4, ar, s), ErrorKind::InvalidArgument, "overlap");
+        bad(run_ptr(&team, 0, mem[1], mem[1], 4, ar, s), ErrorKind::InvalidArgument, "device 1, but rank 0");
+        let host = vec![0u64; 8];
+        bad(run_ptr(&team, 0, host.as_ptr() as u64, mem[0], 4, ar, s), ErrorKind::InvalidArgument, "not device memory");
+        bad(run_ptr(&team, 3, mem[0], mem[0], 4, ar, s), ErrorKind::InvalidArgument, "rank");
+        let plain = driver.mem_alloc(0, 4096).unwrap();
+        bad(
+            run_ptr(&team, 0, plain, plain, 16, Collective::Broadcast { root: 0 }, s),
+            ErrorKind::NotSupported,
+            "mcast_buffer_register",
+        );
+        bad(run_ptr(&team, 0, plain + 4, plain + 1024, 4, ar, s), ErrorKind::NotSupported, "16-byte aligned");
+        // Count 0: a no-op after the rank check, whatever the pointers.
+        run_ptr(&team, 0, 0, 0, 0, ar, s).unwrap();
+        driver.mem_free(0, plain).unwrap();
+        buf.free().unwrap();
+        for p in mem {
+            ctx.memory.free(&ctx, p).unwrap();
+        }
+        team.destroy().unwrap();
+        let five = Team::create(&ctx, &[0, 1, 2, 3, 0]);
+        if let Ok(five) = five {
+            let p = driver.mem_alloc(0, 4096).unwrap();
+            bad(run_ptr(&five, 0, p, p, 16, ar, s), ErrorKind::NotSupported, "up to 4");
+            driver.mem_free(0, p).unwrap();
+            five.destroy().unwrap();
+        }
+        assert_clean(&ctx);
+    }
 }
