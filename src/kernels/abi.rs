@@ -325,7 +325,21 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
     // Out of place: the multicast kernels move 16-byte vectors from data to out, so both must
     // agree modulo 16 (they do on every rank alike: symmetric layouts).
     let out_me = l.out.get(l.rank as usize).copied().unwrap_or(me);
-    let skewed = (out_me ^ me) & 15 != 0;
+    // All-gather and reduce-scatter bases are shifted by this rank's block: compare the real
+    // addresses of rank 0's layout, and require whole 16-byte blocks, so that every rank makes
+    // the same choice.
+    let block = match l.collective {
+        Collective::AllGather => l.count,
+        Collective::ReduceScatter { dtype, .. } => l.count.saturating_mul(dtype.size() as u64),
+        _ => 0,
+    };
+    let shift = block.wrapping_mul(u64::from(l.rank));
+    let skewed = match l.collective {
+        _ if l.out.is_empty() => false,
+        Collective::AllGather => ((me.wrapping_add(shift) ^ out_me) & 15 != 0) || block % 16 != 0,
+        Collective::ReduceScatter { .. } => ((out_me.wrapping_add(shift) ^ me) & 15 != 0) || block % 16 != 0,
+        _ => (out_me ^ me) & 15 != 0,
+    };
     const SKEW: &str = "send and recv disagree in alignment modulo 16";
     let (kind, red, bytes, fallback) = match l.collective {
         Collective::Broadcast { root } => {
@@ -660,5 +674,21 @@ mod tests {
         assert!(plan(&l).is_err(), "recv not aligned to the element");
         l.out = vec![0x5000_0000];
         assert!(plan(&l).is_err(), "one out address for two ranks");
+        // All-gather out of place: the same choice on every rank, whatever its block's offset.
+        for count in [340u64, 352] {
+            let kinds: Vec<KernelKind> = (0..2u32)
+                .map(|rank| {
+                    let mut l = launch(Collective::AllGather, Path::Multicast, count);
+                    l.rank = rank;
+                    let send = 0x7000_0000u64;
+                    l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
+                    l.out = vec![0x5000_0000, 0x6000_0000];
+                    plan(&l).unwrap().unwrap().kernel.kind
+                })
+                .collect();
+            assert_eq!(kinds[0], kinds[1], "count {count}");
+            let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            assert_eq!(kinds[0], want, "count {count}");
+        }
     }
 }
