@@ -2,6 +2,8 @@
 //! memory and the caller's own `cuMemCreate` memory registered as buffers on both transports,
 //! collectives on them in and out of place, every registration rule with its status and
 //! message, and leak-free teardown in every order (the simulator's ledger and the registry).
+// Ranks index several per-rank vectors at once: plain index loops read best.
+#![allow(clippy::needless_range_loop)]
 
 use std::sync::Arc;
 
@@ -383,7 +385,7 @@ fn team_collectives_on_registered_pointers_and_rules() {
         bad(run_ptr(&team, 0, mem[0], mem[0] + 2, 4, ar, s), ErrorKind::InvalidArgument, "multiple of 4");
         bad(run_ptr(&team, 0, mem[0], mem[0] + 4, 4, ar, s), ErrorKind::InvalidArgument, "overlap");
         bad(run_ptr(&team, 0, mem[1], mem[1], 4, ar, s), ErrorKind::InvalidArgument, "device 1, but rank 0");
-        let host = vec![0u64; 8];
+        let host = [0u64; 8];
         bad(run_ptr(&team, 0, host.as_ptr() as u64, mem[0], 4, ar, s), ErrorKind::InvalidArgument, "not device memory");
         bad(run_ptr(&team, 3, mem[0], mem[0], 4, ar, s), ErrorKind::InvalidArgument, "rank");
         let plain = driver.mem_alloc(0, 4096).unwrap();

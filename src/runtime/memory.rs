@@ -229,6 +229,9 @@ impl UserMemory {
     }
 }
 
+/// One release step of an allocation.
+type Step<'a> = dyn Fn() -> crate::driver::DResult<()> + 'a;
+
 impl UserAlloc {
     /// Unmaps, frees the reservation and releases the memory, skipping what an earlier call
     /// released; stops at the first failure (what is left stays tracked, for a retry, and shows
@@ -238,7 +241,7 @@ impl UserAlloc {
         let res = &ctx.resources;
         let size = self.size;
         let handle = self.handle;
-        let steps: [(usize, &str, &dyn Fn() -> crate::driver::DResult<()>); 3] = [
+        let steps: [(usize, &str, &Step); 3] = [
             (2, "unmapping", &|| driver.mem_unmap(va, size)),
             (1, "freeing the address range", &|| driver.mem_address_free(va, size)),
             (0, "releasing the memory", &|| driver.mem_release(handle)),
