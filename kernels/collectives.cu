@@ -63,10 +63,10 @@ struct McastArgs {
   u32 nranks;                 // 292
   u32 root;                   // 296: broadcast root
   u32 reserved;               // 300
-  u64 out[MCAST_MAX_RANKS];   // 304: results, the layout of data (in place: out == data)
-  u64 out_mc;                 // 304 + 8 * MCAST_MAX_RANKS: multicast address of out (emulated: out[rank])
+  u64 out[MCAST_MAX_RANKS];   // 48 + 16 * MCAST_MAX_RANKS (304): results, the layout of data (in place: out == data)
+  u64 out_mc;                 // 48 + 24 * MCAST_MAX_RANKS: multicast address of out (emulated: out[rank])
 };
-static_assert(sizeof(McastArgs) == 312 + 8 * MCAST_MAX_RANKS, "McastArgs layout");
+static_assert(sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS, "McastArgs layout");
 
 // ============================== PTX helpers ==============================
 struct alignas(16) V16 {

@@ -129,7 +129,7 @@ pub struct KernelArgs {
 }
 
 /// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
-pub const KERNEL_ARGS_SIZE: usize = 312 + 8 * MAX_RANKS;
+pub const KERNEL_ARGS_SIZE: usize = 56 + 24 * MAX_RANKS;
 const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
 const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 
@@ -485,12 +485,12 @@ mod tests {
         assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
         assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
         assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
-        assert!(SOURCE.contains("sizeof(McastArgs) == 312 + 8 * MCAST_MAX_RANKS"));
+        assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
     }
 
     #[test]
     fn kernel_args_layout() {
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 312 + 8 * MAX_RANKS);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 56 + 24 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, data), 0);
         assert_eq!(offset_of!(KernelArgs, sync), 128);
         assert_eq!(offset_of!(KernelArgs, data_mc), 256);
@@ -501,8 +501,8 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, nranks), 292);
         assert_eq!(offset_of!(KernelArgs, root), 296);
         assert_eq!(offset_of!(KernelArgs, reserved), 300);
-        assert_eq!(offset_of!(KernelArgs, out), 304);
-        assert_eq!(offset_of!(KernelArgs, out_mc), 304 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, out), 48 + 16 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, out_mc), 48 + 24 * MAX_RANKS);
         // The C struct states the same offsets in comments; check they are there.
         for (field, off) in [("data_mc", 256), ("count", 272), ("rank", 288), ("root", 296)] {
             assert!(
