@@ -230,6 +230,42 @@ fn default_command_finishes_on_the_simulator() {
     assert!(rows(&out).iter().all(|r| r[8] == "0"));
 }
 
+/// `--memory buffer|registered|pointer` x `--inplace 0|1`: every op checks clean where the
+/// library serves it (the pointer form on plain memory serves all_reduce; the other ops say why
+/// not), both transports, and nothing is left behind (exit 0).
+#[test]
+fn memory_kinds_in_and_out_of_place() {
+    for mc in ["auto", "off"] {
+        for memory in ["buffer", "registered", "pointer"] {
+            for inplace in ["1", "0"] {
+                for op in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+                    let out = Command::new(BIN)
+                        .args(["--op", op, "--memory", memory, "--inplace", inplace, "--devices", "0,1,2"])
+                        .args(["-b", "1020", "-e", "70K", "-f", "8", "--iters", "1", "--warmup", "0", "-d", "bf16"])
+                        .env("MCAST_BACKEND", "sim")
+                        .env("MCAST_MULTICAST", mc)
+                        .env_remove("MCAST_SIM_DEVICES")
+                        .env_remove("MCAST_SIM_FAULTS")
+                        .output()
+                        .expect("mcast-bench runs");
+                    let all = text(&out);
+                    let what = format!("{mc} {memory} inplace={inplace} {op}");
+                    let served = memory != "pointer" || op == "all_reduce";
+                    if served {
+                        assert_eq!(out.status.code(), Some(0), "{what}: {all}");
+                        assert!(all.contains("# wrong elements: 0"), "{what}: {all}");
+                        assert!(all.contains(&format!("# memory: {memory}")), "{what}: {all}");
+                    } else {
+                        assert_eq!(out.status.code(), Some(1), "{what}: {all}");
+                        assert!(all.contains("not implemented yet"), "{what}: {all}");
+                        assert!(!all.contains("left behind"), "{what}: {all}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_usage_exits_2_with_a_message() {
     for args in [
@@ -248,6 +284,8 @@ fn bad_usage_exits_2_with_a_message() {
         &["--devices", "0,99"],
         &["--op", "broadcast", "--root", "4"],
         &["--backend", "gpu"],
+        &["--memory", "host"],
+        &["--inplace", "2"],
     ] {
         let out = bench(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -274,6 +312,8 @@ fn bad_usage_exits_2_with_a_message() {
         "--csv",
         "--json",
         "--quiet",
+        "--memory",
+        "--inplace",
     ] {
         assert!(help.contains(flag), "--help documents {flag}");
     }

@@ -41,8 +41,9 @@ use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, Graph,
-    GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
+    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    FABRIC_HANDLE_BYTES,
 };
 
 /// A `CUresult` as the integer the driver returns (never read as a Rust enum).
@@ -173,6 +174,12 @@ driver_api! {
         cuMemcpyHtoD_v2(cu::CUdeviceptr, *const c_void, usize);
         cuMemcpyDtoH_v2(*mut c_void, cu::CUdeviceptr, usize);
         cuMemsetD8_v2(cu::CUdeviceptr, u8, usize);
+        cuMemRetainAllocationHandle(*mut cu::CUmemGenericAllocationHandle, *mut c_void);
+        cuMemGetAllocationPropertiesFromHandle(*mut cu::CUmemAllocationProp, cu::CUmemGenericAllocationHandle);
+        cuMemGetAddressRange_v2(*mut cu::CUdeviceptr, *mut usize, cu::CUdeviceptr);
+        cuPointerGetAttribute(*mut c_void, cu::CUpointer_attribute, cu::CUdeviceptr);
+        cuMemAlloc_v2(*mut cu::CUdeviceptr, usize);
+        cuMemFree_v2(cu::CUdeviceptr);
         cuModuleLoadData(*mut cu::CUmodule, *const c_void);
         cuModuleUnload(cu::CUmodule);
         cuModuleGetFunction(*mut cu::CUfunction, cu::CUmodule, *const c_char);
@@ -577,6 +584,78 @@ impl Driver for CudaDriver {
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the range and handle; flags must be 0.
         check("cuMemMap", unsafe { (self.api.cuMemMap)(ptr, size, offset, handle.0, 0) })
+    }
+
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
+        let _ctx = self.enter_any();
+        let mut handle: cu::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the out-pointer is a local; the address is only looked up by the driver.
+        check("cuMemRetainAllocationHandle", unsafe {
+            (self.api.cuMemRetainAllocationHandle)(&mut handle, ptr as usize as *mut c_void)
+        })?;
+        Ok(MemHandle(handle))
+    }
+
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
+        let _ctx = self.enter_any();
+        let mut prop = alloc_prop(0, HandleTypes::NONE);
+        // SAFETY: `prop` is a local the driver fills in.
+        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            (self.api.cuMemGetAllocationPropertiesFromHandle)(&mut prop, handle.0)
+        })?;
+        // The handle types are a bit set the driver may write as any combination: read the
+        // field as the integer it is, never as the Rust enum of the bindings.
+        // SAFETY: the field is a 32-bit C enum inside the initialised local `prop`.
+        let types = unsafe { ptr::addr_of!(prop.requestedHandleTypes).cast::<u32>().read() };
+        Ok(AllocationProps { dev: prop.location.id, handle_types: HandleTypes(types) })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
+        let _ctx = self.enter_any();
+        let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the out-pointers are locals.
+        check("cuMemGetAddressRange", unsafe { (self.api.cuMemGetAddressRange_v2)(&mut base, &mut size, ptr) })?;
+        Ok((base, size))
+    }
+
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
+        let _ctx = self.enter_any();
+        let mut kind: c_uint = 0;
+        // SAFETY: CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes one `unsigned int` into the local.
+        check("cuPointerGetAttribute", unsafe {
+            (self.api.cuPointerGetAttribute)(
+                (&mut kind as *mut c_uint).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        })?;
+        if kind != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint {
+            return Err(DriverError::new("cuPointerGetAttribute", CuResult::ERROR_INVALID_VALUE));
+        }
+        let mut ordinal: c_int = -1;
+        // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one `int` into the local.
+        check("cuPointerGetAttribute", unsafe {
+            (self.api.cuPointerGetAttribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        })?;
+        Ok(ordinal)
+    }
+
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        let _ctx = self.enter(dev)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a local.
+        check("cuMemAlloc", unsafe { (self.api.cuMemAlloc_v2)(&mut ptr, size) })?;
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain value; the driver validates it.
+        check("cuMemFree", unsafe { (self.api.cuMemFree_v2)(ptr) })
     }
 
     fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {

@@ -215,6 +215,15 @@ pub struct MulticastProp {
     pub flags: u64,
 }
 
+/// What `cuMemGetAllocationPropertiesFromHandle` tells about an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationProps {
+    /// The device whose memory it is.
+    pub dev: Device,
+    /// The shareable handle types it was created with.
+    pub handle_types: HandleTypes,
+}
+
 /// What the runtime needs to know about one device.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct DeviceProps {
@@ -371,6 +380,31 @@ pub trait Driver: Send + Sync + 'static {
 
     /// `cuMulticastUnbind`.
     fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()>;
+
+    /// `cuMemRetainAllocationHandle`: a new handle (released with [`Driver::mem_release`]) of
+    /// the physical allocation mapped at `ptr`. Fails with `CUDA_ERROR_INVALID_VALUE` for memory
+    /// that is not a mapped `cuMemCreate` allocation (`cudaMalloc` memory, host memory).
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle>;
+
+    /// `cuMemGetAllocationPropertiesFromHandle`: the device and the requested shareable handle
+    /// types of an allocation.
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps>;
+
+    /// `cuMemGetAddressRange`: base and size of the mapping (or `cuMemAlloc` block) holding
+    /// `ptr`.
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)>;
+
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)` after checking
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is device memory: the device whose memory `ptr` is.
+    /// `CUDA_ERROR_INVALID_VALUE` for host or unknown memory.
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device>;
+
+    /// `cuMemAlloc`: plain device memory (what `cudaMalloc` returns), not a `cuMemCreate`
+    /// allocation.
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr>;
+
+    /// `cuMemFree` of [`Driver::mem_alloc`] memory.
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()>;
 
     /// `cuStreamCreate` (non-blocking) on `dev`.
     fn stream_create(&self, dev: Device) -> DResult<Stream>;

@@ -15,7 +15,7 @@ use super::context::Context;
 use super::error::{Error, Result};
 use super::policy;
 use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
-use super::segment::{Segment, Shape};
+use super::segment::{External, Segment, Shape};
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 
@@ -61,6 +61,8 @@ struct SegmentSlot {
     /// Free ranges `(offset, len)`, sorted by offset, coalesced.
     free: Vec<(usize, usize)>,
     buffers: usize,
+    /// Registered memory: the bytes registered.
+    bytes: usize,
 }
 
 #[derive(Default)]
@@ -213,6 +215,7 @@ impl Team {
             free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
             seg: Arc::new(seg),
             buffers: 0,
+            bytes: 0,
         });
         self.ctx.add_team(self.clone());
     }
@@ -525,6 +528,12 @@ impl Team {
         Ok(g)
     }
 
+    /// The granularity of the team's segments (allocation and, on the multicast transport,
+    /// multicast).
+    pub fn alloc_granularity(&self) -> usize {
+        self.granularity
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
@@ -629,7 +638,9 @@ impl Team {
         let (mut mc, mut bytes) = (0u64, 0u64);
         for s in segs {
             mc += u64::from(s.has_multicast());
-            bytes += s.size as u64;
+            if !s.is_registered() {
+                bytes += s.size as u64;
+            }
         }
         TeamInfo {
             size: self.devices.len(),
@@ -659,7 +670,7 @@ impl Team {
         if let Some(i) = st.cache.iter().position(|s| s.size >= reserved) {
             let seg = st.cache.swap_remove(i);
             let size = seg.size;
-            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0 });
+            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0, bytes: 0 });
             return Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"));
         }
         let size = round_up(reserved, self.granularity).expect("checked above");
@@ -681,8 +692,38 @@ impl Team {
         st.cache = spare;
         let seg = created
             .map_err(|e| e.context(format!("allocating a buffer of {bytes} bytes on devices {:?}", self.devices)))?;
-        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0 });
+        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0, bytes: 0 });
         Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
+    }
+
+    /// Makes a buffer of memory the application owns (see [`Segment::register`]): a segment of
+    /// its own, released when the buffer is freed. Single-process teams.
+    pub fn register(&self, ext: Vec<External>, bytes: usize, size: usize, mc_size: usize) -> Result<Allocation> {
+        let mut st = self.state.lock();
+        if st.destroyed {
+            for e in ext {
+                let _ = self.ctx.driver().mem_release(e.handle);
+            }
+            return Err(Error::invalid_handle("the team was destroyed"));
+        }
+        let ctx = &self.ctx;
+        let mut trim = || ctx.trim_caches();
+        let seg = Arc::new(Segment::register(ctx, &self.shape, ext, size, mc_size, &mut trim)?);
+        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1, bytes });
+        st.buffers += 1;
+        Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
+    }
+
+    /// The registered buffer of this team holding `[ptr, ptr + len)` of rank `rank`'s own
+    /// memory, as an allocation, with the offset of `ptr` in it.
+    pub fn find_registered(&self, rank: usize, ptr: DevicePtr, len: usize) -> Option<(Allocation, usize)> {
+        let st = self.state.lock();
+        st.segments.iter().find_map(|slot| {
+            let base = slot.seg.user_ptr(rank)?;
+            let bytes = slot.bytes;
+            (ptr >= base && ptr.checked_add(len as u64)? <= base + bytes as u64)
+                .then(|| (Allocation { seg: slot.seg.clone(), offset: 0, bytes, reserved: 0 }, (ptr - base) as usize))
+        })
     }
 
     fn carve(st: &mut State, bytes: usize, reserved: usize) -> Option<Allocation> {
@@ -711,6 +752,15 @@ impl Team {
             .iter()
             .position(|s| Arc::ptr_eq(&s.seg, &a.seg))
             .ok_or_else(|| Error::internal("a buffer's segment is not in its team"))?;
+        if st.segments[index].seg.is_registered() {
+            let seg = st.segments.remove(index).seg;
+            st.buffers -= 1;
+            let errors = self.release_segment(seg);
+            return match errors.into_iter().next() {
+                Some(e) => Err(e.context("unbinding and unmapping registered memory")),
+                None => Ok(()),
+            };
+        }
         let slot = &mut st.segments[index];
         let at = slot.free.partition_point(|&(off, _)| off < a.offset);
         slot.free.insert(at, (a.offset, a.reserved));

@@ -44,8 +44,9 @@ pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES
 pub use ledger::Ledger;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, Graph,
-    GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
+    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use host::Memfd;
@@ -228,7 +229,13 @@ struct State {
     graphs: HashMap<usize, Arc<Vec<Node>>>,
     /// executable graph -> (device it was instantiated on, its work)
     graph_execs: HashMap<usize, (Device, Arc<Vec<Node>>)>,
+    /// `cuMemAlloc` memory (plain device memory, not a `cuMemCreate` allocation): start ->
+    /// (device, size).
+    plain: BTreeMap<u64, (Device, usize)>,
 }
+
+/// Alignment of simulated `cuMemAlloc` memory (the driver guarantees at least 256 bytes).
+const PLAIN_ALIGN: usize = 256;
 
 impl State {
     fn fresh_id(&mut self) -> u64 {
@@ -264,6 +271,12 @@ impl State {
         self.phys.get(&alloc.phys).ok_or(CuResult::ERROR_UNKNOWN)
     }
 
+    /// Device memory charged to `dev`: physical allocations and `cuMemAlloc` blocks.
+    fn used_bytes(&self, dev: Device) -> u64 {
+        let phys: u64 = self.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
+        phys + self.plain.values().filter(|p| p.0 == dev).map(|p| p.1 as u64).sum::<u64>()
+    }
+
     fn unref_phys(&mut self, id: u64) {
         if let Some(p) = self.phys.get_mut(&id) {
             p.refs -= 1;
@@ -285,6 +298,12 @@ impl State {
                 self.unref_phys(b.phys);
             }
         }
+    }
+
+    /// The `cuMemAlloc` block containing `addr`: (start, device, size).
+    fn plain_at(&self, addr: u64) -> Option<(u64, Device, usize)> {
+        let (&start, &(dev, size)) = self.plain.range(..=addr).next_back()?;
+        (addr < start + size as u64).then_some((start, dev, size))
     }
 
     /// The mapping containing `addr`.
@@ -455,6 +474,10 @@ impl SimDriver {
         for p in st.phys.values() {
             ledger.allocations[p.dev as usize] += 1;
             ledger.allocation_bytes[p.dev as usize] += p.size as u64;
+        }
+        for &(dev, size) in st.plain.values() {
+            ledger.allocations[dev as usize] += 1;
+            ledger.allocation_bytes[dev as usize] += size as u64;
         }
         ledger.allocation_handles = st.allocs.len() as u64;
         ledger.reservations = st.reservations.len() as u64;
@@ -776,6 +799,11 @@ impl Drop for SimDriver {
         }
         st.reservations.clear();
         st.mappings.clear();
+        for (&ptr, &(_, size)) in &st.plain {
+            // SAFETY: allocated by `mem_alloc` with this layout and not freed (still listed).
+            unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+        }
+        st.plain.clear();
         // Physical allocations unmap their shadows and close their memfds as they drop.
     }
 }
@@ -843,8 +871,7 @@ impl Driver for SimDriver {
                 return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
             let mut st = self.state.lock();
-            let used: u64 = st.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
-            if used.saturating_add(size as u64) > self.config.device_memory {
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
             let tag = format!("mem:dev={dev}:types={}", handle_types.0);
@@ -1176,6 +1203,92 @@ impl Driver for SimDriver {
         })
     }
 
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
+        self.call("cuMemRetainAllocationHandle", || {
+            let mut st = self.state.lock();
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            let (phys, imported) = (alloc.phys, alloc.imported);
+            st.phys.get_mut(&phys).ok_or(CuResult::ERROR_UNKNOWN)?.refs += 1;
+            let handle = MemHandle(st.fresh_id());
+            st.allocs.insert(handle, Alloc { phys, imported, released: false, maps: 0 });
+            Ok(handle)
+        })
+    }
+
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
+        self.call("cuMemGetAllocationPropertiesFromHandle", || {
+            let st = self.state.lock();
+            let phys = st.phys_of(st.live_alloc(handle)?)?;
+            Ok(AllocationProps { dev: phys.dev, handle_types: phys.handle_types })
+        })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
+        self.call("cuMemGetAddressRange", || {
+            let st = self.state.lock();
+            if let Some((start, _, size)) = st.plain_at(ptr) {
+                return Ok((start, size));
+            }
+            let (start, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            Ok((start, m.size))
+        })
+    }
+
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
+        self.call("cuPointerGetAttribute", || {
+            let st = self.state.lock();
+            if let Some((_, dev, _)) = st.plain_at(ptr) {
+                return Ok(dev);
+            }
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            Ok(st.phys_of(alloc)?.dev)
+        })
+    }
+
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        self.call("cuMemAlloc", || {
+            self.check_dev(dev)?;
+            if size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let mut st = self.state.lock();
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(plain_layout(size)) };
+            if ptr.is_null() {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            st.plain.insert(ptr as u64, (dev, size));
+            Ok(ptr as u64)
+        })
+    }
+
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        self.call("cuMemFree", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let size = match st.plain.get(&ptr) {
+                Some(&(_, size)) => size,
+                None => return Err(INVALID_VALUE),
+            };
+            st.plain.remove(&ptr);
+            // SAFETY: allocated by `mem_alloc` with this layout; removed from the table first,
+            // so it is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+            Ok(())
+        })
+    }
+
     fn stream_create(&self, dev: Device) -> DResult<Stream> {
         self.call("cuStreamCreate", || {
             self.check_dev(dev)?;
@@ -1468,10 +1581,20 @@ fn host_dup(fd: RawFd) -> R<OwnedFd> {
     borrowed.try_clone_to_owned().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
 }
 
-/// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap.
+/// The layout of a simulated `cuMemAlloc` block of `size` bytes.
+fn plain_layout(size: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(size.max(1), PLAIN_ALIGN).expect("a valid layout")
+}
+
+/// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap, or in one
+/// `cuMemAlloc` block of `dev`.
 fn check_access(st: &State, dev: Device, ptr: u64, len: usize) -> R<()> {
     if len == 0 {
         return Ok(());
+    }
+    if let Some((start, owner, size)) = st.plain_at(ptr) {
+        let end = ptr.checked_add(len as u64).ok_or(INVALID_VALUE)?;
+        return if owner == dev && end <= start + size as u64 { Ok(()) } else { Err(INVALID_VALUE) };
     }
     for start in st.covering(ptr, len)? {
         let m = st.mappings.get(&start).ok_or(INVALID_VALUE)?;

@@ -326,6 +326,62 @@ fn bind_addr_needs_mapped_allocation() {
     s.multicast_bind_addr(mc, 0, p + G as u64, G, 0).unwrap();
 }
 
+/// "The memory must have been allocated via [cuMemCreate] or [cudaMallocAsync]." — plain
+/// `cuMemAlloc` memory (what `cudaMalloc` returns) is refused by BindAddr, and has no allocation
+/// handle to retain; it is still device memory of its device, charged to its budget and counted
+/// by the ledger until `cuMemFree`.
+#[test]
+fn bind_addr_refuses_cuda_malloc_memory() {
+    let s = sim();
+    let mc = team(&s, 2, 4 * G, HandleTypes::NONE);
+    let plain = s.mem_alloc(1, 2 * G).unwrap();
+    assert_eq!(plain % 256, 0);
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, plain, G, 0)), IV);
+    assert_eq!(code(s.multicast_bind_addr_v2(mc, 1, 0, plain, G, 0)), IV);
+    assert_eq!(code(s.mem_retain_allocation_handle(plain)), IV);
+    assert_eq!(s.pointer_device(plain + 5).unwrap(), 1);
+    assert_eq!(s.mem_address_range(plain + 5).unwrap(), (plain, 2 * G));
+    s.memcpy_htod(1, plain + 8, &[1, 2, 3]).unwrap();
+    let mut back = [0u8; 3];
+    s.memcpy_dtoh(1, &mut back, plain + 8).unwrap();
+    assert_eq!(back, [1, 2, 3]);
+    assert_eq!(code(s.memcpy_htod(0, plain, &[1])), IV, "another device's memory");
+    assert_eq!(s.ledger().allocation_bytes[1], 2 * G as u64);
+    assert_eq!(code(s.mem_alloc(1, 64 * MIB)), CuResult::ERROR_OUT_OF_MEMORY, "the device budget");
+    assert_eq!(code(s.mem_free(1, plain + 8)), IV, "not the start");
+    s.mem_free(1, plain).unwrap();
+    assert_eq!(code(s.mem_free(1, plain)), IV, "freed twice");
+    assert_eq!(code(s.pointer_device(plain)), IV);
+    s.mem_release(mc).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
+/// `cuMemRetainAllocationHandle`, `cuMemGetAllocationPropertiesFromHandle`,
+/// `cuMemGetAddressRange`, `cuPointerGetAttribute` on a mapped cuMemCreate allocation: the
+/// retained handle names the same memory (it binds, and keeps the memory alive after the
+/// creator's handle is released) and must itself be released.
+#[test]
+fn retained_allocation_handles() {
+    let s = sim();
+    let (h, p) = mapped(&s, 2, 2 * G, HandleTypes::POSIX_FD);
+    let r = s.mem_retain_allocation_handle(p + G as u64 + 3).unwrap();
+    assert_ne!(r, h);
+    assert_eq!(s.mem_allocation_props(r).unwrap(), AllocationProps { dev: 2, handle_types: HandleTypes::POSIX_FD });
+    assert_eq!(s.mem_address_range(p + 7).unwrap(), (p, 2 * G));
+    assert_eq!(s.pointer_device(p + 7).unwrap(), 2);
+    let host = [0u8; 4];
+    assert_eq!(code(s.pointer_device(host.as_ptr() as u64)), IV, "host memory");
+    // The retained handle binds like the original (shareable memory, shareable object).
+    let mc = team(&s, 3, 2 * G, HandleTypes::POSIX_FD);
+    s.multicast_bind_mem(mc, 0, r, 0, G, 0).unwrap();
+    s.multicast_unbind(mc, 2, 0, G).unwrap();
+    s.mem_release(mc).unwrap();
+    unmapped_free(&s, h, p, 2 * G);
+    assert_eq!(s.ledger().allocations[2], 1, "the retained handle keeps the memory");
+    s.mem_release(r).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
 /// Simulator rule (brief): a second bind overlapping an existing binding of the same device is
 /// refused; other devices may bind the same range.
 #[test]
