@@ -591,18 +591,37 @@ impl Comm {
                         return Err(self.aborted_error(label));
                     }
                 }
+                // A peer that left after an abort (here, or one another peer sent that is
+                // still queued) left because of the abort.
+                if !matches!(got, Recv::Msg(..)) {
+                    self.scan_for_abort(sock);
+                    if self.aborted.load(Ordering::Acquire) {
+                        return Err(self.aborted_error(label));
+                    }
+                }
                 return Ok(got);
             }
             if deadline.passed() {
+                self.scan_for_abort(sock);
+                if self.aborted.load(Ordering::Acquire) {
+                    return Err(self.aborted_error(label));
+                }
                 return Ok(Recv::TimedOut);
             }
-            if self.rank == 0 {
-                for (q, s) in self.socks.iter().enumerate() {
-                    if let Some(s) = s.as_ref().filter(|s| s.as_raw_fd() != sock) {
-                        if let Some(reason) = peek_abort(s.as_raw_fd()) {
-                            self.received_abort(q, &reason);
-                        }
-                    }
+            self.scan_for_abort(sock);
+        }
+    }
+
+    /// Hub: looks for an abort message queued on any connection but `busy` (the one being read).
+    fn scan_for_abort(&self, busy: RawFd) {
+        if self.rank != 0 {
+            return;
+        }
+        for (q, s) in self.socks.iter().enumerate() {
+            if let Some(s) = s.as_ref().filter(|s| s.as_raw_fd() != busy) {
+                if let Some(reason) = peek_abort(s.as_raw_fd()) {
+                    self.received_abort(q, &reason);
+                    return;
                 }
             }
         }
