@@ -548,7 +548,9 @@ fn spawn(n: usize, role: &str) {
         .collect();
     let st: Vec<_> = children.into_iter().map(|mut c| c.wait().unwrap()).collect();
     for (r, s) in st.iter().enumerate() {
-        assert!(s.success(), "{role}: rank {r} failed: {st:?}");
+        // The "killed" role's last rank dies on purpose.
+        let dies = role == "killed" && r == n - 1;
+        assert!(s.success() != dies, "{role}: rank {r}: {st:?}");
     }
 }
 
@@ -563,6 +565,13 @@ fn abort_during_multi_process_alloc_agreement() {
 fn abort_from_a_peer_process_ends_device_waits() {
     if !on_gpu() {
         spawn(2, "abort-peer");
+    }
+}
+
+#[test]
+fn abort_and_destroy_after_a_peer_was_killed() {
+    if !on_gpu() {
+        spawn(3, "killed");
     }
 }
 
@@ -636,6 +645,27 @@ fn child() {
             }
             assert_eq!(buf.free().unwrap_err().kind, ErrorKind::Aborted);
             team.destroy().unwrap();
+        }
+        "killed" => {
+            let buf = Buffer::alloc(&team, 4096).unwrap();
+            if r == 2 {
+                // A hard death: no unwinding, no cleanup; the others' statuses are what counts.
+                std::process::abort();
+            }
+            // Ranks 0 and 1 wait on the device for rank 2; a watchdog thread gives up on it.
+            run(&buf, rank, 0, 256, AR, Stream::DEFAULT).unwrap();
+            let aborter = abort_later(&team, Duration::from_millis(300));
+            let e = synchronize(&team, rank, Stream::DEFAULT).unwrap_err();
+            let returned = Instant::now();
+            let at = aborter.join().unwrap();
+            assert_eq!(e.kind, ErrorKind::Aborted, "rank {r}: {e}");
+            assert!(returned.saturating_duration_since(at) < Duration::from_secs(1));
+            let t = Instant::now();
+            team.destroy().unwrap();
+            assert!(t.elapsed() < Duration::from_secs(1), "rank {r}: destroy took {:?}", t.elapsed());
+            drop(buf);
+            no_leaks(&ctx);
+            return;
         }
         "split" => {
             // Colors r % 2, keys reversing the order: {0, 2} -> ranks (2, 0), {1, 3} -> (3, 1).

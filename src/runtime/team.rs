@@ -449,21 +449,25 @@ impl Team {
         if colors.len() != mine.len() || keys.len() != mine.len() {
             return Err(Error::internal("split: one color and one key per rank this process holds"));
         }
+        let mut valid = self.check_usable("splitting the team");
         for (i, &c) in colors.iter().enumerate() {
-            if c < 0 && c != SPLIT_NOCOLOR {
-                return Err(Error::invalid_argument(format!(
+            if c < 0 && c != SPLIT_NOCOLOR && valid.is_ok() {
+                valid = Err(Error::invalid_argument(format!(
                     "colors[{i}] is {c}: a color is >= 0, or MCAST_SPLIT_NOCOLOR ({SPLIT_NOCOLOR})"
                 )));
             }
         }
-        self.check_usable("splitting the team")?;
-        // Every rank's (color, key): local, or gathered over the rendezvous.
+        // Every rank's (color, key): local, or gathered over the rendezvous (where a bad
+        // argument on one rank fails every rank).
         let all: Vec<(i32, i32)> = match &self.comm {
-            None => colors.iter().copied().zip(keys.iter().copied()).collect(),
+            None => {
+                valid?;
+                colors.iter().copied().zip(keys.iter().copied()).collect()
+            }
             Some(comm) => {
                 let mut e = Enc::default();
                 e.u32(colors[0] as u32).u32(keys[0] as u32);
-                let parts = comm.exchange("split: colors and keys", Ok(()), &e.0, &[])?;
+                let parts = comm.exchange("split: colors and keys", valid, &e.0, &[])?;
                 let mut all = Vec::with_capacity(parts.len());
                 for p in &parts {
                     let mut d = Dec(&p.bytes);
@@ -720,13 +724,10 @@ impl Team {
     }
 
     /// The sticky error, if a collective of this team failed on the device or the team was
-    /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout).
+    /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout). Cheap: it
+    /// reads only what this process already knows (see [`Team::async_error`] for more).
     pub fn error(&self) -> Option<Error> {
         if self.aborted.load(Ordering::Acquire) {
-            return Some(self.aborted_error());
-        }
-        if let Some(why) = self.comm.as_ref().and_then(|c| c.aborted()) {
-            self.mark_aborted(&why);
             return Some(self.aborted_error());
         }
         self.error.lock().clone()
@@ -827,6 +828,11 @@ impl Team {
     pub fn async_error(&self) -> Option<ErrorKind> {
         if let Some(e) = self.error() {
             return Some(e.kind);
+        }
+        // A peer process's abort message, not consumed (rendezvous waits see it too).
+        if let Some(why) = self.comm.as_ref().and_then(|c| c.aborted()) {
+            self.mark_aborted(&why);
+            return Some(ErrorKind::Aborted);
         }
         let live = self.sync_live.read();
         if !*live {
