@@ -5,6 +5,9 @@
 //!
 //! Multi-process cases re-run this binary as the ranks (`MCAST_FAIL_CHILD` selects the role).
 
+// Loops over ranks index several per-rank vectors at once.
+#![allow(clippy::needless_range_loop)]
+
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
