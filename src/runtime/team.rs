@@ -1082,7 +1082,9 @@ impl Team {
         if self.state.lock().destroyed {
             return Err(Error::invalid_handle("the team was destroyed (by another call)"));
         }
-        let failed = self.error().is_some() || self.async_error().is_some();
+        // What the host knows (no driver call: a device timeout nobody synchronized on is
+        // found by mcast_team_get_error, which makes it known here).
+        let failed = self.error().is_some() || self.comm.as_ref().and_then(|c| c.aborted()).is_some();
         let waited = if failed {
             self.stop_device_waits(false);
             self.quiesce()
