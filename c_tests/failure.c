@@ -131,7 +131,11 @@ int main(void) {
   } while (error == MCAST_SUCCESS && now_s() - t < 5.0);
   CHECK(error == MCAST_ERROR_TIMEOUT);
   CHECK_STATUS(mcast_synchronize(team, 0, stream_of(0)), MCAST_ERROR_TIMEOUT);
+  CHECK_STATUS(mcast_team_destroy(team), MCAST_ERROR_IN_USE); /* a timed-out team frees first */
+  t = now_s();
+  CHECK_OK(mcast_buffer_free(buf));
   CHECK_OK(mcast_team_destroy(team));
+  CHECK(now_s() - t < 1.0);
   check_empty(ctx);
   CHECK_OK(mcast_team_create(ctx, devices, 2, &team));
   check_all_reduce(team, 2);

@@ -746,8 +746,11 @@ mcast_status_t mcast_team_create(struct mcast_context_t ctx,
 
 /**
  * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
- * live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
- * unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+ * live (nothing changes), unless the team was aborted: then its buffers are released with it
+ * and their handles become invalid. After a timeout or an abort it never waits for peers
+ * (kernels still waiting on the device are ended first). The zero handle is a no-op returning
+ * `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
+ * the losers of destroys racing from several threads). Teardown errors from the driver are
  * reported (the team is gone all the same). Thread-safe.
  */
 mcast_status_t mcast_team_destroy(struct mcast_team_t team);

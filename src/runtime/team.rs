@@ -1073,10 +1073,10 @@ impl Team {
         freed
     }
 
-    /// Destroys the team: refused while buffers live, unless the team failed (aborted or timed
-    /// out): then its device waits are ended first (this process's state words), so the wait
-    /// for work in flight never waits on peers, and everything is released, live buffers
-    /// included. A second destroy (racing threads) gets `InvalidHandle`.
+    /// Destroys the team: refused while buffers live, unless the team was aborted (then they go
+    /// with it). After a failure (aborted, timed out) its device waits are ended first (this
+    /// process's state words), so the wait for work in flight never waits on peers. A second
+    /// destroy (racing threads) gets `InvalidHandle`.
     pub fn destroy(self: &Arc<Self>) -> Result<()> {
         let _one = self.destroying.lock();
         if self.state.lock().destroyed {
@@ -1085,6 +1085,9 @@ impl Team {
         // What the host knows (no driver call: a device timeout nobody synchronized on is
         // found by mcast_team_get_error, which makes it known here).
         let failed = self.error().is_some() || self.comm.as_ref().and_then(|c| c.aborted()).is_some();
+        // An aborted team goes with its buffers (they can no longer be freed one by one); a
+        // timed-out one frees them first, as a healthy one.
+        let aborted = self.is_aborted();
         let waited = if failed {
             self.stop_device_waits(false);
             self.quiesce()
@@ -1095,7 +1098,7 @@ impl Team {
         };
         let errors = {
             let mut st = self.state.lock();
-            if st.buffers > 0 && !failed {
+            if st.buffers > 0 && !aborted {
                 return Err(Error::in_use(format!(
                     "the team still has {} live buffer(s); free them with mcast_buffer_free first",
                     st.buffers
