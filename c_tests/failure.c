@@ -99,7 +99,7 @@ int main(void) {
   CHECK_STATUS(mcast_synchronize(team, 0, stream_of(0)), MCAST_ERROR_ABORTED);
   t = now_s();
   CHECK(pthread_join(thread, NULL) == 0);
-  CHECK(t - a.at < 1.0);
+  CHECK(t - a.at < 5.0); /* under 1 s natively; generous for valgrind; timeout_ms is 60 s */
   CHECK(strstr(mcast_last_error(), "aborted") != NULL);
   CHECK_STATUS(mcast_all_reduce(buf, 1, 0, 64, MCAST_FLOAT32, MCAST_SUM, stream_of(1)), MCAST_ERROR_ABORTED);
   CHECK_STATUS(mcast_buffer_alloc(team, 4096, &other), MCAST_ERROR_ABORTED);
@@ -109,7 +109,7 @@ int main(void) {
   CHECK_OK(mcast_team_abort(team)); /* twice is harmless */
   t = now_s();
   CHECK_OK(mcast_team_destroy(team)); /* the live buffer goes with it */
-  CHECK(now_s() - t < 1.0);
+  CHECK(now_s() - t < 5.0);
   CHECK_STATUS(mcast_buffer_free(buf), MCAST_ERROR_INVALID_HANDLE);
   CHECK_STATUS(mcast_team_abort(team), MCAST_ERROR_INVALID_HANDLE);
   check_empty(ctx);
@@ -135,7 +135,7 @@ int main(void) {
   t = now_s();
   CHECK_OK(mcast_buffer_free(buf));
   CHECK_OK(mcast_team_destroy(team));
-  CHECK(now_s() - t < 1.0);
+  CHECK(now_s() - t < 5.0);
   check_empty(ctx);
   CHECK_OK(mcast_team_create(ctx, devices, 2, &team));
   check_all_reduce(team, 2);
@@ -176,7 +176,7 @@ int main(void) {
   CHECK_OK(mcast_all_reduce(buf, 0, 0, 64, MCAST_FLOAT32, MCAST_SUM, NULL));
   t = now_s();
   CHECK_STATUS(mcast_all_reduce(buf, 1, 0, 64, MCAST_FLOAT32, MCAST_SUM, NULL), MCAST_ERROR_INVALID_ARGUMENT);
-  CHECK(now_s() - t < 0.5);
+  CHECK(now_s() - t < 5.0);
   CHECK(strstr(mcast_last_error(), "ranks 0 and 1") != NULL);
   CHECK_STATUS(mcast_broadcast(buf, 1, 0, 0, 64, NULL), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(mcast_all_gather(buf, 1, 0, 64, NULL), MCAST_ERROR_INVALID_ARGUMENT);
