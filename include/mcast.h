@@ -14,6 +14,9 @@
 /** CUDA's stream struct: `cudaStream_t` and `CUstream` point to it. Declared here, never defined. */
 struct CUstream_st;
 
+/** The color of a rank that joins no new team in mcast_team_split (its out-handle is zero). */
+#define MCAST_SPLIT_NOCOLOR (-1)
+
 /** major version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_MAJOR 0
 
@@ -78,6 +81,10 @@ enum mcast_status_t
    * A bug: a caught panic or a broken invariant.
    */
   MCAST_ERROR_INTERNAL = 10,
+  /**
+   * The team was aborted, by `mcast_team_abort` here or in a peer process.
+   */
+  MCAST_ERROR_ABORTED = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -927,11 +934,69 @@ mcast_status_t mcast_team_create(struct mcast_context_t ctx,
 
 /**
  * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
- * live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
- * unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+ * live (nothing changes), unless the team was aborted: then its buffers are released with it
+ * and their handles become invalid. After a timeout or an abort it never waits for peers
+ * (kernels still waiting on the device are ended first). The zero handle is a no-op returning
+ * `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
+ * the losers of destroys racing from several threads). Teardown errors from the driver are
  * reported (the team is gone all the same). Thread-safe.
  */
 mcast_status_t mcast_team_destroy(struct mcast_team_t team);
+
+/**
+ * Aborts `team`: ends every wait of the team promptly, host or device (well under a second,
+ * whatever `timeout_ms` says): work in flight, and every later collective, synchronize, alloc
+ * or free on the team, returns `MCAST_ERROR_ABORTED`. Device waits end within microseconds of
+ * the abort reaching the device (every barrier spin reads the team's state word, which this
+ * writes for every rank, peers in other processes included through the peer mappings); host
+ * waits (rendezvous agreement in a multi-process team) within milliseconds; peer processes are
+ * told over the rendezvous connections too and see `MCAST_ERROR_ABORTED`. The team can then
+ * only be destroyed: `mcast_team_destroy` releases everything (live buffers included, whose
+ * handles go with it) without waiting for peers. Aborting twice is harmless.
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` zero or not live (destroyed, also by a racing
+ * destroy). Thread-safe: callable from any thread, also while other threads are blocked in
+ * mcast calls on this team.
+ */
+mcast_status_t mcast_team_abort(struct mcast_team_t team);
+
+/**
+ * Writes the team's sticky asynchronous error into `*error` without waiting (like
+ * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a peer did not arrive
+ * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
+ * waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+ * process). Once set it stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+ * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+ *
+ * # Safety
+ * `error` must be NULL or valid for writing an `mcast_status_t`.
+ */
+mcast_status_t mcast_team_get_error(struct mcast_team_t team, mcast_status_t *error);
+
+/**
+ * Splits `team` like `MPI_Comm_split` / `ncclCommSplit`: the ranks with the same color form a
+ * new team, ordered by key, then by rank in `team`. `colors[i]`, `keys[i]` and `out[i]`
+ * belong to the i-th rank this process holds (every rank of a `mcast_team_create` team, in
+ * rank order; the one rank of an `init_rank`/`init_oob` team). A color is >= 0, or
+ * `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
+ * ranks of one color share one new handle (destroy it once). Each new team chooses its
+ * transport afresh and shares no memory, state word or rendezvous with `team` or with the
+ * other new teams, so one failing (abort, timeout) never reaches another; `team` stays usable
+ * and is destroyed on its own. Collective over every rank of `team` (every process calls it).
+ * On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
+ * `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live; `MCAST_ERROR_ABORTED` or
+ * `MCAST_ERROR_TIMEOUT`: `team` failed before; any status of `mcast_team_create` or
+ * `mcast_team_init_rank` for the new teams. Thread-safe.
+ *
+ * # Safety
+ * `colors` and `keys` must be NULL or valid for reading, and `out` NULL or valid for writing,
+ * one element per rank this process holds.
+ */
+mcast_status_t mcast_team_split(struct mcast_team_t team,
+                                const int *colors,
+                                const int *keys,
+                                struct mcast_team_t *out);
 
 /**
  * Describes `team` in `*info`, whose `struct_size` the caller sets.

@@ -31,7 +31,10 @@
 //   MCAST_ERROR_OFFSET       u32 error code (0 = none), first error wins (atomic CAS);
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b.
-// [8192, 65536): reserved.
+// [8192, 8256): team state: MCAST_STATE_OFFSET u32 (MCAST_STATE_OK, or nonzero once the team
+//   was aborted), written by the host (mcast_team_abort, in every rank's region, peers' included)
+//   and read by every barrier spin: an abort ends device waits within microseconds.
+// [8256, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
 #define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
@@ -40,6 +43,9 @@
 #define MCAST_EPOCH_OFFSET 4352
 #define MCAST_ERR_NONE 0
 #define MCAST_ERR_TIMEOUT 1
+#define MCAST_ERR_ABORTED 2
+#define MCAST_STATE_OFFSET 8192
+#define MCAST_STATE_OK 0
 // Push one-shot scratch: after the sync region, per block slot b and parity h (0/1), one row of
 // MCAST_PUSH_CHUNK bytes per rank q at SCRATCH + ((b * 2 + h) * nranks + q) * MCAST_PUSH_CHUNK.
 #define MCAST_SCRATCH_OFFSET 65536
@@ -316,6 +322,12 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     // The first barrier of a kernel also checks the error word: a rank whose previous
     // collective timed out does nothing (and never signals).
     s_live = index != 0 || *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    // An aborted team: record it and end the kernel before signalling anyone.
+    if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+      if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
+        *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+      s_live = 0;
+    }
   }
   __syncthreads();
   if (!s_live) return false;
@@ -336,7 +348,15 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     // The acquire load orders the peers' writes before this block's later accesses (the
     // other threads through the __syncthreads below).
     while ((int)(ld_acquire_sys(flag) - target) < 0) {
-      if (a.timeout_ns != 0 && (++spins & 63u) == 0) {
+      if ((++spins & 63u) != 0) continue;
+      // The team's state word: an abort (from the host, here or in a peer process) ends the wait.
+      if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+        if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
+          *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+        ok = 0;
+        break;
+      }
+      if (a.timeout_ns != 0) {
         const u64 now = globaltimer();
         if (start == 0) {
           start = now;
@@ -565,7 +585,8 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
   const u64 len = hi - lo, nv = len / 16;
   if (threadIdx.x == 0) {
     s_parity = (*(volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * blockIdx.x) + 1) & 1;
-    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE &&
+             *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) == MCAST_STATE_OK;
   }
   __syncthreads();
   if (!s_live) return;

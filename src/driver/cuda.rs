@@ -180,6 +180,8 @@ driver_api! {
         cuPointerGetAttribute(*mut c_void, cu::CUpointer_attribute, cu::CUdeviceptr);
         cuMemAlloc_v2(*mut cu::CUdeviceptr, usize);
         cuMemFree_v2(cu::CUdeviceptr);
+        cuMemcpyHtoDAsync_v2(cu::CUdeviceptr, *const c_void, usize, cu::CUstream);
+        cuMemcpyDtoHAsync_v2(*mut c_void, cu::CUdeviceptr, usize, cu::CUstream);
         cuModuleLoadData(*mut cu::CUmodule, *const c_void);
         cuModuleUnload(cu::CUmodule);
         cuModuleGetFunction(*mut cu::CUfunction, cu::CUmodule, *const c_char);
@@ -435,6 +437,29 @@ impl CudaDriver {
     }
 
     /// `cuStreamSynchronize` of the legacy default stream of the current context.
+    /// Runs `copy` (named `what`) on a fresh non-blocking stream of `dev`, waits for that
+    /// stream only, and destroys it: the copy neither waits for nor is waited on by work on
+    /// the caller's streams (a kernel spinning in a barrier included).
+    fn on_private_stream(
+        &self,
+        dev: Device,
+        what: &'static str,
+        copy: impl FnOnce(&Api, cu::CUstream) -> Raw,
+    ) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        let mut stream: cu::CUstream = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the flag is a valid `CUstream_flags` value.
+        check("cuStreamCreate", unsafe {
+            (self.api.cuStreamCreate)(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
+        })?;
+        let copied = check(what, copy(&self.api, stream));
+        // SAFETY: a stream created above; synchronizing it waits only for the copy.
+        let synced = check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(stream) });
+        // SAFETY: the stream is idle and owned here.
+        let destroyed = check("cuStreamDestroy", unsafe { (self.api.cuStreamDestroy_v2)(stream) });
+        copied.and(synced).and(destroyed)
+    }
+
     fn sync_default_stream(&self) -> DResult<()> {
         // SAFETY: the NULL stream is the legacy default stream of the current context.
         check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(ptr::null_mut()) })
@@ -988,6 +1013,25 @@ impl Driver for CudaDriver {
         // SAFETY: `dst` is writable for `dst.len()` bytes and the copy is synchronous (it
         // returns once the bytes are in `dst`); the driver validates `src`.
         check("cuMemcpyDtoH", unsafe { (self.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
+    }
+
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        let bytes = value.to_ne_bytes();
+        self.on_private_stream(dev, "cuMemcpyHtoDAsync", |api, stream| {
+            // SAFETY: `bytes` lives until the stream was synchronized (below, in
+            // `on_private_stream`); the driver validates `dst`.
+            unsafe { (api.cuMemcpyHtoDAsync_v2)(dst, bytes.as_ptr().cast(), 4, stream) }
+        })
+    }
+
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        let mut bytes = [0u8; 4];
+        self.on_private_stream(dev, "cuMemcpyDtoHAsync", |api, stream| {
+            // SAFETY: `bytes` is writable and lives until the stream was synchronized; the
+            // driver validates `src`.
+            unsafe { (api.cuMemcpyDtoHAsync_v2)(bytes.as_mut_ptr().cast(), src, 4, stream) }
+        })?;
+        Ok(u32::from_ne_bytes(bytes))
     }
 
     /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for

@@ -441,6 +441,16 @@ pub trait Driver: Send + Sync + 'static {
     /// Synchronous `cuMemcpyDtoH` from memory `dev` can access.
     fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()>;
 
+    /// Writes one 32-bit word of memory `dev` can access (its own or a peer's through a
+    /// mapping) without waiting for work on any stream: `cuMemcpyHtoDAsync` on a private
+    /// non-blocking stream, which only that copy joins. Kernels spinning on the word see it
+    /// within microseconds; used to abort a team.
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()>;
+
+    /// Reads one 32-bit word of memory `dev` can access without waiting for work on any
+    /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream).
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32>;
+
     /// Synchronous `cuMemsetD8`.
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()>;
 

@@ -60,8 +60,13 @@ pub const ERROR_INFO_OFFSET: usize = 4100;
 /// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
 /// `b` (the target of slot `b`'s counter is that number times `nranks`).
 pub const EPOCH_OFFSET: usize = 4352;
+/// `u32` team state word ([`STATE_OK`] or [`STATE_ABORTED`]): written by the host (an abort
+/// writes it in every rank's sync region, through the peer mappings for ranks of other
+/// processes) and read by every barrier spin, so an abort ends device waits within
+/// microseconds. Outside the local state: peers write it.
+pub const STATE_OFFSET: usize = 8192;
 /// End of the used part of the sync region; the rest is reserved.
-pub const SYNC_USED_BYTES: usize = 8192;
+pub const SYNC_USED_BYTES: usize = 8256;
 /// Start of the push one-shot scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
@@ -90,8 +95,16 @@ pub fn team_reserved_bytes(nranks: u32) -> usize {
 pub const ERR_NONE: u32 = 0;
 /// Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
 pub const ERR_TIMEOUT: u32 = 1;
+/// Error word value: a barrier wait ended because the team was aborted (maps to
+/// `MCAST_ERROR_ABORTED`).
+pub const ERR_ABORTED: u32 = 2;
+/// State word value: the team is usable.
+pub const STATE_OK: u32 = 0;
+/// State word value: the team was aborted; every barrier returns at once.
+pub const STATE_ABORTED: u32 = 2;
 
-const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= SYNC_USED_BYTES);
+const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
 const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
@@ -485,6 +498,9 @@ mod tests {
         assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
         assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
         assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
+        assert_eq!(define("MCAST_ERR_ABORTED"), ERR_ABORTED as u64);
+        assert_eq!(define("MCAST_STATE_OFFSET"), STATE_OFFSET as u64);
+        assert_eq!(define("MCAST_STATE_OK"), STATE_OK as u64);
         assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
     }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, PUSH_CHUNK,
-    SCRATCH_OFFSET, SIGNAL_OFFSET,
+    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT,
+    PUSH_CHUNK, SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
@@ -141,6 +141,10 @@ impl Job {
     fn run(&self) {
         let me = self.sync.0[self.rank];
         if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
+            return;
+        }
+        if word(me, STATE_OFFSET).load(Ordering::Acquire) != STATE_OK {
+            self.fail(ERR_ABORTED, 0);
             return;
         }
         let esize = self.red.map_or(1, |(d, _)| d.size());
@@ -296,14 +300,15 @@ impl Job {
         let counter = word(me, SIGNAL_OFFSET);
         let start = Instant::now();
         let mut spins = 0u32;
+        let state = word(me, STATE_OFFSET);
         while (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) < 0 {
+            // The team's state word: an abort ends the wait, as on a GPU.
+            if state.load(Ordering::Acquire) != STATE_OK {
+                self.fail(ERR_ABORTED, index);
+                return false;
+            }
             if self.timeout.is_some_and(|t| start.elapsed() >= t) {
-                if word(me, ERROR_WORD_OFFSET)
-                    .compare_exchange(ERR_NONE, ERR_TIMEOUT, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
-                }
+                self.fail(ERR_TIMEOUT, index);
                 return false;
             }
             spins += 1;
@@ -316,6 +321,15 @@ impl Job {
             }
         }
         true
+    }
+
+    /// Records `code` in this rank's error word unless an earlier error is there (barrier
+    /// `index` of the collective, 0 before the first).
+    fn fail(&self, code: u32, index: u32) {
+        let me = self.sync.0[self.rank];
+        if word(me, ERROR_WORD_OFFSET).compare_exchange(ERR_NONE, code, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
+        }
     }
 
     /// The reduction of elements `[first, first + n)` over every address in `srcs`, in order.

@@ -163,6 +163,8 @@ impl Buffer {
     /// Waits for the team's work in flight (as `cudaFree` does), then returns the memory to the
     /// team. A failed wait is reported after the memory is returned.
     pub fn free(&self) -> Result<()> {
+        // An aborted team keeps the memory until it is destroyed (its waits may not end).
+        self.team.check_not_aborted("freeing a buffer")?;
         let waited = self.team.quiesce();
         let freed = self.team.free(&self.alloc);
         if let Some(serial) = self.registration {

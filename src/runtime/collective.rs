@@ -8,7 +8,7 @@ use super::buffer::Buffer;
 use super::error::{Error, ErrorKind, Result};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
-use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT};
+use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
 use crate::kernels::{self, Collective, KernelError, Launch, Path};
 
 /// Element size, offset alignment and number of per-rank blocks of the symmetric range of
@@ -58,9 +58,7 @@ fn check_range(
 pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
     let team = buf.team();
     let r = team.check_own_rank(rank, "rank")?;
-    if let Some(e) = team.error() {
-        return Err(e);
-    }
+    team.check_usable(&format!("rank {rank}'s collective"))?;
     let (esize, align, blocks) = geometry(team, collective)?;
     if count == 0 {
         return Ok(());
@@ -92,9 +90,7 @@ pub fn run_into(
         ));
     }
     let r = team.check_own_rank(rank, "rank")?;
-    if let Some(e) = team.error() {
-        return Err(e);
-    }
+    team.check_usable(&format!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, blocks) = geometry(team, collective)?;
     if count == 0 {
@@ -177,9 +173,7 @@ pub fn run_ptr(
     stream: Stream,
 ) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
-    if let Some(e) = team.error() {
-        return Err(e);
-    }
+    team.check_usable(&format!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, _) = geometry(team, collective)?;
     if count == 0 {
@@ -354,12 +348,26 @@ fn launch_with(
             }
         }
     }
+    let round = admit(team, r, stream)?;
     let driver = team.context().driver();
     let result = match driver.as_sim() {
         Some(sim) => kernels::sim::launch(sim, &launch),
         None => kernels::launch(driver.as_ref(), &launch),
     };
-    result.map_err(|e| kernel_error(e, &launch))
+    result.map_err(|e| {
+        team.unclaim_stream(r, round);
+        kernel_error(e, &launch)
+    })
+}
+
+/// The last check before any collective form enqueues rank `r`'s part on `stream`: the team
+/// must not have failed (aborted, timed out), and no other rank of the team on the same device
+/// may have been given `stream` for the same collective (the one-stream deadlock, caught on the
+/// host: see [`Team::claim_stream`]). Returns the round claimed; a launch that then fails gives
+/// it back with [`Team::unclaim_stream`].
+pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
+    team.check_usable(&format!("rank {r}'s collective"))?;
+    team.claim_stream(r, stream)
 }
 
 fn kernel_error(e: KernelError, l: &Launch) -> Error {
@@ -378,9 +386,14 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
     let dev = team.devices()[r];
     let driver = team.context().driver();
+    // An abort ends the kernels on the stream within microseconds (they read the team's state
+    // word), so this wait ends too.
     driver
         .stream_synchronize(dev, stream)
         .map_err(|e| Error::driver(e, format_args!("waiting for rank {rank}'s stream")))?;
+    if team.is_aborted() {
+        return Err(team.error().expect("an aborted team has its error"));
+    }
     let mut words = [0u8; 8];
     driver
         .memcpy_dtoh(dev, &mut words, team.sync_base(r, r) + ERROR_WORD_OFFSET as u64)
@@ -390,6 +403,14 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let info = u32::from_ne_bytes(words[4..].try_into().expect("4 bytes"));
     if code != ERR_NONE {
         let timeout_ms = team.context().config().timeout_ms;
+        if code == ERR_ABORTED {
+            team.set_error(Error::aborted(format!(
+                "rank {rank}: a collective ended in barrier {} because the team was aborted (by mcast_team_abort here \
+                 or in a peer process)",
+                info >> 8
+            )));
+            return Err(team.error().expect("an aborted team has its error"));
+        }
         let detail = if code == ERR_TIMEOUT {
             format!(
                 "rank {rank}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms (barrier {} of the \

@@ -1497,6 +1497,35 @@ impl Driver for SimDriver {
         })
     }
 
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        self.call("cuMemcpyHtoDAsync", || {
+            self.check_dev(dev)?;
+            if dst % 4 != 0 {
+                return Err(INVALID_VALUE);
+            }
+            let st = self.state.lock();
+            check_access(&st, dev, dst, 4)?;
+            // SAFETY: the word is mapped read-write and 4-byte aligned (checked above, lock
+            // held); kernels on the workers access such words atomically only.
+            unsafe { &*(dst as *const std::sync::atomic::AtomicU32) }
+                .store(value, std::sync::atomic::Ordering::Release);
+            Ok(())
+        })
+    }
+
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        self.call("cuMemcpyDtoHAsync", || {
+            self.check_dev(dev)?;
+            if src % 4 != 0 {
+                return Err(INVALID_VALUE);
+            }
+            let st = self.state.lock();
+            check_access(&st, dev, src, 4)?;
+            // SAFETY: as in `poke_u32`.
+            Ok(unsafe { &*(src as *const std::sync::atomic::AtomicU32) }.load(std::sync::atomic::Ordering::Acquire))
+        })
+    }
+
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
         self.call("cuMemsetD8", || {
             self.check_dev(dev)?;
