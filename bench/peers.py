@@ -111,8 +111,8 @@ def time_graph(fn, iters, warmup, repeats, replays):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--min", type=int, default=8 << 10)
-    ap.add_argument("--max", type=int, default=1 << 30)
+    ap.add_argument("--min-bytes", type=int, default=8 << 10)
+    ap.add_argument("--max-bytes", type=int, default=1 << 30)
     ap.add_argument("--out", default="peers.csv")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="eager,graph")
@@ -146,7 +146,7 @@ def main():
     except Exception as e:  # depends on the torch build
         note(rank, f"symmetric memory unavailable ({e}); only NCCL runs")
 
-    elems = args.max // 2
+    elems = args.max_bytes // 2
     symm_in = symm_out = None
     if symm is not None:
         try:
@@ -189,7 +189,7 @@ def main():
         elif op == "broadcast":
             yield "nccl", lambda: dist.broadcast(x, src=0)
 
-    for nbytes in sizes(args.min, args.max):
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = nbytes // 2
         iters = 100 if nbytes <= (4 << 20) else (20 if nbytes <= (64 << 20) else 5)
         warmup = 10 if nbytes <= (64 << 20) else 2

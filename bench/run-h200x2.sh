@@ -118,7 +118,7 @@ if [[ -n "${SKIP_PEERS:-}" ]]; then
 elif python3 -c 'import torch, torch.distributed' 2>/dev/null && command -v torchrun >/dev/null; then
   # The byte counts are plain numbers for peers.py.
   bytes() { python3 -c "import sys; v=sys.argv[1].upper(); m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(v[:-1])*m[v[-1]] if v[-1] in m else int(v))" "$1"; }
-  if PYTHONUNBUFFERED=1 torchrun --nproc_per_node=2 bench/peers.py --min "$(bytes "$min")" --max "$(bytes "$max")" \
+  if PYTHONUNBUFFERED=1 torchrun --nproc_per_node=2 bench/peers.py --min-bytes "$(bytes "$min")" --max-bytes "$(bytes "$max")" \
     --ops "$(echo $ops | tr ' ' ',')" --modes eager,graph --out "$out/peers.csv" 2>"$out/peers.err"; then
     peers_args=(--peers "$out/peers.csv")
   else
