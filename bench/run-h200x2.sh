@@ -123,6 +123,11 @@ elif python3 -c 'import torch, torch.distributed' 2>/dev/null && command -v torc
     peers_args=(--peers "$out/peers.csv")
   else
     note "bench/peers.py failed: $(tail -n 5 "$out/peers.err" | tr '\n' ' ')"
+    # It writes its CSV before tearing down; a failure after that leaves the measurements.
+    if [[ -s "$out/peers.csv" ]]; then
+      note "bench/peers.py wrote peers.csv before it failed: its rows are used"
+      peers_args=(--peers "$out/peers.csv")
+    fi
   fi
   grep 'peers: note' "$out/peers.err" >>"$out/notes.txt" 2>/dev/null || true
 else
