@@ -7,13 +7,13 @@ use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mcast::bootstrap::new_unique_id;
 use mcast::driver::{HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, synchronize};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
-use mcast::runtime::rendezvous::new_unique_id;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
 

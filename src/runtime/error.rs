@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Timeout,
     /// A bug: a caught panic or a broken invariant.
     Internal,
+    /// The team was aborted, by `mcast_team_abort` here or in a peer process.
+    Aborted,
 }
 
 /// A runtime error.

@@ -3,6 +3,7 @@
 
 pub mod buffer;
 pub mod collective;
+pub mod comm;
 pub mod config;
 pub mod context;
 pub mod error;
@@ -10,7 +11,6 @@ pub mod handles;
 pub mod logging;
 pub mod policy;
 pub mod registry;
-pub mod rendezvous;
 pub mod retry;
 pub mod segment;
 pub mod team;

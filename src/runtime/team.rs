@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::comm::{Comm, Dec, Enc, ID_BYTES};
 use super::config::{HandleTypeMode, MulticastMode};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::policy;
-use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
 use super::segment::{Segment, Shape};
+use crate::bootstrap::{host, Bootstrap};
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 
@@ -51,7 +52,7 @@ pub struct Team {
     max_blocks: u32,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     error: Mutex<Option<Error>>,
-    /// Multi-process team: the rendezvous (this process owns rank `comm.rank()` only).
+    /// Multi-process team: its connections (this process owns rank `comm.rank()` only).
     comm: Option<Arc<Comm>>,
     state: Mutex<State>,
 }
@@ -235,12 +236,12 @@ impl Team {
         self.max_blocks
     }
 
-    /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet over the
-    /// rendezvous named by `id` (see [`super::rendezvous`]), agree on the transport from every
-    /// rank's capabilities and on how memory travels between them (fabric handles where every
-    /// rank can use them, else POSIX file descriptors: see [`Team::handle_type`]), and build
-    /// the first segment together. Every step ends with a vote, so a failure on one rank is an
-    /// error on every rank; every wait is bounded by `timeout_ms`.
+    /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet through
+    /// the unique id `id` (see [`crate::bootstrap`]: TCP, on one host or many), agree on the
+    /// transport from every rank's capabilities and on how memory travels between them (see
+    /// [`Team::handle_type`]), and build the first segment together. Every step ends with a
+    /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
+    /// `timeout_ms`.
     pub fn init_rank(
         ctx: &Arc<Context>,
         id: &[u8; ID_BYTES],
@@ -248,16 +249,47 @@ impl Team {
         rank: i32,
         device: i32,
     ) -> Result<Arc<Team>> {
+        let boot = Bootstrap::init_id(
+            id,
+            i64::from(nranks),
+            i64::from(rank),
+            MAX_RANKS,
+            ctx.config().timeout_ms,
+            host::host_id(),
+        )?;
+        Self::init_with(ctx, Arc::new(Comm::new(boot)), device)
+    }
+
+    /// Like [`Team::init_rank`], but the processes meet through the caller's allgather
+    /// (`allgather(send, recv)` gathers `send` from every rank into `recv` in rank order),
+    /// called exactly once on every rank whatever fails locally (a local failure travels in
+    /// the record, so every rank fails together); afterwards only the team's own connections
+    /// are used.
+    pub fn init_oob(
+        ctx: &Arc<Context>,
+        allgather: crate::bootstrap::oob::Allgather<'_>,
+        nranks: i32,
+        rank: i32,
+        device: i32,
+    ) -> Result<Arc<Team>> {
+        let problem = ctx.check_device(device, "device").err().map(|e| e.message);
+        let boot = Bootstrap::init_oob(
+            allgather,
+            i64::from(nranks),
+            i64::from(rank),
+            MAX_RANKS,
+            ctx.config().timeout_ms,
+            host::host_id(),
+            problem,
+        )?;
+        Self::init_with(ctx, Arc::new(Comm::new(boot)), device)
+    }
+
+    /// The rest of [`Team::init_rank`] once the ranks are connected.
+    fn init_with(ctx: &Arc<Context>, comm: Arc<Comm>, device: i32) -> Result<Arc<Team>> {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
-        if nranks < 1 || nranks as usize > MAX_RANKS {
-            return Err(Error::invalid_argument(format!("nranks is {nranks}; a team has 1 to {MAX_RANKS} ranks")));
-        }
-        if rank < 0 || rank >= nranks {
-            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks = {nranks}")));
-        }
-        ctx.check_device(device, "device")?;
-        let (n, r) = (nranks as usize, rank as usize);
-        let comm = Arc::new(Comm::connect(id, n, r, ctx.config().timeout_ms)?);
+        let (n, r) = (comm.nranks(), comm.rank());
+        comm.vote("arguments", ctx.check_device(device, "device").map(|_| ()))?;
         // Capabilities: every rank's device, why it cannot use multicast, and its mode.
         let reason = ctx.multicast_reason(device);
         let require = ctx.config().multicast == MulticastMode::Require;
