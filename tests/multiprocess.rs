@@ -23,6 +23,8 @@ const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
 /// The handle type a child expects its team to use: `fabric` or `posix`.
 const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
+/// Set: a killed peer must be reported within timeout_ms + 1 s.
+const TIGHT: &str = "MCAST_MP_TIGHT";
 
 fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
@@ -49,7 +51,9 @@ fn spawn(n: usize, role: &str, multicast: bool, env: impl Fn(usize) -> Vec<(&'st
                 .env_remove("MCAST_SIM_FAULTS")
                 .env_remove("MCAST_HANDLE_TYPE")
                 .env_remove("MCAST_SIM_FABRIC")
-                .env_remove(EXPECT_HT);
+                .env_remove(EXPECT_HT)
+                .env_remove("MCAST_HOST_ID")
+                .env_remove(TIGHT);
             for (k, v) in env(r) {
                 c.env(k, v);
             }
@@ -178,6 +182,75 @@ fn a_rank_killed_mid_collective_gives_the_others_a_timeout() {
     }
 }
 
+/// Two simulated hosts of two ranks each (`MCAST_HOST_ID`): descriptors cannot cross hosts
+/// (the simulator refuses them), so the team shares memory through fabric handles, and every
+/// collective is checked on both transports, with a clean teardown and an empty ledger.
+#[test]
+fn collectives_across_two_hosts_of_two_ranks() {
+    for multicast in MODES {
+        all_ok(&spawn(4, "collectives", multicast, |r| {
+            let mut v = expect("fabric");
+            v.push(("MCAST_HOST_ID", format!("host{}", r / 2)));
+            v
+        }));
+    }
+}
+
+/// `MCAST_HANDLE_TYPE=posix` across hosts: `NOT_SUPPORTED` on every rank, naming the rank and
+/// its host.
+#[test]
+fn posix_descriptors_across_hosts_are_not_supported() {
+    all_ok(&spawn(3, "cross-host-posix", false, |r| {
+        vec![("MCAST_HOST_ID", format!("host{}", r.min(1))), ("MCAST_HANDLE_TYPE", "posix".into())]
+    }));
+}
+
+/// A rank on the second host cannot use fabric handles (no IMEX channel on a real system):
+/// `NOT_SUPPORTED` on every rank naming rank, host and reason.
+#[test]
+fn no_fabric_handles_across_hosts_is_not_supported() {
+    for multicast in MODES {
+        all_ok(&spawn(2, "cross-host-no-fabric", multicast, |r| {
+            let mut v = vec![("MCAST_HOST_ID", format!("host{r}"))];
+            if r == 1 {
+                v.push(("MCAST_SIM_FABRIC", "0".into()));
+            }
+            v
+        }));
+    }
+}
+
+/// A peer killed during setup and during a collective, the team on two hosts: the others get
+/// `TIMEOUT` (or the clean stale-handle error) within `timeout_ms` + 1 s, with an empty ledger.
+#[test]
+fn a_rank_killed_on_another_host_during_setup_and_collective() {
+    for multicast in MODES {
+        let hosts = |r: usize| vec![("MCAST_HOST_ID", format!("host{}", r / 2)), (TIGHT, "1".into())];
+        let st = spawn(3, "die-setup", multicast, |r| {
+            let mut v = hosts(r);
+            if r == 2 {
+                v.push(("MCAST_SIM_FAULTS", "cuMemImportFromShareableHandle=PANIC@1".into()));
+            }
+            v
+        });
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+        let st = spawn(3, "die-collective", multicast, hosts);
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+    }
+}
+
+/// Team formation time of multi-process teams (reported with --nocapture).
+#[test]
+fn team_formation_time_of_processes() {
+    for n in [2, 4, 8] {
+        let t = Instant::now();
+        all_ok(&spawn(n, "form", false, |r| vec![("MCAST_HOST_ID", format!("host{}", r % 2))]));
+        eprintln!("{n} processes on 2 simulated hosts: spawn + init_rank + destroy in {:?}", t.elapsed());
+    }
+}
+
 // ---- the ranks ----
 
 const TIMEOUT_MS: u32 = 3000;
@@ -302,7 +375,11 @@ fn child() {
     let rank = r as i32;
     let ctx = context(multicast);
     let start = Instant::now();
-    let bound = Duration::from_millis(u64::from(TIMEOUT_MS) * 2 + 2000);
+    let bound = if std::env::var_os(TIGHT).is_some() {
+        Duration::from_millis(u64::from(TIMEOUT_MS) + 1000)
+    } else {
+        Duration::from_millis(u64::from(TIMEOUT_MS) * 2 + 2000)
+    };
     match role {
         "collectives" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
@@ -335,6 +412,18 @@ fn child() {
             assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
             assert!(e.message.contains("rank 1") && e.message.contains("fabric"), "rank {r}: {}", e.message);
             assert!(start.elapsed() < bound);
+        }
+        "cross-host-posix" | "cross-host-no-fabric" => {
+            let e = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).err().expect("setup fails");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+            let why = if role == "cross-host-posix" { "MCAST_HANDLE_TYPE=posix" } else { "fabric handle support" };
+            assert!(e.message.contains("host1") && e.message.contains(why), "rank {r}: {}", e.message);
+            assert!(e.message.contains(if role == "cross-host-posix" { "rank 0" } else { "rank 1" }), "{}", e.message);
+            assert!(start.elapsed() < bound);
+        }
+        "form" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, (r % 4) as i32).unwrap();
+            team.destroy().unwrap();
         }
         "oom" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();

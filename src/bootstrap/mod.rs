@@ -851,7 +851,12 @@ impl Bootstrap {
                 (kind::FAIL, p) => {
                     let mut d = Dec(&p);
                     let k = Kind::from_code(d.u32()?);
-                    return Err(BootError::new(k, d.str()?));
+                    let message = d.str()?;
+                    if k == Kind::Aborted {
+                        // The relayed abort may still be on its way: the hub's word is enough.
+                        self.shared.set_aborted(&message);
+                    }
+                    return Err(BootError::new(k, message));
                 }
                 (k, _) => {
                     return Err(BootError::new(Kind::Internal, format!("rank 0 sent a frame of kind {k}")));

@@ -448,7 +448,10 @@ impl Team {
     /// multicast object) and how `MCAST_HANDLE_TYPE` is set on it; every rank decides the same:
     /// fabric handles when every rank can and none asks for POSIX descriptors; POSIX
     /// descriptors otherwise, unless a rank asks for fabric handles, which is an error naming
-    /// the ranks that cannot use them.
+    /// the ranks that cannot use them. Ranks on different hosts (see
+    /// [`crate::bootstrap::host`]) cannot pass descriptors, so a team that spans hosts uses
+    /// fabric handles for every rank, or fails with `NotSupported` naming the rank, its host
+    /// and the reason (also when a rank forces `MCAST_HANDLE_TYPE=posix`).
     fn agree_handle_type(
         ctx: &Context,
         comm: &Comm,
@@ -479,6 +482,8 @@ impl Team {
         };
         let parts = comm.exchange("handle type", Ok(()), &e.0, &[])?;
         let (mut cannot, mut posix, mut fabric) = (Vec::new(), None, None);
+        let hosts = comm.bootstrap().hosts();
+        let mut cannot_hosted = Vec::new();
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             match d.u32()? {
@@ -487,8 +492,30 @@ impl Team {
                 _ => {}
             }
             if d.u32()? == 0 {
-                cannot.push(format!("rank {q}: {}", d.str()?));
+                let why = d.str()?;
+                cannot_hosted.push(format!("rank {q} on host {}: {why}", hosts[q]));
+                cannot.push(format!("rank {q}: {why}"));
             }
+        }
+        // Ranks on different hosts cannot pass descriptors: fabric handles or nothing.
+        if let Some(q) = (1..hosts.len()).find(|&q| hosts[q] != hosts[0]) {
+            let span = format!("the team spans hosts (rank 0 on host {}, rank {q} on host {})", hosts[0], hosts[q]);
+            if let Some(p) = posix {
+                return Err(Error::not_supported(format!(
+                    "rank {p} on host {} forces MCAST_HANDLE_TYPE=posix, but POSIX file descriptors only travel \
+                     between ranks of one host and {span}; use MCAST_HANDLE_TYPE=auto or fabric",
+                    hosts[p]
+                )));
+            }
+            if !cannot_hosted.is_empty() {
+                return Err(Error::not_supported(format!(
+                    "{span}, so memory must travel as fabric handles, but {}; a multi-node NVLink system needs the \
+                     fabric manager and an IMEX channel (/dev/nvidia-caps-imex-channels/channel0, IMEX daemon \
+                     running) on every node",
+                    cannot_hosted.join("; ")
+                )));
+            }
+            return Ok(HandleTypes::FABRIC);
         }
         match (fabric, posix) {
             (Some(q), _) if !cannot.is_empty() => Err(Error::not_supported(format!(
