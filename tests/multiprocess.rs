@@ -41,11 +41,32 @@ fn unhex(s: &str) -> [u8; 128] {
 /// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
 /// rank's exit status and how long the slowest took.
 fn spawn(n: usize, role: &str, multicast: bool, env: impl Fn(usize) -> Vec<(&'static str, String)>) -> Vec<ExitStatus> {
-    let id = hex(&new_unique_id().unwrap());
+    spawn_in(n, role, multicast, &new_unique_id().unwrap(), |_| Vec::new(), env)
+}
+
+/// [`spawn`] with a given id, each rank's command line prefixed by `wrap(rank)` (e.g. `ip netns
+/// exec NAME`).
+fn spawn_in(
+    n: usize,
+    role: &str,
+    multicast: bool,
+    id: &[u8],
+    wrap: impl Fn(usize) -> Vec<String>,
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<ExitStatus> {
+    let id = hex(id);
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..n)
         .map(|r| {
-            let mut c = Command::new(&exe);
+            let prefix = wrap(r);
+            let mut c = match prefix.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(&exe);
+                    c
+                }
+                None => Command::new(&exe),
+            };
             c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
                 .env(ROLE, format!("{role}:{n}:{r}:{}:{id}", u8::from(multicast)))
                 .env_remove("MCAST_SIM_FAULTS")
@@ -238,6 +259,89 @@ fn a_rank_killed_on_another_host_during_setup_and_collective() {
         let st = spawn(3, "die-collective", multicast, hosts);
         assert!(st[0].success() && st[1].success(), "{st:?}");
         assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+    }
+}
+
+/// Two network namespaces joined by a veth pair, created here and deleted on every path.
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip").args(args).status().is_ok_and(|s| s.success())
+    }
+
+    /// `None` (with the reason) where this process lacks the privilege or the `ip` tool.
+    fn create(tag: &str) -> Result<Netns, String> {
+        let pid = std::process::id() % 100_000;
+        let ns = Netns { names: [format!("mcast-{tag}-{pid}-a"), format!("mcast-{tag}-{pid}-b")] };
+        let (va, vb) = (format!("mc{pid}{tag}a"), format!("mc{pid}{tag}b"));
+        let (a, b) = (ns.names[0].as_str(), ns.names[1].as_str());
+        if !Self::ip(&["netns", "add", a]) {
+            return Err("cannot create a network namespace (needs root / CAP_SYS_ADMIN and iproute2)".into());
+        }
+        let x = pid % 200 + 20;
+        let ok = Self::ip(&["netns", "add", b])
+            && Self::ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && Self::ip(&["link", "set", &va, "netns", a])
+            && Self::ip(&["link", "set", &vb, "netns", b])
+            && Self::ip(&["-n", a, "addr", "add", &format!("10.213.{x}.1/24"), "dev", &va])
+            && Self::ip(&["-n", b, "addr", "add", &format!("10.213.{x}.2/24"), "dev", &vb])
+            && Self::ip(&["-n", a, "addr", "add", &format!("fd6d:6373:{x}::1/64"), "dev", &va, "nodad"])
+            && Self::ip(&["-n", b, "addr", "add", &format!("fd6d:6373:{x}::2/64"), "dev", &vb, "nodad"])
+            && Self::ip(&["-n", a, "link", "set", &va, "up"])
+            && Self::ip(&["-n", b, "link", "set", &vb, "up"])
+            && Self::ip(&["-n", a, "link", "set", "lo", "up"])
+            && Self::ip(&["-n", b, "link", "set", "lo", "up"]);
+        if !ok {
+            return Err("cannot create and address the veth pair".into());
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and so the pair.
+        for n in &self.names {
+            Netns::ip(&["netns", "del", n]);
+        }
+    }
+}
+
+/// Two processes in different network namespaces joined by a veth pair: different hosts by
+/// identity (netns inode), TCP over the veth (IPv4, then IPv6), interface chosen with
+/// `MCAST_SOCKET_IFNAME`, rank 0 listening at the id's address; every collective checked.
+#[test]
+fn two_network_namespaces_over_a_veth_pair() {
+    let ns = match Netns::create("t") {
+        Ok(ns) => ns,
+        Err(why) => {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root: the namespace test must run there: {why}");
+            eprintln!("SKIPPED two_network_namespaces_over_a_veth_pair: {why}");
+            return;
+        }
+    };
+    let pid = std::process::id() % 100_000;
+    let x = pid % 200 + 20;
+    for addr in [format!("10.213.{x}.1:29517"), format!("[fd6d:6373:{x}::1]:29518")] {
+        let id = mcast::bootstrap::UniqueId { addr: addr.parse().unwrap(), secret: [0x5a; 32], rank0_listens: true };
+        for multicast in MODES {
+            let st = spawn_in(
+                2,
+                "collectives",
+                multicast,
+                &id.encode(),
+                |r| vec!["ip".into(), "netns".into(), "exec".into(), ns.names[r].clone()],
+                |r| {
+                    let mut v = expect("fabric");
+                    v.push(("MCAST_SOCKET_IFNAME", format!("mc{pid}t{}", if r == 0 { 'a' } else { 'b' })));
+                    v
+                },
+            );
+            all_ok(&st);
+        }
     }
 }
 
