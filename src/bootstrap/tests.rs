@@ -315,3 +315,24 @@ fn fuzz_the_frame_decoder() {
     let mut cur = std::io::Cursor::new(vec![0xff, 0xff, 0xff, 0xff, 1]);
     assert!(matches!(tcp::read_frame(&mut cur, cap), Err(tcp::FrameError::TooLarge(_))));
 }
+
+/// Formation time of thread ranks over TCP at 2, 8, 32 and 72 ranks (printed with
+/// --nocapture); it must stay well under the timeout even on a loaded machine.
+#[test]
+fn formation_time_by_team_size() {
+    for n in [2, 8, 32, 72] {
+        let t = Instant::now();
+        let boots = team(n, |r| format!("host{}", r % 2), 30_000);
+        let formed = t.elapsed();
+        std::thread::scope(|s| {
+            for b in &boots {
+                s.spawn(move || b.agree("ready", Ok(())).unwrap());
+            }
+        });
+        eprintln!(
+            "{n} thread ranks on 2 hosts: bootstrap formed in {formed:?}, one agree in {:?}",
+            t.elapsed() - formed
+        );
+        assert!(formed < Duration::from_secs(15), "{n} ranks took {formed:?}");
+    }
+}
