@@ -74,6 +74,8 @@ fn spawn_in(
                 .env_remove("MCAST_SIM_FABRIC")
                 .env_remove(EXPECT_HT)
                 .env_remove("MCAST_HOST_ID")
+                .env_remove("MCAST_BOOTSTRAP_ADDR")
+                .env_remove("MCAST_BOOTSTRAP_SECRET")
                 .env_remove(TIGHT);
             for (k, v) in env(r) {
                 c.env(k, v);
@@ -345,6 +347,19 @@ fn two_network_namespaces_over_a_veth_pair() {
     }
 }
 
+/// torchrun-style: no id is moved; every process exports the same `MCAST_BOOTSTRAP_ADDR` (and
+/// `MCAST_BOOTSTRAP_SECRET`) and makes the id itself; rank 0 listens there.
+#[test]
+fn every_process_makes_the_id_from_the_environment() {
+    let port = 20_000 + std::process::id() % 20_000;
+    all_ok(&spawn(3, "env-id", false, |_| {
+        let mut v = expect("fabric");
+        v.push(("MCAST_BOOTSTRAP_ADDR", format!("127.0.0.1:{port}")));
+        v.push(("MCAST_BOOTSTRAP_SECRET", "job-4711".into()));
+        v
+    }));
+}
+
 /// Team formation time of multi-process teams (reported with --nocapture).
 #[test]
 fn team_formation_time_of_processes() {
@@ -524,6 +539,13 @@ fn child() {
             assert!(e.message.contains("host1") && e.message.contains(why), "rank {r}: {}", e.message);
             assert!(e.message.contains(if role == "cross-host-posix" { "rank 0" } else { "rank 1" }), "{}", e.message);
             assert!(start.elapsed() < bound);
+        }
+        "env-id" => {
+            let mine = new_unique_id().unwrap();
+            assert_eq!(mine, new_unique_id().unwrap(), "the id is a function of the environment");
+            let team = Team::init_rank(&ctx, &mine, n as i32, rank, r as i32).unwrap();
+            check_collectives(&team, n, r);
+            team.destroy().unwrap();
         }
         "form" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, (r % 4) as i32).unwrap();

@@ -202,15 +202,27 @@ fn env_bootstrap_addr() -> Result<Option<SocketAddr>, BootError> {
     }
 }
 
-/// A fresh unique id. With `MCAST_BOOTSTRAP_ADDR` set, the id names that address and no
-/// listener starts (rank 0 will listen there); otherwise a root listener starts in this
+/// A fresh unique id. With `MCAST_BOOTSTRAP_ADDR` set, the id names that address, no listener
+/// starts (rank 0 will listen there) and every process makes the same id (its secret derived
+/// from the address and `MCAST_BOOTSTRAP_SECRET`); otherwise a root listener starts in this
 /// process on the interface [`tcp::pick_ip`] chooses, and serves the team until every rank
 /// asked it where the hub is.
 pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
-    let secret = fresh_secret()?;
     if let Some(addr) = env_bootstrap_addr()? {
+        // Every process makes the same id from the environment, as with NCCL_COMM_ID: the
+        // secret is derived from the address and MCAST_BOOTSTRAP_SECRET (a token the launcher
+        // shares with the job's processes; without it, anyone who knows the address can join).
+        use sha2::{Digest, Sha256};
+        let shared = std::env::var("MCAST_BOOTSTRAP_SECRET").unwrap_or_default();
+        let mut h = Sha256::new();
+        h.update(b"mcast bootstrap secret\0");
+        h.update(addr.to_string().as_bytes());
+        h.update(b"\0");
+        h.update(shared.as_bytes());
+        let secret: [u8; SECRET_BYTES] = h.finalize().into();
         return Ok(UniqueId { addr, secret, rank0_listens: true }.encode());
     }
+    let secret = fresh_secret()?;
     let ip = tcp::pick_ip()?;
     let listener = tcp::listen(SocketAddr::new(ip, 0))?;
     let addr = listener.local_addr().map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;

@@ -142,7 +142,9 @@ pub struct mcast_unique_id_t {
 /// (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
 /// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
 /// interface that is up, else loopback; this process must stay alive until every rank has
-/// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts: rank 0 listens there.
+/// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
+/// every process makes the same id (the secret derived from the address and
+/// `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.
 /// One id names one team; every process of that team passes the same bytes to
 /// `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL, `MCAST_BOOTSTRAP_ADDR`
 /// malformed, `MCAST_SOCKET_IFNAME` matching no interface. Thread-safe.
