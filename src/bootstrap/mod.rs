@@ -56,7 +56,7 @@ impl Kind {
             Kind::Timeout => 2,
             Kind::Aborted => 3,
             Kind::Internal => 4,
-            Kind::Failed(c) => 100 + c,
+            Kind::Failed(c) => c.saturating_add(100),
         }
     }
 
@@ -229,6 +229,9 @@ pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
     spawn_root(listener, secret)?;
     Ok(UniqueId { addr, secret, rank0_listens: false }.encode())
 }
+
+/// The status code of a rank whose descriptor channel could not be formed.
+const LOCAL_SETUP: u32 = 0xffff;
 
 /// JOIN purposes.
 const ASK_ROOT: u32 = 1;
@@ -624,10 +627,10 @@ impl Bootstrap {
                 b.local = l;
                 Ok(())
             }
-            Err(e) => Err((u32::MAX, e.message)),
+            Err(e) => Err((LOCAL_SETUP, e.message)),
         };
         b.allgather("bootstrap", status, &[], &[]).map_err(|e| match e.kind {
-            Kind::Failed(u32::MAX) => BootError::new(Kind::Timeout, e.message),
+            Kind::Failed(LOCAL_SETUP) => BootError::new(Kind::Timeout, e.message),
             _ => e,
         })?;
         Ok(b)
