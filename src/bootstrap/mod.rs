@@ -242,9 +242,15 @@ const JOIN_HUB: u32 = 2;
 fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Result<(), BootError> {
     let acceptor = Acceptor::start(listener, secret, "bootstrap root")
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root: {e}")))?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("mcast-root".into())
         .spawn(move || {
+            // A first, timed-out wait sets up this thread's channel waiting state (which
+            // allocates once); the waits after the ready signal allocate nothing.
+            let mut early = acceptor.next(Deadline::after_ms(1));
+            // The sender lives as long as the thread (see `Acceptor::start`).
+            let _ = ready_tx.send(());
             let mut waiting: Vec<(TcpStream, u32, u32)> = Vec::new();
             let mut hub: Option<(String, u32)> = None;
             let mut served = std::collections::BTreeSet::new();
@@ -254,7 +260,7 @@ fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Re
                         break;
                     }
                 }
-                let Some((s, join)) = acceptor.next(Deadline(None)) else { break };
+                let Some((s, join)) = early.take().or_else(|| acceptor.next(Deadline(None))) else { break };
                 let mut d = Dec(&join);
                 let (Ok(ASK_ROOT), Ok(rank), Ok(nranks), Ok(addr)) = (d.u32(), d.u32(), d.u32(), d.str()) else {
                     tracing::warn!("bootstrap root: dropped a malformed request");
@@ -283,6 +289,8 @@ fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Re
             drop(acceptor);
         })
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root thread: {e}")))?;
+    // As in `Acceptor::start`: the thread is parked in its loop before the id is handed out.
+    let _ = ready_rx.recv();
     Ok(())
 }
 

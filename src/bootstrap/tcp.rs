@@ -229,8 +229,12 @@ impl Acceptor {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let flag = stop.clone();
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("mcast-accept".into()).spawn(move || {
             use std::os::fd::AsRawFd;
+            // The sender lives as long as the thread: dropping it could free the channel
+            // (an allocator call) just when the caller forks.
+            let _ = ready_tx.send(());
             while !flag.load(Ordering::Relaxed) {
                 let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd.
@@ -258,6 +262,10 @@ impl Acceptor {
                 });
             }
         })?;
+        // Return only once the thread runs its loop, which allocates nothing until a
+        // connection arrives: a process that forks right after making a unique id (a common
+        // way to start ranks) then never forks while this thread holds an allocator lock.
+        let _ = ready_rx.recv();
         Ok(Acceptor { addr, stop, rx, thread: Some(thread) })
     }
 
