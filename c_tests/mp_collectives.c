@@ -1,5 +1,6 @@
-/* One process per rank (mcast_get_unique_id, mcast_team_init_rank): the parent makes the id,
- * forks N ranks before any context exists, and each rank joins the team and runs its part.
+/* One process per rank (mcast_get_unique_id, mcast_team_init_rank): the parent forks N ranks,
+ * rank 0 makes the id and shares it (shared memory, a process-shared barrier), and each rank
+ * joins the team and runs its part.
  *   mp_collectives N collectives   every collective checked on every rank
  *   mp_collectives N absent        rank N-1 exits without joining: the others get
  *                                  MCAST_ERROR_TIMEOUT within timeout_ms
@@ -130,6 +131,7 @@ static void collectives(mcast_team_t team, int n, int r) {
 struct shared_gather {
   pthread_barrier_t barrier;
   int n;
+  mcast_unique_id_t id; /* made by rank 0, read by the others after the barrier */
   unsigned char data[72 * 1024];
 };
 static struct shared_gather *shared;
@@ -159,7 +161,12 @@ static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_i
   return mcast_team_init_oob(ctx, &o, device, team);
 }
 
-static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
+static int rank_main(const char *role, int n, int r) {
+  /* Rank 0 makes the id (as with MPI: rank 0 makes it, MPI_Bcast moves it); the parent makes
+     none, so no process forks while the id's listener threads run. */
+  if (r == 0 && strcmp(role, "oob") != 0) CHECK_OK(mcast_get_unique_id(&shared->id));
+  pthread_barrier_wait(&shared->barrier);
+  mcast_unique_id_t id = shared->id;
   if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
   const char *hosts = getenv("MCAST_MP_HOSTS");
   int nhosts = hosts ? atoi(hosts) : (strcmp(role, "cross-host") == 0 ? 2 : 0);
@@ -226,8 +233,6 @@ int main(int argc, char **argv) {
   }
   int n = atoi(argv[1]);
   const char *role = argv[2];
-  mcast_unique_id_t id;
-  CHECK_OK(mcast_get_unique_id(&id));
   pid_t pids[72];
   CHECK(n >= 1 && n <= 72);
   shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -243,7 +248,7 @@ int main(int argc, char **argv) {
     if (pids[r] == 0) {
       fflush(stdout);
       my_rank = r;
-      _exit(rank_main(role, id, n, r));
+      _exit(rank_main(role, n, r));
     }
   }
   int failed = 0, skipped = 0;
