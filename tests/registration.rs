@@ -253,6 +253,23 @@ fn mem_alloc_rules_and_out_of_memory() {
     assert_clean(&ctx);
 }
 
+/// A device that reports fabric support but refuses fabric allocations (no IMEX channel:
+/// `cuMemCreate` gives NOT_PERMITTED, seen on 2 x H200) still gets memory, with POSIX
+/// descriptors only; any other failure is not retried that way.
+#[test]
+fn mem_alloc_without_fabric_handles_falls_back_to_posix_descriptors() {
+    let ctx = context(true);
+    let sim = ctx.driver().as_sim().expect("the simulator");
+    sim.inject("cuMemCreate", mcast::driver::CuResult::ERROR_NOT_PERMITTED, 1, Some(1));
+    let p = ctx.memory.alloc(&ctx, 1, 100).unwrap();
+    assert_eq!(ctx.memory.live(), 1);
+    ctx.memory.free(&ctx, p).unwrap();
+    sim.inject("cuMemCreate", mcast::driver::CuResult::ERROR_INVALID_VALUE, 1, Some(1));
+    let e = ctx.memory.alloc(&ctx, 1, 100).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Driver, "{e}");
+    assert_clean(&ctx);
+}
+
 /// The pointer form on plain device memory (`cudaMalloc`-style): all-reduce in and out of
 /// place, chunked past the scratch, every dtype's alignment, teams of 1-4 on both transports.
 #[test]
