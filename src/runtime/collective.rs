@@ -202,6 +202,11 @@ pub fn run_ptr(
         if p.checked_add(len as u64).is_none() {
             return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
         }
+        // In place (`recv == send`, the same length): send's answers hold for recv, so the
+        // driver is asked once, not twice.
+        if what == "recv" && p == send && len == send_len {
+            continue;
+        }
         match driver.pointer_device(p) {
             Ok(d) if d == dev => {}
             Ok(d) => {
