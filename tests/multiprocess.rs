@@ -168,6 +168,36 @@ fn register_rule_broken_on_one_rank() {
     }
 }
 
+/// A driver call of the registration failing on one rank (injected, not retryable): every rank
+/// gets an error naming that rank within the timeout, and every rank's ledger is empty after
+/// the memory is freed and the team destroyed (each step rolled back). Rank 0 alone creates the
+/// multicast object, so that fault is injected there.
+#[test]
+fn register_fault_on_one_rank_rolls_back_everywhere() {
+    let common = [
+        "cuMemRetainAllocationHandle",
+        "cuMemGetAllocationPropertiesFromHandle",
+        "cuMemGetAddressRange",
+        "cuMemExportToShareableHandle",
+        "cuMemImportFromShareableHandle",
+        "cuMemAddressReserve",
+        "cuMemMap",
+        "cuMemSetAccess",
+    ];
+    let multicast_only = ["cuMulticastCreate", "cuMulticastAddDevice", "cuMulticastBindAddr"];
+    for multicast in MODES {
+        let extra = if multicast { &multicast_only[..] } else { &[][..] };
+        for func in common.iter().chain(extra) {
+            for n in [2, 3] {
+                let st = spawn(n, "register-fault", multicast, |_| vec![(CASE, func.to_string())]);
+                for (r, s) in st.iter().enumerate() {
+                    assert!(s.success(), "{func}, {n} ranks, multicast {multicast}: rank {r} failed: {s:?}");
+                }
+            }
+        }
+    }
+}
+
 /// By default (`MCAST_HANDLE_TYPE=auto`) the simulator's ranks all support fabric handles.
 #[test]
 fn collectives_p2p_2_3_4_processes() {
@@ -765,6 +795,30 @@ fn child() {
             driver.mem_free(dev, plain).unwrap();
             ctx.memory.free(&ctx, p).unwrap();
             ctx.memory.free(&ctx, q).unwrap();
+            team.destroy().unwrap();
+        }
+        "register-fault" => {
+            let func = std::env::var(CASE).unwrap();
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let dev = r as i32;
+            let p = ctx.memory.alloc(&ctx, dev, 4096).unwrap();
+            let culprit = if func == "cuMulticastCreate" { 0 } else { 1 };
+            let sim = ctx.driver().as_sim().unwrap();
+            if r == culprit {
+                let code = mcast::driver::CuResult::ERROR_INVALID_VALUE;
+                sim.inject(&func, code, 1, Some(1));
+                if func == "cuMulticastBindAddr" {
+                    sim.inject("cuMulticastBindAddr_v2", code, 1, Some(1));
+                }
+            }
+            let e = Buffer::register(&team, &[p], 4096).err().expect("the registration fails on every rank");
+            let who = format!("rank {culprit}");
+            assert!(e.message.contains(&who), "rank {r}: {func}: {:?} {}", e.kind, e.message);
+            assert!(start.elapsed() < bound, "rank {r}: {func} took {:?}", start.elapsed());
+            assert_eq!(ctx.memory.registrations(), 0, "rank {r}: {func}: a registration was left");
+            assert_eq!(team.live_buffers(), 0, "rank {r}: {func}: a buffer was left");
+            sim.clear_faults();
+            ctx.memory.free(&ctx, p).unwrap();
             team.destroy().unwrap();
         }
         "own-memory" => {

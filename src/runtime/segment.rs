@@ -486,7 +486,7 @@ impl Parts {
             retry(ctx, &what, 0, trim, || driver.mem_map(addr, size, 0, handle))?;
             let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
             self.maps.push((addr, size, id));
-            let what = || format!("giving device {dev} access to rank {peer}'s memory");
+            let what = || format!("giving rank {rank}'s device {dev} access to rank {peer}'s memory");
             retry(ctx, &what, 0, trim, || driver.mem_set_access(addr, size, &[dev]))?;
         }
         Ok(())
@@ -514,7 +514,7 @@ impl Parts {
         let prop =
             MulticastProp { num_devices: shape.devices.len() as u32, size, handle_types: shape.handle_type, flags: 0 };
         // Rank 0 creates the object.
-        let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
+        let what = || format!("rank {r} creating a multicast object of {size} bytes for {} devices", prop.num_devices);
         let mut created = None;
         let mc = &mut self.mc;
         lockstep(
@@ -577,7 +577,7 @@ impl Parts {
         comm.vote(&label("import multicast object"), imported)?;
         let handle = self.mc_mut().handle.value;
         // Every rank adds its own device; nobody binds before all were added.
-        let what = || format!("adding device {dev} to the multicast object");
+        let what = || format!("adding rank {r}'s device {dev} to the multicast object");
         lockstep(
             comm,
             ctx,
@@ -634,7 +634,7 @@ impl Parts {
         if let Some(v) = self.mc_mut().views.last_mut() {
             v.1 = Some(id);
         }
-        let what = || format!("giving device {dev} access to the multicast mapping");
+        let what = || format!("giving rank {rank}'s device {dev} access to the multicast mapping");
         retry(ctx, &what, 0, trim, || driver.mem_set_access(va, size, &[dev]))?;
         Ok(())
     }
