@@ -14,6 +14,7 @@
  *   mp_collectives N registered    every rank registers mcast_mem_alloc memory (mcast_buffer_register):
  *                                  all-reduce and all-gather into registered buffers, the
  *                                  pointer form on the registered pointers, free, no leak
+ *   mp_collectives N registered-oob  as registered, the team made with mcast_team_init_oob
  *   mp_collectives N register-bad  rank 1 alone registers host memory: every rank gets
  *                                  MCAST_ERROR_INVALID_ARGUMENT naming rank 1, nothing is left
  *   mp_collectives N cross-host    as collectives, on simulated hosts (MCAST_MP_HOSTS unset: 2);
@@ -195,9 +196,12 @@ static int shm_allgather(const void *send, void *recv, size_t bytes, void *user)
   return 0;
 }
 
+/* Roles whose team is made with mcast_team_init_oob. */
+static int is_oob(const char *role) { return strcmp(role, "oob") == 0 || strcmp(role, "registered-oob") == 0; }
+
 static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_id_t id, int n, int r, int device,
                            mcast_team_t *team) {
-  if (strcmp(role, "oob") != 0) return mcast_team_init_rank(ctx, id, n, r, device, team);
+  if (!is_oob(role)) return mcast_team_init_rank(ctx, id, n, r, device, team);
   /* The allgather writes this rank's block, waits, copies all blocks out, waits again. */
   mcast_oob_t o;
   memset(&o, 0, sizeof o);
@@ -212,7 +216,7 @@ static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_i
 static int rank_main(const char *role, int n, int r) {
   /* Rank 0 makes the id (as with MPI: rank 0 makes it, MPI_Bcast moves it); the parent makes
      none, so no process forks while the id's listener threads run. */
-  if (r == 0 && strcmp(role, "oob") != 0) CHECK_OK(mcast_get_unique_id(&shared->id));
+  if (r == 0 && !is_oob(role)) CHECK_OK(mcast_get_unique_id(&shared->id));
   pthread_barrier_wait(&shared->barrier);
   mcast_unique_id_t id = shared->id;
   if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
@@ -251,7 +255,7 @@ static int rank_main(const char *role, int n, int r) {
   CHECK_OK(joined);
   if (strcmp(role, "collectives") == 0 || strcmp(role, "oob") == 0 || strcmp(role, "cross-host") == 0) {
     collectives(team, n, r);
-  } else if (strcmp(role, "registered") == 0) {
+  } else if (strcmp(role, "registered") == 0 || strcmp(role, "registered-oob") == 0) {
     registered(ctx, team, n, r, r % count);
   } else if (strcmp(role, "register-bad") == 0) {
     void *p = NULL;
@@ -291,7 +295,10 @@ static int rank_main(const char *role, int n, int r) {
 
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host|registered|register-bad\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host|registered|registered-oob|"
+            "register-bad\n",
+            argv[0]);
     return 2;
   }
   int n = atoi(argv[1]);
