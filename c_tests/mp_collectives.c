@@ -11,6 +11,12 @@
  *                                  rank gets an error naming rank 1
  *   mp_collectives N oob           as collectives, the team made with mcast_team_init_oob over
  *                                  an allgather in shared memory (a process-shared barrier)
+ *   mp_collectives N registered    every rank registers mcast_mem_alloc memory (mcast_buffer_register):
+ *                                  all-reduce and all-gather into registered buffers, the
+ *                                  pointer form on the registered pointers, free, no leak
+ *   mp_collectives N registered-oob  as registered, the team made with mcast_team_init_oob
+ *   mp_collectives N register-bad  rank 1 alone registers host memory: every rank gets
+ *                                  MCAST_ERROR_INVALID_ARGUMENT naming rank 1, nothing is left
  *   mp_collectives N cross-host    as collectives, on simulated hosts (MCAST_MP_HOSTS unset: 2);
  *                                  where fabric handles are unavailable setup must fail on every
  *                                  rank with MCAST_ERROR_NOT_SUPPORTED naming rank, host and
@@ -127,6 +133,49 @@ static void collectives(mcast_team_t team, int n, int r) {
   free(bytes);
 }
 
+/* Registered memory of every rank: mcast_mem_alloc, mcast_buffer_register, out of place and
+   the pointer form on the registered pointers; the memory outlives the registration. */
+static void registered(mcast_context_t ctx, mcast_team_t team, int n, int r, int device) {
+  const size_t count = 50021, block = count * sizeof(int32_t);
+  void *ps = NULL, *pr = NULL;
+  CHECK_OK(mcast_mem_alloc(ctx, device, (size_t)n * block, &ps));
+  CHECK_OK(mcast_mem_alloc(ctx, device, (size_t)n * block, &pr));
+  mcast_buffer_t send, recv;
+  CHECK_OK(mcast_buffer_register(team, &ps, (size_t)n * block, &send));
+  CHECK_OK(mcast_buffer_register(team, &pr, (size_t)n * block, &recv));
+  CHECK_STATUS(mcast_mem_free(ctx, ps), MCAST_ERROR_IN_USE);
+  int32_t *x = malloc((size_t)n * block);
+  CHECK(x);
+  for (size_t i = 0; i < count; i++) x[i] = (int32_t)((size_t)(r + 1) * (i % 11));
+  CHECK_OK(mcast_buffer_write(send, r, 0, x, block));
+  CHECK_OK(mcast_all_reduce_into(send, 0, recv, 0, r, count, MCAST_INT32, MCAST_SUM, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(recv, r, 0, x, block));
+  for (size_t i = 0; i < count; i++) CHECK(x[i] == (int32_t)(i % 11) * n * (n + 1) / 2);
+  /* All-gather of every rank's first block. */
+  for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 5) + 100 * r;
+  CHECK_OK(mcast_buffer_write(send, r, 0, x, block));
+  CHECK_OK(mcast_all_gather_into(send, 0, recv, 0, r, block, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(recv, r, 0, x, (size_t)n * block));
+  for (size_t i = 0; i < (size_t)n * count; i++) CHECK(x[i] == (int32_t)(i % count % 5) + 100 * (int32_t)(i / count));
+  /* The pointer form on the registered pointers, in place. */
+  for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 3) - r;
+  CHECK_OK(mcast_buffer_write(send, r, 0, x, block));
+  CHECK_OK(mcast_team_all_reduce(team, r, ps, ps, count, MCAST_INT32, MCAST_SUM, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_free(recv));
+  CHECK_OK(mcast_buffer_free(send));
+  CHECK_OK(mcast_mem_free(ctx, pr));
+  /* The memory stays with its owner: read it through a fresh registration. */
+  CHECK_OK(mcast_buffer_register(team, &ps, block, &send));
+  CHECK_OK(mcast_buffer_read(send, r, 0, x, block));
+  for (size_t i = 0; i < count; i++) CHECK(x[i] == (int32_t)(i % 3) * n - n * (n - 1) / 2);
+  CHECK_OK(mcast_buffer_free(send));
+  CHECK_OK(mcast_mem_free(ctx, ps));
+  free(x);
+}
+
 /* The oob role's allgather: shared memory made before fork, a process-shared barrier. */
 struct shared_gather {
   pthread_barrier_t barrier;
@@ -147,9 +196,12 @@ static int shm_allgather(const void *send, void *recv, size_t bytes, void *user)
   return 0;
 }
 
+/* Roles whose team is made with mcast_team_init_oob. */
+static int is_oob(const char *role) { return strcmp(role, "oob") == 0 || strcmp(role, "registered-oob") == 0; }
+
 static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_id_t id, int n, int r, int device,
                            mcast_team_t *team) {
-  if (strcmp(role, "oob") != 0) return mcast_team_init_rank(ctx, id, n, r, device, team);
+  if (!is_oob(role)) return mcast_team_init_rank(ctx, id, n, r, device, team);
   /* The allgather writes this rank's block, waits, copies all blocks out, waits again. */
   mcast_oob_t o;
   memset(&o, 0, sizeof o);
@@ -164,7 +216,7 @@ static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_i
 static int rank_main(const char *role, int n, int r) {
   /* Rank 0 makes the id (as with MPI: rank 0 makes it, MPI_Bcast moves it); the parent makes
      none, so no process forks while the id's listener threads run. */
-  if (r == 0 && strcmp(role, "oob") != 0) CHECK_OK(mcast_get_unique_id(&shared->id));
+  if (r == 0 && !is_oob(role)) CHECK_OK(mcast_get_unique_id(&shared->id));
   pthread_barrier_wait(&shared->barrier);
   mcast_unique_id_t id = shared->id;
   if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
@@ -203,6 +255,21 @@ static int rank_main(const char *role, int n, int r) {
   CHECK_OK(joined);
   if (strcmp(role, "collectives") == 0 || strcmp(role, "oob") == 0 || strcmp(role, "cross-host") == 0) {
     collectives(team, n, r);
+  } else if (strcmp(role, "registered") == 0 || strcmp(role, "registered-oob") == 0) {
+    registered(ctx, team, n, r, r % count);
+  } else if (strcmp(role, "register-bad") == 0) {
+    void *p = NULL;
+    static char host[4096];
+    CHECK_OK(mcast_mem_alloc(ctx, r % count, 4096, &p));
+    void *mine = r == 1 ? (void *)host : p;
+    mcast_buffer_t buf = {0};
+    t0 = now_s();
+    CHECK_STATUS(mcast_buffer_register(team, &mine, sizeof host, &buf), MCAST_ERROR_INVALID_ARGUMENT);
+    const char *msg = mcast_last_error();
+    CHECK(strstr(msg, "rank 1") != NULL && strstr(msg, "not device memory") != NULL);
+    CHECK(buf.id == 0);
+    CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
+    CHECK_OK(mcast_mem_free(ctx, p));
   } else if (strcmp(role, "killed") == 0) {
     mcast_buffer_t buf;
     CHECK_OK(mcast_buffer_alloc(team, 1 << 20, &buf));
@@ -228,7 +295,10 @@ static int rank_main(const char *role, int n, int r) {
 
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host|registered|registered-oob|"
+            "register-bad\n",
+            argv[0]);
     return 2;
   }
   int n = atoi(argv[1]);

@@ -25,6 +25,8 @@ const ROLE: &str = "MCAST_MP_CHILD";
 const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
 /// Set: a killed peer must be reported within timeout_ms + 1 s.
 const TIGHT: &str = "MCAST_MP_TIGHT";
+/// The case a `register-errors` child runs.
+const CASE: &str = "MCAST_MP_CASE";
 
 fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
@@ -97,12 +99,101 @@ fn expect(ht: &str) -> Vec<(&'static str, String)> {
 }
 
 /// Out-of-place collectives and the pointer form across processes (2 and 3 ranks, both
-/// transports); registration in such teams is refused with NOT_SUPPORTED.
+/// transports).
 #[test]
 fn out_of_place_and_pointer_form_across_processes() {
     for multicast in MODES {
         for n in [2, 3] {
             all_ok(&spawn(n, "own-memory", multicast, |_| vec![]));
+        }
+    }
+}
+
+/// Registration across processes (2 and 3 ranks, both transports, fabric handles by default):
+/// `mcast_mem_alloc` memory registered on every rank, every `_into` collective and the pointer
+/// form on the registered pointers, results read through the application's own pointers, free,
+/// empty ledger on every rank.
+#[test]
+fn register_across_processes() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            all_ok(&spawn(n, "register", multicast, |_| expect("fabric")));
+        }
+    }
+}
+
+/// The same over POSIX descriptors (`MCAST_HANDLE_TYPE=posix`).
+#[test]
+fn register_across_processes_over_posix_descriptors() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            all_ok(&spawn(n, "register", multicast, |_| {
+                let mut v = expect("posix");
+                v.push(("MCAST_HANDLE_TYPE", "posix".into()));
+                v
+            }));
+        }
+    }
+}
+
+/// Two simulated hosts (`MCAST_HOST_ID`): registered memory travels as fabric handles (the
+/// simulator refuses a descriptor imported on another host).
+#[test]
+fn register_across_two_hosts_uses_fabric_handles() {
+    for multicast in MODES {
+        all_ok(&spawn(2, "register", multicast, |r| {
+            let mut v = expect("fabric");
+            v.push(("MCAST_HOST_ID", format!("host{r}")));
+            v
+        }));
+        all_ok(&spawn(3, "register", multicast, |r| {
+            let mut v = expect("fabric");
+            v.push(("MCAST_HOST_ID", format!("host{}", r.min(1))));
+            v
+        }));
+    }
+}
+
+/// A rule broken on rank 1 only (memory not from cuMemCreate; a pointer off the multicast
+/// granularity; host memory; a range overlapping a live registration): every rank gets the
+/// same kind of error naming rank 1 and the rule, within the timeout, and nothing is left.
+#[test]
+fn register_rule_broken_on_one_rank() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            for case in ["plain", "host", "overlap"].into_iter().chain(multicast.then_some("misaligned")) {
+                all_ok(&spawn(n, "register-errors", multicast, |_| vec![(CASE, case.to_string())]));
+            }
+        }
+    }
+}
+
+/// A driver call of the registration failing on one rank (injected, not retryable): every rank
+/// gets an error naming that rank within the timeout, and every rank's ledger is empty after
+/// the memory is freed and the team destroyed (each step rolled back). Rank 0 alone creates the
+/// multicast object, so that fault is injected there.
+#[test]
+fn register_fault_on_one_rank_rolls_back_everywhere() {
+    let common = [
+        "cuMemRetainAllocationHandle",
+        "cuMemGetAllocationPropertiesFromHandle",
+        "cuMemGetAddressRange",
+        "cuMemExportToShareableHandle",
+        "cuMemImportFromShareableHandle",
+        "cuMemAddressReserve",
+        "cuMemMap",
+        "cuMemSetAccess",
+    ];
+    let multicast_only = ["cuMulticastCreate", "cuMulticastAddDevice", "cuMulticastBindAddr"];
+    for multicast in MODES {
+        let extra = if multicast { &multicast_only[..] } else { &[][..] };
+        for func in common.iter().chain(extra) {
+            for n in [2, 3] {
+                let st = spawn(n, "register-fault", multicast, |_| vec![(CASE, func.to_string())]);
+                for (r, s) in st.iter().enumerate() {
+                    assert!(s.success(), "{func}, {n} ranks, multicast {multicast}: rank {r} failed: {s:?}");
+                }
+            }
         }
     }
 }
@@ -595,6 +686,141 @@ fn child() {
             buf.free().unwrap();
             team.destroy().unwrap();
         }
+        "register" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            match std::env::var(EXPECT_HT).as_deref() {
+                Ok("fabric") => assert_eq!(team.handle_type(), HandleTypes::FABRIC, "rank {r}"),
+                Ok("posix") => assert_eq!(team.handle_type(), HandleTypes::POSIX_FD, "rank {r}"),
+                _ => {}
+            }
+            let s = Stream::DEFAULT;
+            let dev = r as i32;
+            let count = 20_000usize;
+            let block = count * 4;
+            let driver = ctx.driver().clone();
+            let mem = |bytes: usize| ctx.memory.alloc(&ctx, dev, bytes).unwrap();
+            // send holds n blocks (reduce-scatter), recv n blocks (all-gather).
+            let (ps, pr) = (mem(n * block), mem(n * block));
+            let send = Buffer::register(&team, &[ps], n * block).unwrap();
+            let recv = Buffer::register(&team, &[pr], n * block).unwrap();
+            assert!(send.is_registered() && recv.is_registered());
+            assert_eq!(ctx.memory.registrations(), 2);
+            let value = |q: usize, i: usize| ((q + 1) * (i % 13)) as i32;
+            let bytes_of = |v: Vec<i32>| -> Vec<u8> { v.into_iter().flat_map(|x| x.to_ne_bytes()).collect() };
+            let read = |p: u64, len: usize| {
+                let mut got = vec![0u8; len];
+                driver.memcpy_dtoh(dev, &mut got, p).unwrap();
+                got
+            };
+            let mine: Vec<i32> = (0..n * count).map(|i| value(r, i)).collect();
+            driver.memcpy_htod(dev, ps, &bytes_of(mine)).unwrap();
+            let sum = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
+            let tri = (n * (n + 1) / 2) as i32;
+            // All-reduce into recv.
+            run_into(&send, 0, &recv, 0, rank, count, sum, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..count).map(|i| tri * (i % 13) as i32).collect());
+            assert_eq!(read(pr, block), want, "rank {r}: all-reduce into registered memory");
+            // Reduce-scatter: block r of every rank's send, summed, lands in recv.
+            let rs = Collective::ReduceScatter { dtype: DType::I32, op: RedOp::Sum };
+            run_into(&send, 0, &recv, 0, rank, count, rs, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..count).map(|i| tri * ((r * count + i) % 13) as i32).collect());
+            assert_eq!(read(pr, block), want, "rank {r}: reduce-scatter into registered memory");
+            // All-gather: every rank's first block, in rank order.
+            run_into(&send, 0, &recv, 0, rank, block, Collective::AllGather, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..n).flat_map(|q| (0..count).map(move |i| value(q, i))).collect());
+            assert_eq!(read(pr, n * block), want, "rank {r}: all-gather into registered memory");
+            // Broadcast from the last rank.
+            let root = (n - 1) as u32;
+            run_into(&send, 0, &recv, 0, rank, block, Collective::Broadcast { root }, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..count).map(|i| value(n - 1, i)).collect());
+            assert_eq!(read(pr, block), want, "rank {r}: broadcast into registered memory");
+            // The pointer form on the registered pointers (zero-copy path), offsets inside.
+            run_ptr(&team, rank, ps + 256, pr + 512, count, sum, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..count).map(|i| tri * ((i + 64) % 13) as i32).collect());
+            assert_eq!(read(pr + 512, block), want, "rank {r}: pointer-form all-reduce on registered memory");
+            // In place on the registered send buffer.
+            run(&send, rank, 0, count, sum, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let want = bytes_of((0..count).map(|i| tri * (i % 13) as i32).collect());
+            assert_eq!(read(ps, block), want, "rank {r}: in-place all-reduce on registered memory");
+            // The memory stays with its owner while registered, and after the free.
+            assert_eq!(ctx.memory.free(&ctx, ps).unwrap_err().kind, ErrorKind::InUse);
+            send.free().unwrap();
+            recv.free().unwrap();
+            assert_eq!(ctx.memory.registrations(), 0);
+            assert_eq!(read(ps, block), want, "rank {r}: the memory outlives its registration");
+            ctx.memory.free(&ctx, ps).unwrap();
+            ctx.memory.free(&ctx, pr).unwrap();
+            team.destroy().unwrap();
+        }
+        "register-errors" => {
+            // A failed vote ends the team's setup calls (as for mcast_buffer_alloc): one case
+            // per team.
+            let case = std::env::var(CASE).unwrap();
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let dev = r as i32;
+            let driver = ctx.driver().clone();
+            let bytes = 4096;
+            let p = ctx.memory.alloc(&ctx, dev, bytes).unwrap();
+            let plain = driver.mem_alloc(dev, bytes).unwrap();
+            let host = [0u8; 64];
+            // The overlap case: a live registration of p, made before the team breaks.
+            let live = (case == "overlap").then(|| Buffer::register(&team, &[p], bytes).unwrap());
+            let q = ctx.memory.alloc(&ctx, dev, bytes).unwrap();
+            let (theirs, len, kind, words) = match case.as_str() {
+                "plain" => (plain, bytes, ErrorKind::NotSupported, "not memory from cuMemCreate"),
+                "host" => (host.as_ptr() as u64, 64, ErrorKind::InvalidArgument, "not device memory"),
+                "misaligned" => (p + 256, 256, ErrorKind::NotSupported, "not aligned"),
+                "overlap" => (p, bytes, ErrorKind::InvalidArgument, "overlaps a live registration"),
+                other => panic!("unknown case {other}"),
+            };
+            let mine = if r == 1 { theirs } else { q };
+            let e = Buffer::register(&team, &[mine], len).err().expect("rank 1 breaks a rule");
+            // Rank 1 has its own error; the others have rank 1's kind, with a message naming
+            // rank 1 and the rule.
+            assert_eq!(e.kind, kind, "rank {r}: {case}: {}", e.message);
+            assert!(e.message.contains("rank 1") && e.message.contains(words), "rank {r}: {case}: {}", e.message);
+            assert!(start.elapsed() < bound, "rank {r}: {case} took {:?}", start.elapsed());
+            let left = usize::from(live.is_some());
+            assert_eq!(ctx.memory.registrations(), left, "rank {r}: {case}: a registration was left");
+            assert_eq!(team.live_buffers(), left, "rank {r}: {case}: a buffer was left");
+            if let Some(b) = live {
+                b.free().unwrap();
+            }
+            driver.mem_free(dev, plain).unwrap();
+            ctx.memory.free(&ctx, p).unwrap();
+            ctx.memory.free(&ctx, q).unwrap();
+            team.destroy().unwrap();
+        }
+        "register-fault" => {
+            let func = std::env::var(CASE).unwrap();
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let dev = r as i32;
+            let p = ctx.memory.alloc(&ctx, dev, 4096).unwrap();
+            let culprit = if func == "cuMulticastCreate" { 0 } else { 1 };
+            let sim = ctx.driver().as_sim().unwrap();
+            if r == culprit {
+                let code = mcast::driver::CuResult::ERROR_INVALID_VALUE;
+                sim.inject(&func, code, 1, Some(1));
+                if func == "cuMulticastBindAddr" {
+                    sim.inject("cuMulticastBindAddr_v2", code, 1, Some(1));
+                }
+            }
+            let e = Buffer::register(&team, &[p], 4096).err().expect("the registration fails on every rank");
+            let who = format!("rank {culprit}");
+            assert!(e.message.contains(&who), "rank {r}: {func}: {:?} {}", e.kind, e.message);
+            assert!(start.elapsed() < bound, "rank {r}: {func} took {:?}", start.elapsed());
+            assert_eq!(ctx.memory.registrations(), 0, "rank {r}: {func}: a registration was left");
+            assert_eq!(team.live_buffers(), 0, "rank {r}: {func}: a buffer was left");
+            sim.clear_faults();
+            ctx.memory.free(&ctx, p).unwrap();
+            team.destroy().unwrap();
+        }
         "own-memory" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
             let s = Stream::DEFAULT;
@@ -621,9 +847,6 @@ fn child() {
             synchronize(&team, rank, s).unwrap();
             driver.memcpy_dtoh(r as i32, &mut got, p).unwrap();
             assert_eq!(got, want, "rank {r}: pointer-form all-reduce");
-            // Registration in a team of one rank per process: a clear refusal on every rank.
-            let e = Buffer::register(&team, &[p], 64).err().expect("not served yet");
-            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
             driver.mem_free(r as i32, p).unwrap();
             send.free().unwrap();
             recv.free().unwrap();

@@ -43,16 +43,21 @@ pub unsafe extern "C" fn mcast_buffer_alloc(
 }
 
 /// Makes a symmetric buffer of memory the caller owns: `ptrs[i]` is the memory of the i-th
-/// rank this process holds, in rank order (every rank for `mcast_team_create` teams), each
-/// `bytes` long, device memory of that rank's device. On the MULTICAST transport each pointer
-/// is bound to a new multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too)
-/// every rank's allocation is mapped on every rank's device. The buffer is used like any other
-/// (collectives, `_into` forms, read/write, pointers: the local pointer aliases `ptrs[rank]`)
-/// and freed with `mcast_buffer_free`, which unbinds and unmaps but leaves the memory to its
-/// owner. Memory from `mcast_mem_alloc` always registers. `MCAST_ERROR_NOT_SUPPORTED`, naming
-/// the rule: memory not from `cuMemCreate` (for example `cudaMalloc` memory), a pointer not
-/// aligned to the multicast granularity on MULTICAST, a range (rounded to the granularity) past
-/// its allocation, a team of one rank per process (not implemented yet).
+/// rank this process holds, in rank order (every rank for `mcast_team_create` teams, the one
+/// rank for `mcast_team_init_rank`/`mcast_team_init_oob` teams), each `bytes` long, device
+/// memory of that rank's device. On the MULTICAST transport each pointer is bound to a new
+/// multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too) every rank's
+/// allocation is mapped on every rank's device. With one rank per process the call is
+/// collective, in the same order as `mcast_buffer_alloc`: each process's allocation travels to
+/// its peers as the team's handle type (a POSIX file descriptor on one host, a fabric handle
+/// across hosts), and a rule broken on any rank is the same error on every rank, naming that
+/// rank. The buffer is used like any other (collectives, `_into` forms, read/write, pointers:
+/// the local pointer aliases `ptrs[rank]`) and freed with `mcast_buffer_free`, which unbinds
+/// and unmaps but leaves the memory to its owner. Memory from `mcast_mem_alloc` always
+/// registers. `MCAST_ERROR_NOT_SUPPORTED`, naming the rule: memory not from `cuMemCreate` (for
+/// example `cudaMalloc` memory), a pointer not aligned to the multicast granularity on
+/// MULTICAST, a range (rounded to the granularity) past its allocation, with one rank per
+/// process an allocation made without the team's shareable handle type.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: `ptrs` or `out` NULL, a NULL pointer, `bytes` 0, memory that
 /// is not device memory of the rank's device, a range overlapping a live registration. On
 /// failure nothing is left. Thread-safe.

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use super::comm::Comm;
 use super::error::{Error, Result};
 use super::segment::External;
 use super::team::{Allocation, Team, Transport};
-use crate::driver::{CuResult, DevicePtr};
+use crate::driver::{CuResult, DevicePtr, HandleTypes, MemHandle};
 
 /// A buffer.
 pub struct Buffer {
@@ -24,11 +25,8 @@ impl Buffer {
         let ctx = team.context();
         let driver = ctx.driver();
         let n = team.size();
-        if team.local_rank().is_some() {
-            return Err(Error::not_supported(
-                "mcast_buffer_register on a team of one rank per process is not implemented yet: register in a team \
-                 made by mcast_team_create, or use mcast_buffer_alloc",
-            ));
+        if let (Some(r), Some(comm)) = (team.local_rank(), team.comm()) {
+            return Self::register_mp(team, comm, r, ptrs, bytes);
         }
         if ptrs.len() != n {
             return Err(Error::invalid_argument(format!("{} pointers for a team of {n} rank(s)", ptrs.len())));
@@ -154,6 +152,178 @@ impl Buffer {
         }
     }
 
+    /// [`Buffer::register`] in a team of one rank per process (`ptrs` holds this process's
+    /// rank's pointer): collective, with the agreement of `mcast_buffer_alloc`. Each rank
+    /// checks its own pointer and retains its allocation (voted, with every rank's offset into
+    /// its allocation, its size and its pointer), then checks the rules that need every rank's
+    /// range and its overlap with live registrations (voted), then the segment shares the
+    /// handles and maps or binds ([`Team::register_mp`]). A failure anywhere is the same error
+    /// on every rank, naming the rank; nothing is left on any rank.
+    fn register_mp(team: &Arc<Team>, comm: &Arc<Comm>, r: usize, ptrs: &[DevicePtr], bytes: usize) -> Result<Buffer> {
+        let ctx = team.context();
+        let driver = ctx.driver();
+        let dev = team.devices()[r];
+        let multicast = team.transport() == Transport::Multicast;
+        let g = team.alloc_granularity();
+        let ht = team.handle_type();
+        let ptr = ptrs.first().copied().unwrap_or(0);
+        let mut retained = None;
+        let checked = (|| -> Result<(u64, u64)> {
+            team.check_not_aborted("registering memory")?;
+            if ptrs.len() != 1 {
+                return Err(Error::invalid_argument(format!(
+                    "rank {r}: {} pointers, but this process holds one rank of the team",
+                    ptrs.len()
+                )));
+            }
+            if bytes == 0 {
+                return Err(Error::invalid_argument(format!("rank {r}: bytes is 0: a buffer needs at least one byte")));
+            }
+            if ptr == 0 {
+                return Err(Error::invalid_argument(format!("rank {r}: its pointer (ptrs[0]) is NULL")));
+            }
+            match driver.pointer_device(ptr) {
+                Ok(d) if d == dev => {}
+                Ok(d) => {
+                    return Err(Error::invalid_argument(format!(
+                        "rank {r}: its pointer {ptr:#x} is memory of device {d}, but rank {r} runs on device {dev}"
+                    )))
+                }
+                Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => {
+                    return Err(Error::invalid_argument(format!(
+                        "rank {r}: its pointer {ptr:#x} is not device memory ({e}): register device memory of rank \
+                         {r}'s device {dev}"
+                    )))
+                }
+                Err(e) => {
+                    return Err(Error::driver(e, format_args!("rank {r}: asking which device {ptr:#x} belongs to")))
+                }
+            }
+            if ptr.checked_add(bytes as u64).is_none() {
+                return Err(Error::invalid_argument(format!(
+                    "rank {r}: its pointer {ptr:#x} + {bytes} bytes overflows"
+                )));
+            }
+            let handle = driver.mem_retain_allocation_handle(ptr).map_err(|e| {
+                if e.code != CuResult::ERROR_INVALID_VALUE {
+                    return Error::driver(e, format_args!("rank {r}: retaining the allocation behind {ptr:#x}"));
+                }
+                Error::not_supported(format!(
+                    "rank {r}: its pointer {ptr:#x} is not memory from cuMemCreate ({e}), for example cudaMalloc \
+                     memory: sharing it with the other processes needs a cuMemCreate allocation with a shareable \
+                     handle type; allocate with mcast_mem_alloc, or call the mcast_team_* collectives on plain \
+                     device pointers"
+                ))
+            })?;
+            retained = Some(handle);
+            let props = driver.mem_allocation_props(handle).map_err(|e| {
+                Error::driver(e, format_args!("rank {r}: reading the properties of {ptr:#x}'s allocation"))
+            })?;
+            if !props.handle_types.contains(ht) {
+                return Err(Error::not_supported(format!(
+                    "rank {r}: the allocation behind {ptr:#x} was created without {} handles, which this team uses \
+                     to pass memory between its processes: allocate with mcast_mem_alloc, or cuMemCreate with that \
+                     handle type in requestedHandleTypes",
+                    handle_type_label(ht)
+                )));
+            }
+            let (base, have) = driver
+                .mem_address_range(ptr)
+                .map_err(|e| Error::driver(e, format_args!("rank {r}: finding the allocation behind {ptr:#x}")))?;
+            Ok((ptr - base, have as u64))
+        })();
+        let release = |h: Option<MemHandle>| {
+            if let Some(h) = h {
+                if let Err(u) = driver.mem_release(h) {
+                    tracing::error!("mcast_buffer_register: releasing a retained handle: {u}");
+                }
+            }
+        };
+        let mut payload = Vec::with_capacity(24);
+        if let Ok((offset, have)) = &checked {
+            for v in [*offset, *have, ptr] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let parts = match comm.exchange("registration: check pointers", checked.map(|_| ()), &payload, &[]) {
+            Ok(p) => p,
+            Err(e) => {
+                release(retained);
+                return Err(e);
+            }
+        };
+        let handle = retained.expect("every rank retained its allocation");
+        let mut skews = Vec::with_capacity(parts.len());
+        let mut haves = Vec::with_capacity(parts.len());
+        let mut all_ptrs = Vec::with_capacity(parts.len());
+        for (q, p) in parts.iter().enumerate() {
+            let word =
+                |i: usize| p.bytes.get(8 * i..8 * i + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            match (word(0), word(1), word(2)) {
+                (Some(o), Some(h), Some(x)) => {
+                    skews.push(o);
+                    haves.push(h);
+                    all_ptrs.push(x);
+                }
+                _ => {
+                    release(Some(handle));
+                    return Err(Error::internal(format!("rank {q}'s registration record is malformed")));
+                }
+            }
+        }
+        // The rules that need every rank's range: each rank checks its own, and the vote
+        // carries the failure (with this rank's overlap check) to every rank.
+        let furthest = skews.iter().map(|&o| o as usize + bytes).max().unwrap_or(bytes);
+        let size = furthest.next_multiple_of(g);
+        let mc_size = bytes.next_multiple_of(g);
+        let (offset, have) = (skews[r] as usize, haves[r] as usize);
+        let rule = if multicast && ptr % g as u64 != 0 {
+            Some(format!(
+                "rank {r}: its pointer {ptr:#x} is not aligned to the multicast granularity ({g} bytes): \
+                 cuMulticastBindAddr needs an aligned address (mcast_mem_alloc returns one)"
+            ))
+        } else if multicast && offset + mc_size > have {
+            Some(format!(
+                "rank {r}: its pointer {ptr:#x} + {bytes} bytes rounded up to the multicast granularity ({mc_size} \
+                 bytes) runs past the end of its allocation ({have} bytes from {:#x}): cuMulticastBindAddr binds whole \
+                 granules",
+                ptr - offset as u64
+            ))
+        } else if size > have {
+            Some(format!(
+                "rank {r}: the allocation behind its pointer {ptr:#x} ({have} bytes) is smaller than the {size} bytes \
+                 every rank's mapping needs (the furthest registered end, rounded to the granularity {g}): register \
+                 ranges at the same offset of equally large allocations"
+            ))
+        } else {
+            None
+        };
+        let registered = match rule {
+            Some(rule) => Err(Error::not_supported(rule)),
+            None => ctx
+                .memory
+                .register(&[(dev, ptr, bytes)])
+                .map_err(|e| Error::new(e.kind, format!("rank {r}: {}", e.message))),
+        };
+        let serial = registered.as_ref().ok().copied();
+        if let Err(e) = comm.vote("registration: rules", registered.map(|_| ())) {
+            if let Some(s) = serial {
+                ctx.memory.unregister(s);
+            }
+            release(Some(handle));
+            return Err(e);
+        }
+        let serial = serial.expect("every rank registered its range");
+        let own = External { handle, ptr, offset };
+        match team.register_mp(own, skews, all_ptrs, bytes, size, mc_size) {
+            Ok(alloc) => Ok(Buffer { team: team.clone(), alloc, registration: Some(serial) }),
+            Err(e) => {
+                ctx.memory.unregister(serial);
+                Err(e.context(format!("registering {bytes} bytes on rank {r} (device {dev})")))
+            }
+        }
+    }
+
     /// Allocates `bytes` on every rank of `team`.
     pub fn alloc(team: &Arc<Team>, bytes: usize) -> Result<Buffer> {
         let alloc = team.alloc(bytes)?;
@@ -263,5 +433,14 @@ impl Buffer {
             .driver()
             .memcpy_dtoh(dev, dst, src)
             .map_err(|e| Error::driver(e, format_args!("reading {n} bytes from rank {rank}")))
+    }
+}
+
+/// How a handle type is named in registration errors.
+fn handle_type_label(ht: HandleTypes) -> &'static str {
+    if ht == HandleTypes::FABRIC {
+        "fabric"
+    } else {
+        "POSIX file descriptor"
     }
 }

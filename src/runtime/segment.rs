@@ -244,6 +244,69 @@ impl Segment {
         })
     }
 
+    /// A multi-process segment over memory the application owns: this process holds rank
+    /// `comm.rank()` and its retained handle `own`. The handle is exported as the team's
+    /// handle type and passed to every peer (as [`Parts::build_mp`] passes allocated memory),
+    /// every rank's whole allocation (its first `size` bytes) is mapped on this rank's device,
+    /// and on the multicast transport rank 0 makes a multicast object of `mc_size` bytes that
+    /// every rank binds at its own pointer with `cuMulticastBindAddr`. `skews[q]` and `ptrs[q]`
+    /// are rank q's offset in its allocation and its pointer. Every step is voted; on failure
+    /// everything is rolled back (the retained handle released) on every rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_mp(
+        ctx: &Context,
+        shape: &Shape,
+        comm: &Comm,
+        own: External,
+        skews: Vec<u64>,
+        ptrs: Vec<DevicePtr>,
+        size: usize,
+        mc_size: usize,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<Segment> {
+        static SERIAL: AtomicU64 = AtomicU64::new(1 << 41);
+        let r = comm.rank();
+        let owner = shape.owner.as_str();
+        let mut parts = Parts {
+            size,
+            mc_size,
+            devices: shape.devices.clone(),
+            phys: Vec::new(),
+            views: Vec::new(),
+            maps: Vec::new(),
+            mc: None,
+            local: Some(r),
+        };
+        let id = ctx.resources.track(ResourceKind::PhysicalAllocation, 0, Some(shape.devices[r]), owner);
+        parts.phys.push((r, Tracked { value: own.handle, id }));
+        let label = |step: &str| format!("registration of {size} bytes: {step}");
+        let built = (|| {
+            let handles = parts.share_memory(ctx, shape, comm, own.handle, &label(""))?;
+            let mapped = parts.map_view(ctx, shape, &handles, r, trim);
+            comm.vote(&label("map peers"), mapped)?;
+            if shape.multicast {
+                parts.build_multicast_mp(ctx, shape, comm, Some(own.ptr), &label(""), trim)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = built {
+            for undo in parts.teardown(ctx) {
+                tracing::error!("rolling back a failed registration: {undo}");
+            }
+            return Err(e);
+        }
+        Ok(Segment {
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+            size,
+            view_bases: parts.per_rank(parts.views.iter().map(|v| v.value).collect()),
+            mc_bases: parts.mc.as_ref().map(|m| parts.per_rank(m.views.iter().map(|(v, _)| v.value).collect())),
+            skews,
+            registered: true,
+            user_ptrs: ptrs,
+            parts: Mutex::new(parts),
+        })
+    }
+
     /// True for memory the application registered.
     pub fn is_registered(&self) -> bool {
         self.registered
@@ -308,7 +371,6 @@ impl Parts {
     /// together.
     fn build_mp(&mut self, ctx: &Context, shape: &Shape, comm: &Comm, trim: &mut dyn FnMut() -> u64) -> Result<()> {
         let driver = ctx.driver().clone();
-        let n = shape.devices.len();
         let r = comm.rank();
         let dev = shape.devices[r];
         let size = self.size;
@@ -332,6 +394,34 @@ impl Parts {
             },
         )?;
         let own = self.phys[0].1.value;
+        let handles = self.share_memory(ctx, shape, comm, own, &label(""))?;
+        // Map every rank's memory on this rank's device.
+        let mapped = self.map_view(ctx, shape, &handles, r, trim);
+        comm.vote(&label("map peers"), mapped)?;
+        if shape.multicast {
+            self.build_multicast_mp(ctx, shape, comm, None, &label(""), trim)?;
+        }
+        Ok(())
+    }
+
+    /// Exports this rank's memory `own` as the team's handle type, passes it to every peer over
+    /// the rendezvous and imports theirs (tracked in `phys` at once, so a rollback releases
+    /// them); voted. Returns every rank's handle, `own` at this rank's index. `prefix` starts
+    /// the steps' labels.
+    fn share_memory(
+        &mut self,
+        ctx: &Context,
+        shape: &Shape,
+        comm: &Comm,
+        own: MemHandle,
+        prefix: &str,
+    ) -> Result<Vec<MemHandle>> {
+        let driver = ctx.driver().clone();
+        let n = shape.devices.len();
+        let r = comm.rank();
+        let owner = shape.owner.as_str();
+        let ht = shape.handle_type;
+        let label = |step: &str| format!("{prefix}{step}");
         // Export and pass the descriptors or fabric handles.
         let exported = Exported::of(&*driver, own, ht)
             .map_err(|e| Error::driver(e, format_args!("exporting rank {r}'s memory as {}", handle_type_name(ht))));
@@ -368,13 +458,7 @@ impl Parts {
         }
         drop(parts);
         comm.vote(&label("import memory"), imported)?;
-        // Map every rank's memory on this rank's device.
-        let mapped = self.map_view(ctx, shape, &handles, r, trim);
-        comm.vote(&label("map peers"), mapped)?;
-        if shape.multicast {
-            self.build_multicast_mp(ctx, shape, comm, trim)?;
-        }
-        Ok(())
+        Ok(handles)
     }
 
     /// Reserves `n * size` and maps every rank's memory (`handles[peer]`) for rank `rank`.
@@ -402,29 +486,35 @@ impl Parts {
             retry(ctx, &what, 0, trim, || driver.mem_map(addr, size, 0, handle))?;
             let id = ctx.resources.track(ResourceKind::Mapping, size as u64, Some(dev), owner);
             self.maps.push((addr, size, id));
-            let what = || format!("giving device {dev} access to rank {peer}'s memory");
+            let what = || format!("giving rank {rank}'s device {dev} access to rank {peer}'s memory");
             retry(ctx, &what, 0, trim, || driver.mem_set_access(addr, size, &[dev]))?;
         }
         Ok(())
     }
 
+    /// The multicast object of a multi-process segment, `mc_size` bytes: rank 0 creates it and
+    /// passes it to the others; every rank adds its own device, binds its own memory (its
+    /// handle from offset 0, or with `addr` the application's pointer through
+    /// `cuMulticastBindAddr`) and maps the object. Every step is voted.
     fn build_multicast_mp(
         &mut self,
         ctx: &Context,
         shape: &Shape,
         comm: &Comm,
+        addr: Option<DevicePtr>,
+        prefix: &str,
         trim: &mut dyn FnMut() -> u64,
     ) -> Result<()> {
         let driver = ctx.driver().clone();
-        let size = self.size;
+        let size = self.mc_size;
         let owner = shape.owner.as_str();
         let r = comm.rank();
         let dev = shape.devices[r];
-        let label = |step: &str| format!("segment of {size} bytes: {step}");
+        let label = |step: &str| format!("{prefix}{step}");
         let prop =
             MulticastProp { num_devices: shape.devices.len() as u32, size, handle_types: shape.handle_type, flags: 0 };
         // Rank 0 creates the object.
-        let what = || format!("creating a multicast object of {size} bytes for {} devices", prop.num_devices);
+        let what = || format!("rank {r} creating a multicast object of {size} bytes for {} devices", prop.num_devices);
         let mut created = None;
         let mc = &mut self.mc;
         lockstep(
@@ -487,7 +577,7 @@ impl Parts {
         comm.vote(&label("import multicast object"), imported)?;
         let handle = self.mc_mut().handle.value;
         // Every rank adds its own device; nobody binds before all were added.
-        let what = || format!("adding device {dev} to the multicast object");
+        let what = || format!("adding rank {r}'s device {dev} to the multicast object");
         lockstep(
             comm,
             ctx,
@@ -505,16 +595,15 @@ impl Parts {
         lockstep(
             comm,
             ctx,
-            &label("cuMulticastBindMem"),
+            &label(if addr.is_some() { "cuMulticastBindAddr" } else { "cuMulticastBindMem" }),
             &what,
             size as u64,
             trim,
-            || {
-                if v2 {
-                    driver.multicast_bind_mem_v2(handle, dev, 0, mem, 0, size, 0)
-                } else {
-                    driver.multicast_bind_mem(handle, 0, mem, 0, size, 0)
-                }
+            || match (addr, v2) {
+                (Some(a), true) => driver.multicast_bind_addr_v2(handle, dev, 0, a, size, 0),
+                (Some(a), false) => driver.multicast_bind_addr(handle, 0, a, size, 0),
+                (None, true) => driver.multicast_bind_mem_v2(handle, dev, 0, mem, 0, size, 0),
+                (None, false) => driver.multicast_bind_mem(handle, 0, mem, 0, size, 0),
             },
             |()| bound.push((dev, ctx.resources.track(ResourceKind::Binding, size as u64, Some(dev), owner))),
         )?;
@@ -545,7 +634,7 @@ impl Parts {
         if let Some(v) = self.mc_mut().views.last_mut() {
             v.1 = Some(id);
         }
-        let what = || format!("giving device {dev} access to the multicast mapping");
+        let what = || format!("giving rank {rank}'s device {dev} access to the multicast mapping");
         retry(ctx, &what, 0, trim, || driver.mem_set_access(va, size, &[dev]))?;
         Ok(())
     }

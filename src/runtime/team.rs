@@ -775,6 +775,11 @@ impl Team {
         }
     }
 
+    /// Multi-process team: its connections.
+    pub fn comm(&self) -> Option<&Arc<Comm>> {
+        self.comm.as_ref()
+    }
+
     /// The rank this process owns in a multi-process team.
     pub fn local_rank(&self) -> Option<usize> {
         self.comm.as_ref().map(|c| c.rank())
@@ -1091,6 +1096,38 @@ impl Team {
         let ctx = &self.ctx;
         let mut trim = || ctx.trim_caches();
         let seg = Arc::new(Segment::register(ctx, &self.shape, ext, size, mc_size, &mut trim)?);
+        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1, bytes });
+        st.buffers += 1;
+        Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
+    }
+
+    /// A registered buffer of a multi-process team (see [`Segment::register_mp`]): this
+    /// process's rank registers `own`; `skews` and `ptrs` are every rank's offset into its
+    /// allocation and pointer. Collective; voted, so a destroyed team on one rank fails every
+    /// rank. Takes the retained handle (released on failure).
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_mp(
+        &self,
+        own: External,
+        skews: Vec<u64>,
+        ptrs: Vec<DevicePtr>,
+        bytes: usize,
+        size: usize,
+        mc_size: usize,
+    ) -> Result<Allocation> {
+        let comm = self.comm.as_ref().ok_or_else(|| Error::internal("register_mp on a single-process team"))?;
+        let mut st = self.state.lock();
+        let live = if st.destroyed { Err(Error::invalid_handle("the team was destroyed")) } else { Ok(()) };
+        if let Err(e) = comm.vote("registration: team state", live) {
+            if let Err(u) = self.ctx.driver().mem_release(own.handle) {
+                tracing::error!("mcast_buffer_register: releasing a retained handle: {u}");
+            }
+            return Err(e);
+        }
+        let ctx = &self.ctx;
+        let mut trim = || ctx.trim_caches();
+        let seg = Segment::register_mp(ctx, &self.shape, comm, own, skews, ptrs, size, mc_size, &mut trim)?;
+        let seg = Arc::new(seg);
         st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1, bytes });
         st.buffers += 1;
         Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
