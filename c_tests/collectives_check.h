@@ -302,10 +302,13 @@ static void coll_invalid_arguments(mcast_team_t team, int n, const mcast_stream_
   CHECK_STATUS(mcast_broadcast(buf, 0, n, 0, 1, s), bad);
   CHECK_STATUS(mcast_broadcast(buf, 0, -1, 0, 1, s), bad);
   /* zero counts */
-  CHECK_STATUS(mcast_all_reduce(buf, 0, 0, 0, MCAST_FLOAT32, MCAST_SUM, s), bad);
-  CHECK_STATUS(mcast_reduce_scatter(buf, 0, 0, 0, MCAST_FLOAT32, MCAST_SUM, s), bad);
-  CHECK_STATUS(mcast_broadcast(buf, 0, 0, 0, 0, s), bad);
-  CHECK_STATUS(mcast_all_gather(buf, 0, 0, 0, s), bad);
+  /* Count 0 is a valid no-op (NCCL's rule), after the handle and rank checks. */
+  CHECK_OK(mcast_all_reduce(buf, 0, 0, 0, MCAST_FLOAT32, MCAST_SUM, s));
+  CHECK_OK(mcast_reduce_scatter(buf, 0, SIZE_MAX, 0, MCAST_FLOAT32, MCAST_SUM, s));
+  CHECK_OK(mcast_broadcast(buf, 0, 0, 0, 0, s));
+  CHECK_OK(mcast_all_gather(buf, 0, 0, 0, s));
+  CHECK_STATUS(mcast_all_gather(buf, n, 0, 0, s), bad);
+  CHECK_STATUS(mcast_broadcast(buf, 0, n, 0, 0, s), bad);
   /* range past the end, and overflowing */
   CHECK_STATUS(mcast_all_reduce(buf, 0, 0, size / 4 + 1, MCAST_FLOAT32, MCAST_SUM, s), bad);
   CHECK_STATUS(mcast_all_reduce(buf, 0, size - 4, 2, MCAST_INT32, MCAST_SUM, s), bad);

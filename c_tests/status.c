@@ -32,7 +32,7 @@ static void *other_thread(void *arg) {
 }
 
 int main(void) {
-  const unsigned unknown[] = {11u, 77u, 1000u, 0x7fffffffu, 0xffffffffu};
+  const unsigned unknown[] = {12u, 77u, 1000u, 0x7fffffffu, 0xffffffffu};
   const char *message;
   char main_message[1024];
   pthread_t thread;
@@ -49,6 +49,7 @@ int main(void) {
   check_name(MCAST_ERROR_IN_USE, 8, "MCAST_ERROR_IN_USE");
   check_name(MCAST_ERROR_TIMEOUT, 9, "MCAST_ERROR_TIMEOUT");
   check_name(MCAST_ERROR_INTERNAL, 10, "MCAST_ERROR_INTERNAL");
+  check_name(MCAST_ERROR_ABORTED, 11, "MCAST_ERROR_ABORTED");
 
   /* A value no status has (a C caller can pass any integer): a name, never NULL. */
   for (i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {

@@ -14,6 +14,9 @@
 /** CUDA's stream struct: `cudaStream_t` and `CUstream` point to it. Declared here, never defined. */
 struct CUstream_st;
 
+/** The color of a rank that joins no new team in mcast_team_split (its out-handle is zero). */
+#define MCAST_SPLIT_NOCOLOR (-1)
+
 /** major version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_MAJOR 0
 
@@ -78,6 +81,10 @@ enum mcast_status_t
    * A bug: a caught panic or a broken invariant.
    */
   MCAST_ERROR_INTERNAL = 10,
+  /**
+   * The team was aborted, by `mcast_team_abort` here or in a peer process.
+   */
+  MCAST_ERROR_ABORTED = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -486,7 +493,33 @@ mcast_status_t mcast_buffer_alloc(struct mcast_team_t team,
                                   struct mcast_buffer_t *out);
 
 /**
- * Frees a buffer; its pointers become invalid. The zero handle is a no-op returning
+ * Makes a symmetric buffer of memory the caller owns: `ptrs[i]` is the memory of the i-th
+ * rank this process holds, in rank order (every rank for `mcast_team_create` teams), each
+ * `bytes` long, device memory of that rank's device. On the MULTICAST transport each pointer
+ * is bound to a new multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too)
+ * every rank's allocation is mapped on every rank's device. The buffer is used like any other
+ * (collectives, `_into` forms, read/write, pointers: the local pointer aliases `ptrs[rank]`)
+ * and freed with `mcast_buffer_free`, which unbinds and unmaps but leaves the memory to its
+ * owner. Memory from `mcast_mem_alloc` always registers. `MCAST_ERROR_NOT_SUPPORTED`, naming
+ * the rule: memory not from `cuMemCreate` (for example `cudaMalloc` memory), a pointer not
+ * aligned to the multicast granularity on MULTICAST, a range (rounded to the granularity) past
+ * its allocation, a team of one rank per process (not implemented yet).
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `ptrs` or `out` NULL, a NULL pointer, `bytes` 0, memory that
+ * is not device memory of the rank's device, a range overlapping a live registration. On
+ * failure nothing is left. Thread-safe.
+ *
+ * # Safety
+ * `ptrs` must be NULL or valid for reads of one pointer per rank this process holds; `out`
+ * NULL or valid for writes.
+ */
+mcast_status_t mcast_buffer_register(struct mcast_team_t team,
+                                     void *const *ptrs,
+                                     size_t bytes,
+                                     struct mcast_buffer_t *out);
+
+/**
+ * Frees a buffer; its pointers become invalid. A registered buffer is unbound and unmapped,
+ * and its memory stays with its owner. The zero handle is a no-op returning
  * `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
  */
 mcast_status_t mcast_buffer_free(struct mcast_buffer_t buf);
@@ -558,7 +591,8 @@ mcast_status_t mcast_buffer_read(struct mcast_buffer_t buf,
 
 /**
  * Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
- * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, `bytes` 0, range past the end.
+ * `bytes` 0 is a no-op once the handle, rank and root are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, range past the end.
  * Thread-safe.
  */
 mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
@@ -571,8 +605,9 @@ mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
 /**
  * Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
  * count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
- * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, `count` 0,
- * misaligned offset, range past the end. Thread-safe.
+ * `count` 0 is a no-op once the handle and rank are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, misaligned offset,
+ * range past the end. Thread-safe.
  */
 mcast_status_t mcast_all_reduce(struct mcast_buffer_t buf,
                                 int rank,
@@ -598,14 +633,148 @@ mcast_status_t mcast_reduce_scatter(struct mcast_buffer_t buf,
 
 /**
  * Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
- * blocks. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, `bytes` 0, range past the end.
- * Thread-safe.
+ * blocks. `bytes` 0 is a no-op once the handle and rank are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, range past the end. Thread-safe.
  */
 mcast_status_t mcast_all_gather(struct mcast_buffer_t buf,
                                 int rank,
                                 size_t offset,
                                 size_t bytes,
                                 mcast_stream_t stream);
+
+/**
+ * Out of place: copies root's `send` `[send_offset, + bytes)` to every rank's `recv`
+ * `[recv_offset, + bytes)`. `send` and `recv` are buffers of the same team (allocated or
+ * registered; they may be the same buffer). Every rank passes the same offsets. The same
+ * buffer with `recv_offset == send_offset` is exactly `mcast_broadcast`; any other overlap of
+ * the two ranges is `MCAST_ERROR_INVALID_ARGUMENT`, as are buffers of different teams, a rank
+ * or root out of range and ranges past the end. `bytes` 0 is a no-op once the handles, rank
+ * and root are checked. The kernels read `send` and write `recv` directly (no staging copy).
+ * Thread-safe.
+ */
+mcast_status_t mcast_broadcast_into(struct mcast_buffer_t send,
+                                    size_t send_offset,
+                                    struct mcast_buffer_t recv,
+                                    size_t recv_offset,
+                                    int rank,
+                                    int root,
+                                    size_t bytes,
+                                    mcast_stream_t stream);
+
+/**
+ * Out of place: every rank's `recv` `[recv_offset, + count * esize)` receives the
+ * element-wise reduction over all ranks of `send` `[send_offset, + count * esize)`. Offsets
+ * are aligned to the element size (4 bytes for 16-bit types). The same buffer with equal
+ * offsets is exactly `mcast_all_reduce`; other rules as `mcast_broadcast_into`. Thread-safe.
+ */
+mcast_status_t mcast_all_reduce_into(struct mcast_buffer_t send,
+                                     size_t send_offset,
+                                     struct mcast_buffer_t recv,
+                                     size_t recv_offset,
+                                     int rank,
+                                     size_t count,
+                                     mcast_dtype_t dtype,
+                                     mcast_op_t op,
+                                     mcast_stream_t stream);
+
+/**
+ * Out of place: `send` `[send_offset, + N * count * esize)` holds N blocks of `count`
+ * elements on every rank; rank r's `recv` `[recv_offset, + count * esize)` receives the
+ * reduction of block r over all ranks. The same buffer with `recv_offset == send_offset + r *
+ * count * esize` is exactly `mcast_reduce_scatter`; other rules as `mcast_all_reduce_into`.
+ * Thread-safe.
+ */
+mcast_status_t mcast_reduce_scatter_into(struct mcast_buffer_t send,
+                                         size_t send_offset,
+                                         struct mcast_buffer_t recv,
+                                         size_t recv_offset,
+                                         int rank,
+                                         size_t count,
+                                         mcast_dtype_t dtype,
+                                         mcast_op_t op,
+                                         mcast_stream_t stream);
+
+/**
+ * Out of place: each rank's `send` `[send_offset, + bytes)` becomes block r of every rank's
+ * `recv` `[recv_offset, + N * bytes)`. The same buffer with `send_offset == recv_offset + r *
+ * bytes` is exactly `mcast_all_gather`; other rules as `mcast_broadcast_into`. Thread-safe.
+ */
+mcast_status_t mcast_all_gather_into(struct mcast_buffer_t send,
+                                     size_t send_offset,
+                                     struct mcast_buffer_t recv,
+                                     size_t recv_offset,
+                                     int rank,
+                                     size_t bytes,
+                                     mcast_stream_t stream);
+
+/**
+ * NCCL's `ncclBroadcast` on device pointers of rank `rank`'s device: root's `send`
+ * `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
+ * registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
+ * `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
+ * (`cudaMalloc`) is `MCAST_ERROR_NOT_SUPPORTED` for now (register it, or see
+ * `mcast_team_all_reduce`). `bytes` 0 is a no-op once the handle, rank and root are checked.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
+ * is not device memory of the rank's device, partial overlap of `send` and `recv`.
+ * Thread-safe.
+ */
+mcast_status_t mcast_team_broadcast(struct mcast_team_t team,
+                                    int rank,
+                                    int root,
+                                    const void *send,
+                                    void *recv,
+                                    size_t bytes,
+                                    mcast_stream_t stream);
+
+/**
+ * NCCL's `ncclAllReduce` on device pointers of rank `rank`'s device (`cudaMalloc` memory, a
+ * framework's allocator): every rank's `recv` `[0, count * esize)` receives the element-wise
+ * reduction over all ranks of `send` (`send == recv` in place). Registered memory of the team
+ * runs zero-copy (every rank must then pass registered memory); plain memory runs the push
+ * one-shot kernel in chunks through the team's bounded scratch, the copy-in fused into the
+ * kernel (teams of up to 4 ranks, 16-byte aligned pointers; else
+ * `MCAST_ERROR_NOT_SUPPORTED`, naming the rule). `count` 0 is a no-op once the handle and rank
+ * are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
+ * `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
+ * is not device memory of the rank's device, partial overlap. Thread-safe.
+ */
+mcast_status_t mcast_team_all_reduce(struct mcast_team_t team,
+                                     int rank,
+                                     const void *send,
+                                     void *recv,
+                                     size_t count,
+                                     mcast_dtype_t dtype,
+                                     mcast_op_t op,
+                                     mcast_stream_t stream);
+
+/**
+ * NCCL's `ncclReduceScatter` on device pointers: `send` holds N blocks of `count` elements;
+ * rank r's `recv` receives the reduction of block r (`recv == send + r * count * esize` in
+ * place). Registered memory of the team runs zero-copy as `mcast_reduce_scatter_into`; plain
+ * device memory is `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as
+ * `mcast_team_all_reduce`. Thread-safe.
+ */
+mcast_status_t mcast_team_reduce_scatter(struct mcast_team_t team,
+                                         int rank,
+                                         const void *send,
+                                         void *recv,
+                                         size_t count,
+                                         mcast_dtype_t dtype,
+                                         mcast_op_t op,
+                                         mcast_stream_t stream);
+
+/**
+ * NCCL's `ncclAllGather` on device pointers: each rank's `send` `[0, bytes)` becomes block r
+ * of every rank's `recv` `[0, N * bytes)` (`send == recv + r * bytes` in place). Registered
+ * memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory is
+ * `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as `mcast_team_broadcast`. Thread-safe.
+ */
+mcast_status_t mcast_team_all_gather(struct mcast_team_t team,
+                                     int rank,
+                                     const void *send,
+                                     void *recv,
+                                     size_t bytes,
+                                     mcast_stream_t stream);
 
 /**
  * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
@@ -706,6 +875,32 @@ mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
                                             int *can);
 
 /**
+ * Allocates `bytes` of device memory on `device`, which any team holding that device can
+ * register (`mcast_buffer_register`): physical memory created with the shareable handle types
+ * this system exports (POSIX file descriptors, plus fabric handles where supported), rounded
+ * up to the allocation and multicast granularities and mapped read-write for `device` at an
+ * address aligned to them. On the SIM backend it is host memory of the simulated device. The
+ * memory is not zeroed. Retried on out-of-memory like every allocation; nothing is left on
+ * failure. On success `*ptr` holds the address, freed with `mcast_mem_free` (or at
+ * `mcast_context_destroy`, which reports it as a leak). `MCAST_ERROR_INVALID_ARGUMENT`: `ptr`
+ * NULL, `bytes` 0, `device` out of range; `MCAST_ERROR_INVALID_HANDLE`: `ctx`;
+ * `MCAST_ERROR_OUT_OF_MEMORY`: device memory exhausted. Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_mem_alloc(struct mcast_context_t ctx, int device, size_t bytes, void **ptr);
+
+/**
+ * Frees memory from `mcast_mem_alloc` of `ctx`, after the work in flight on its device. NULL
+ * is a no-op returning `MCAST_SUCCESS`. `MCAST_ERROR_IN_USE` while a registered buffer lies in
+ * it (free the buffer with `mcast_buffer_free` first); `MCAST_ERROR_INVALID_ARGUMENT` when
+ * `ptr` is not the start of an allocation from `mcast_mem_alloc` of `ctx`, or was already
+ * freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
+ */
+mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
+
+/**
  * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value
  * that is not a status. The string is static; never NULL. Thread-safe.
  */
@@ -739,11 +934,69 @@ mcast_status_t mcast_team_create(struct mcast_context_t ctx,
 
 /**
  * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
- * live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
- * unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+ * live (nothing changes), unless the team was aborted: then its buffers are released with it
+ * and their handles become invalid. After a timeout or an abort it never waits for peers
+ * (kernels still waiting on the device are ended first). The zero handle is a no-op returning
+ * `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
+ * the losers of destroys racing from several threads). Teardown errors from the driver are
  * reported (the team is gone all the same). Thread-safe.
  */
 mcast_status_t mcast_team_destroy(struct mcast_team_t team);
+
+/**
+ * Aborts `team`: ends every wait of the team promptly, host or device (well under a second,
+ * whatever `timeout_ms` says): work in flight, and every later collective, synchronize, alloc
+ * or free on the team, returns `MCAST_ERROR_ABORTED`. Device waits end within microseconds of
+ * the abort reaching the device (every barrier spin reads the team's state word, which this
+ * writes for every rank, peers in other processes included through the peer mappings); host
+ * waits (rendezvous agreement in a multi-process team) within milliseconds; peer processes are
+ * told over the rendezvous connections too and see `MCAST_ERROR_ABORTED`. The team can then
+ * only be destroyed: `mcast_team_destroy` releases everything (live buffers included, whose
+ * handles go with it) without waiting for peers. Aborting twice is harmless.
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` zero or not live (destroyed, also by a racing
+ * destroy). Thread-safe: callable from any thread, also while other threads are blocked in
+ * mcast calls on this team.
+ */
+mcast_status_t mcast_team_abort(struct mcast_team_t team);
+
+/**
+ * Writes the team's sticky asynchronous error into `*error` without waiting (like
+ * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a peer did not arrive
+ * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
+ * waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+ * process). Once set it stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+ * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+ *
+ * # Safety
+ * `error` must be NULL or valid for writing an `mcast_status_t`.
+ */
+mcast_status_t mcast_team_get_error(struct mcast_team_t team, mcast_status_t *error);
+
+/**
+ * Splits `team` like `MPI_Comm_split` / `ncclCommSplit`: the ranks with the same color form a
+ * new team, ordered by key, then by rank in `team`. `colors[i]`, `keys[i]` and `out[i]`
+ * belong to the i-th rank this process holds (every rank of a `mcast_team_create` team, in
+ * rank order; the one rank of an `init_rank`/`init_oob` team). A color is >= 0, or
+ * `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
+ * ranks of one color share one new handle (destroy it once). Each new team chooses its
+ * transport afresh and shares no memory, state word or rendezvous with `team` or with the
+ * other new teams, so one failing (abort, timeout) never reaches another; `team` stays usable
+ * and is destroyed on its own. Collective over every rank of `team` (every process calls it).
+ * On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
+ * `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live; `MCAST_ERROR_ABORTED` or
+ * `MCAST_ERROR_TIMEOUT`: `team` failed before; any status of `mcast_team_create` or
+ * `mcast_team_init_rank` for the new teams. Thread-safe.
+ *
+ * # Safety
+ * `colors` and `keys` must be NULL or valid for reading, and `out` NULL or valid for writing,
+ * one element per rank this process holds.
+ */
+mcast_status_t mcast_team_split(struct mcast_team_t team,
+                                const int *colors,
+                                const int *keys,
+                                struct mcast_team_t *out);
 
 /**
  * Describes `team` in `*info`, whose `struct_size` the caller sets.

@@ -10,8 +10,13 @@
 // - all-reduce: count elements at data; reduce-scatter: N blocks of count elements, block r at
 //   data + r*count*esize; all-gather: block r of count BYTES at data + r*count; broadcast: count
 //   bytes from root.
-// - every rank's data[r] has the same alignment modulo 16 (symmetric buffers); if not, the P2P
-//   kernels fall back to scalar accesses.
+// - out[r]: where the results for rank r's data go, in the same layout as data (out-of-place
+//   collectives read data and write out; in place, out == data). The host may pass bases that
+//   are not addresses themselves (out - block offset, data - block offset): only the sums the
+//   kernels form are dereferenced, in u64 arithmetic.
+// - every rank's data[r] and out[r] have the same alignment modulo 16 (symmetric buffers); if
+//   not, the P2P kernels fall back to scalar accesses (the host routes the multicast kernels to
+//   P2P when out and data disagree modulo 16).
 
 // ============================== ABI (mirrored in src/kernels/abi.rs) ==============================
 #define MCAST_MAX_RANKS 72
@@ -26,7 +31,10 @@
 //   MCAST_ERROR_OFFSET       u32 error code (0 = none), first error wins (atomic CAS);
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b.
-// [8192, 65536): reserved.
+// [8192, 8256): team state: MCAST_STATE_OFFSET u32 (MCAST_STATE_OK, or nonzero once the team
+//   was aborted), written by the host (mcast_team_abort, in every rank's region, peers' included)
+//   and read by every barrier spin: an abort ends device waits within microseconds.
+// [8256, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
 #define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
@@ -35,6 +43,9 @@
 #define MCAST_EPOCH_OFFSET 4352
 #define MCAST_ERR_NONE 0
 #define MCAST_ERR_TIMEOUT 1
+#define MCAST_ERR_ABORTED 2
+#define MCAST_STATE_OFFSET 8192
+#define MCAST_STATE_OK 0
 // Push one-shot scratch: after the sync region, per block slot b and parity h (0/1), one row of
 // MCAST_PUSH_CHUNK bytes per rank q at SCRATCH + ((b * 2 + h) * nranks + q) * MCAST_PUSH_CHUNK.
 #define MCAST_SCRATCH_OFFSET 65536
@@ -46,12 +57,12 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-// The kernel argument, passed by value (1200 bytes: within the 4 KiB kernel parameter limit).
-// Mirrors `KernelArgs`.
+// The kernel argument, passed by value: 56 + 24 * MCAST_MAX_RANKS = 1784 bytes, within the 4 KiB
+// kernel parameter limit. Mirrors `KernelArgs`.
 struct McastArgs {
   u64 data[MCAST_MAX_RANKS];  // 0
-  u64 sync[MCAST_MAX_RANKS];  // 576
-  u64 data_mc;                // 1152: multicast address of data (emulated: data[rank])
+  u64 sync[MCAST_MAX_RANKS];  // 8 * MCAST_MAX_RANKS (576)
+  u64 data_mc;                // 16 * MCAST_MAX_RANKS (1152): multicast address of data (emulated: data[rank])
   u64 sync_mc;                // 1160: multicast address of the sync region (emulated: sync[rank])
   u64 count;                  // 1168
   u64 timeout_ns;             // 1176: 0 = spin forever
@@ -59,8 +70,10 @@ struct McastArgs {
   u32 nranks;                 // 1188
   u32 root;                   // 1192: broadcast root
   u32 reserved;               // 1196
+  u64 out[MCAST_MAX_RANKS];   // 48 + 16 * MCAST_MAX_RANKS (1200): results, the layout of data (in place: out == data)
+  u64 out_mc;                 // 48 + 24 * MCAST_MAX_RANKS (1776): multicast address of out (emulated: out[rank])
 };
-static_assert(sizeof(McastArgs) == 1200, "McastArgs layout");
+static_assert(sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS, "McastArgs layout");
 
 // ============================== PTX helpers ==============================
 struct alignas(16) V16 {
@@ -309,6 +322,12 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     // The first barrier of a kernel also checks the error word: a rank whose previous
     // collective timed out does nothing (and never signals).
     s_live = index != 0 || *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    // An aborted team: record it and end the kernel before signalling anyone.
+    if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+      if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
+        *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+      s_live = 0;
+    }
   }
   __syncthreads();
   if (!s_live) return false;
@@ -329,7 +348,15 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     // The acquire load orders the peers' writes before this block's later accesses (the
     // other threads through the __syncthreads below).
     while ((int)(ld_acquire_sys(flag) - target) < 0) {
-      if (a.timeout_ns != 0 && (++spins & 63u) == 0) {
+      if ((++spins & 63u) != 0) continue;
+      // The team's state word: an abort (from the host, here or in a peer process) ends the wait.
+      if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+        if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
+          *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+        ok = 0;
+        break;
+      }
+      if (a.timeout_ns != 0) {
         const u64 now = globaltimer();
         if (start == 0) {
           start = now;
@@ -376,7 +403,7 @@ __device__ __forceinline__ Range split(u64 addr, u64 n, u32 unit, bool aligned) 
 }
 __device__ __forceinline__ bool same_alignment(const McastArgs& a) {
   u32 m = 0;
-  for (u32 p = 0; p < a.nranks; ++p) m |= (u32)((a.data[p] ^ a.data[0]) & 15);
+  for (u32 p = 0; p < a.nranks; ++p) m |= (u32)(((a.data[p] ^ a.data[0]) | (a.out[p] ^ a.data[0])) & 15);
   return m == 0;
 }
 __device__ __forceinline__ u64 gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
@@ -427,7 +454,7 @@ __device__ __forceinline__ void p2p_reduce_vectors(const McastArgs& a, const u64
     if (u < n) out[u] = acc[u].pack();
 }
 
-// Reduce vectors [lo, hi) (vector indices relative to byte `base`) from all ranks into data[rank].
+// Reduce vectors [lo, hi) (vector indices relative to byte `base`) from all ranks into out[rank].
 // Vector j is handled by global thread (j - lo) % gthreads(): the same on every rank.
 template <int D, int O>
 __device__ void p2p_reduce_span(const McastArgs& a, u64 base, u64 lo, u64 hi) {
@@ -445,7 +472,7 @@ __device__ void p2p_reduce_span(const McastArgs& a, u64 base, u64 lo, u64 hi) {
     p2p_reduce_vectors<D, O>(a, off, n, r);
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) st16(a.data[a.rank] + off[u], r[u]);
+      if (u < n) st16(a.out[a.rank] + off[u], r[u]);
   }
 }
 
@@ -525,10 +552,10 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
       s = p2p_reduce_scalar<D, O>(a, soff);
     }
     if (!barrier<false>(a, bi++)) return;
-    if (has) *(E*)(a.data[a.rank] + soff) = s;
+    if (has) *(E*)(a.out[a.rank] + soff) = s;
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) st16(a.data[a.rank] + off[u], res[u]);
+      if (u < n) st16(a.out[a.rank] + off[u], res[u]);
   }
 }
 
@@ -558,7 +585,8 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
   const u64 len = hi - lo, nv = len / 16;
   if (threadIdx.x == 0) {
     s_parity = (*(volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * blockIdx.x) + 1) & 1;
-    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE &&
+             *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) == MCAST_STATE_OK;
   }
   __syncthreads();
   if (!s_live) return;
@@ -573,7 +601,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     for (u32 p = 0; p < a.nranks; ++p) ((E*)push_row(a, p, blockIdx.x, par, a.rank))[e] = v;
   }
   if (!barrier<false>(a, 0)) return;
-  const u64 dst = a.data[a.rank] + lo;
+  const u64 dst = a.out[a.rank] + lo;
   for (u64 j = threadIdx.x; j < nv; j += blockDim.x) {
     Vec<D> acc;
     acc.load(ld16(push_row(a, a.rank, blockIdx.x, par, 0) + j * 16));
@@ -588,8 +616,8 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
 }
 
 // Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),
-// rank 0 also owns the scalars) by peer loads into the owner's copy; barrier; all-gather by
-// loads from the owners; exit barrier (so no rank changes its copy while a peer still reads it).
+// rank 0 also owns the scalars) by peer loads of data into the owner's out; barrier; all-gather
+// by loads from the owners' out; exit barrier (so no rank changes its copy while a peer still reads it).
 // Vector j of a slice is handled by the same global thread in both phases on every rank, so the
 // per-block-slot middle barrier covers exactly the data each block reads.
 template <int D, int O>
@@ -602,20 +630,20 @@ __device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
   if (me == 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
       const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.data[0] + o) = p2p_reduce_scalar<D, O>(a, o);
+      *(E*)(a.out[0] + o) = p2p_reduce_scalar<D, O>(a, o);
     }
   if (!barrier<false>(a, 1)) return;
   for (u64 q = 0; q < N; ++q)
-    if (q != me) copy_span(a.data[me], a.data[q], base, r.nv * q / N, r.nv * (q + 1) / N);
+    if (q != me) copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
   if (me != 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
       const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.data[me] + o) = *(const E*)(a.data[0] + o);
+      *(E*)(a.out[me] + o) = *(const E*)(a.out[0] + o);
     }
   barrier<false>(a, 2);
 }
 
-// Reduce-scatter: rank r reduces block r (at r*count*esize) from every rank into its own copy.
+// Reduce-scatter: rank r reduces block r (at r*count*esize) from every rank into its own out.
 template <int D, int O>
 __device__ void reduce_scatter_p2p(const McastArgs& a) {
   typedef typename Ty<D>::E E;
@@ -626,23 +654,26 @@ __device__ void reduce_scatter_p2p(const McastArgs& a) {
   if (blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
       const u64 o = blk + scalar_off(r, i, sizeof(E));
-      *(E*)(a.data[a.rank] + o) = p2p_reduce_scalar<D, O>(a, o);
+      *(E*)(a.out[a.rank] + o) = p2p_reduce_scalar<D, O>(a, o);
     }
   barrier<false>(a, 1);
 }
 
-// Broadcast (pull): every non-root rank copies count bytes from the root.
+// Broadcast (pull): every rank copies count bytes from the root's data into its out (the root
+// only out of place).
 __device__ void broadcast_p2p(const McastArgs& a) {
   if (!barrier<false>(a, 0)) return;
-  if (a.rank != a.root) copy_bytes(a.data[a.rank], a.data[a.root], a.count);
+  if (a.out[a.rank] != a.data[a.root]) copy_bytes(a.out[a.rank], a.data[a.root], a.count);
   barrier<false>(a, 1);
 }
 
-// All-gather (pull): rank r copies block q (count bytes at q*count) from rank q, for every q != r.
+// All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
+// out, for every q != r (and q == r out of place).
 __device__ void all_gather_p2p(const McastArgs& a) {
   if (!barrier<false>(a, 0)) return;
   for (u32 q = 0; q < a.nranks; ++q)
-    if (q != a.rank) copy_bytes(a.data[a.rank] + (u64)q * a.count, a.data[q] + (u64)q * a.count, a.count);
+    if (q != a.rank || a.out[a.rank] != a.data[a.rank])
+      copy_bytes(a.out[a.rank] + (u64)q * a.count, a.data[q] + (u64)q * a.count, a.count);
   barrier<false>(a, 1);
 }
 
@@ -650,7 +681,7 @@ __device__ void all_gather_p2p(const McastArgs& a) {
 // mc_ld_reduce_v16<D,O>(a, mc)    16-byte multimem.ld_reduce (vector form or 2/4 scalar forms)
 // mc_ld_reduce_unit<D,O>(a, mc)   one scalar unit: 4 bytes (a 16-bit pair, or one 32-bit element)
 //                                 or 8 bytes (one 64-bit element); bits in the low end of a u64
-// mc_st_v16(a, mc, v)             16-byte multimem.st (.v4.f32 bit copy)
+// mc_st_v16(a, mc, v)             16-byte multimem.st (.v4.f32 bit copy), mc an out_mc address
 // mc_st_unit<U>(a, mc, bits)      4- or 8-byte multimem.st
 // mc_red_signal(a, mc)            multimem.red.release.sys add 1 on the multicast sync region
 // Not provided (no hardware form): f32/f64 min/max (routed to the P2P kernels by the host), any
@@ -688,18 +719,19 @@ __device__ __forceinline__ u64 mc_ld_reduce_unit(const McastArgs& a, u64 mc) {
   }
   return u.b;
 }
+// Stores go to out (mc relative to out_mc), loads come from data (mc relative to data_mc).
 __device__ __forceinline__ void mc_st_v16(const McastArgs& a, u64 mc, V16 v) {
-  const u64 off = mc - a.data_mc;
-  for (u32 p = 0; p < a.nranks; ++p) st16(a.data[p] + off, v);
+  const u64 off = mc - a.out_mc;
+  for (u32 p = 0; p < a.nranks; ++p) st16(a.out[p] + off, v);
 }
 template <u32 U>
 __device__ __forceinline__ void mc_st_unit(const McastArgs& a, u64 mc, u64 bits) {
-  const u64 off = mc - a.data_mc;
+  const u64 off = mc - a.out_mc;
   for (u32 p = 0; p < a.nranks; ++p) {
     if (U == 8)
-      *(u64*)(a.data[p] + off) = bits;
+      *(u64*)(a.out[p] + off) = bits;
     else
-      *(u32*)(a.data[p] + off) = (u32)bits;
+      *(u32*)(a.out[p] + off) = (u32)bits;
   }
 }
 __device__ void mc_red_signal(const McastArgs& a, u64 mc) {
@@ -821,14 +853,14 @@ __device__ void mc_red_signal(const McastArgs&, u64 mc) {
 // Host preconditions (checked by src/kernels before choosing these): data_mc and the range are
 // multiples of the scalar unit (4 bytes; 8 for 64-bit types), (D,O) has a multimem form.
 
-// All-reduce: entry barrier; rank r reduces its 1/N slice of the 16-byte vectors (ld_reduce, then
-// multimem.st back to every rank), rank 0 also the head/tail units; exit barrier.
+// All-reduce: entry barrier; rank r reduces its 1/N slice of the 16-byte vectors (ld_reduce of
+// data, then multimem.st to every rank's out), rank 0 also the head/tail units; exit barrier.
 template <int D, int O>
 __device__ void all_reduce_mc(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   const u32 U = McUnit<D>::bytes;
   const Range r = split(a.data_mc, a.count * sizeof(E) / U, U, true);
-  const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U;
+  const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U, obase = a.out_mc + r.head * U;
   if (!barrier<true>(a, 0)) return;
   const u64 lo = r.nv * me / N, hi = r.nv * (me + 1) / N, T = gthreads();
   for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
@@ -841,25 +873,25 @@ __device__ void all_reduce_mc(const McastArgs& a) {
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u) {
       const u64 j = j0 + (u64)u * T;
-      if (j < hi) mc_st_v16(a, base + j * 16, v[u]);
+      if (j < hi) mc_st_v16(a, obase + j * 16, v[u]);
     }
   }
   if (me == 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
-      const u64 mc = a.data_mc + scalar_off(r, i, U);
-      mc_st_unit<U>(a, mc, mc_ld_reduce_unit<D, O>(a, mc));
+      const u64 o = scalar_off(r, i, U);
+      mc_st_unit<U>(a, a.out_mc + o, mc_ld_reduce_unit<D, O>(a, a.data_mc + o));
     }
   barrier<true>(a, 1);
 }
 
-// Reduce-scatter: rank r reduces all of block r with ld_reduce and stores it to its own copy.
+// Reduce-scatter: rank r reduces all of block r with ld_reduce and stores it to its own out.
 template <int D, int O>
 __device__ void reduce_scatter_mc(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   const u32 U = McUnit<D>::bytes;
   const u64 blk = (u64)a.rank * a.count * sizeof(E);
   const Range r = split(a.data_mc + blk, a.count * sizeof(E) / U, U, true);
-  const u64 mbase = a.data_mc + blk + r.head * U, lbase = a.data[a.rank] + blk + r.head * U;
+  const u64 mbase = a.data_mc + blk + r.head * U, lbase = a.out[a.rank] + blk + r.head * U;
   if (!barrier<true>(a, 0)) return;
   const u64 T = gthreads();
   for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
@@ -880,17 +912,18 @@ __device__ void reduce_scatter_mc(const McastArgs& a) {
       const u64 o = blk + scalar_off(r, i, U);
       const u64 bits = mc_ld_reduce_unit<D, O>(a, a.data_mc + o);
       if (U == 8)
-        *(u64*)(a.data[a.rank] + o) = bits;
+        *(u64*)(a.out[a.rank] + o) = bits;
       else
-        *(u32*)(a.data[a.rank] + o) = (u32)bits;
+        *(u32*)(a.out[a.rank] + o) = (u32)bits;
     }
   barrier<true>(a, 1);
 }
 
-// multimem.st of this rank's bytes [off, off + n) (n and off multiples of 4) to every rank.
+// multimem.st of this rank's data bytes [off, off + n) (n and off multiples of 4) to every rank's
+// out.
 __device__ void mc_push(const McastArgs& a, u64 off, u64 n) {
-  const Range r = split(a.data_mc + off, n / 4, 4, true);
-  const u64 src = a.data[a.rank] + off + r.head * 4, dst = a.data_mc + off + r.head * 4, T = gthreads();
+  const Range r = split(a.out_mc + off, n / 4, 4, true);
+  const u64 src = a.data[a.rank] + off + r.head * 4, dst = a.out_mc + off + r.head * 4, T = gthreads();
   for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
     V16 v[MCAST_UNROLL];
 #pragma unroll
@@ -907,11 +940,12 @@ __device__ void mc_push(const McastArgs& a, u64 off, u64 n) {
   if (blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
       const u64 o = off + scalar_off(r, i, 4);
-      mc_st_unit<4>(a, a.data_mc + o, *(const u32*)(a.data[a.rank] + o));
+      mc_st_unit<4>(a, a.out_mc + o, *(const u32*)(a.data[a.rank] + o));
     }
 }
 
-// Broadcast: the root multimem.st's its range; the others take part in the barriers only.
+// Broadcast: the root multimem.st's its range (out of place too: its own out is one of the
+// targets); the others take part in the barriers only.
 __device__ void broadcast_mc(const McastArgs& a) {
   if (!barrier<true>(a, 0)) return;
   if (a.rank == a.root) mc_push(a, 0, a.count);
@@ -930,14 +964,52 @@ __device__ void all_gather_mc(const McastArgs& a) {
 #define KERNEL extern "C" __global__ void __launch_bounds__(MCAST_THREADS)
 #define ARGS const __grid_constant__ McastArgs a
 
-#define P2P_RED(DN, D, ON, O)                                                             \
-  KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }         \
-  KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }       \
-  KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); } \
-  KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); }
-#define MC_RED(DN, D, ON, O)                                              \
-  KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); } \
-  KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); }
+// Selection (src/kernels/select.rs): with -DMCAST_SELECT the host compiles only the entry points
+// of one module, one collective for one dtype and operator (every algorithm of it: P2P one-shot,
+// push, two-shot and multicast), and defines each MCAST_SEL_<collective|dtype|op> to 1 or 0.
+// Without it every entry point is compiled (what scripts/check-kernels checks).
+#ifndef MCAST_SELECT
+#define MCAST_SEL_all_reduce 1
+#define MCAST_SEL_reduce_scatter 1
+#define MCAST_SEL_broadcast 1
+#define MCAST_SEL_all_gather 1
+#define MCAST_SEL_f32 1
+#define MCAST_SEL_f64 1
+#define MCAST_SEL_f16 1
+#define MCAST_SEL_bf16 1
+#define MCAST_SEL_i32 1
+#define MCAST_SEL_u32 1
+#define MCAST_SEL_i64 1
+#define MCAST_SEL_u64 1
+#define MCAST_SEL_sum 1
+#define MCAST_SEL_min 1
+#define MCAST_SEL_max 1
+#endif
+// MCAST_WHEN(c, d, o)(definitions...) keeps the definitions when all three flags are 1. The
+// flags are expanded before MCAST_PASTE4 pastes them (they are not operands of ## here).
+#define MCAST_PASTE4(a, b, c, d) a##b##c##d
+#define MCAST_WHEN(c, d, o) MCAST_PASTE4(MCAST_WHEN_, c, d, o)
+#define MCAST_WHEN_111(...) __VA_ARGS__
+#define MCAST_WHEN_110(...)
+#define MCAST_WHEN_101(...)
+#define MCAST_WHEN_100(...)
+#define MCAST_WHEN_011(...)
+#define MCAST_WHEN_010(...)
+#define MCAST_WHEN_001(...)
+#define MCAST_WHEN_000(...)
+
+#define P2P_RED(DN, D, ON, O)                                                                 \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                           \
+      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }       \
+      KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }     \
+      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); }) \
+  MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)(                       \
+      KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); })
+#define MC_RED(DN, D, ON, O)                                                       \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                \
+      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })     \
+  MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)(            \
+      KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); })
 #define P2P_OPS(DN, D) \
   P2P_RED(DN, D, sum, O_SUM) P2P_RED(DN, D, min, O_MIN) P2P_RED(DN, D, max, O_MAX)
 #define MC_OPS(DN, D) MC_RED(DN, D, sum, O_SUM) MC_RED(DN, D, min, O_MIN) MC_RED(DN, D, max, O_MAX)
@@ -960,7 +1032,9 @@ MC_OPS(u32, D_U32)
 MC_OPS(i64, D_I64)
 MC_OPS(u64, D_U64)
 
-KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
-KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
-KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); }
-KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); }
+MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
+    KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
+    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); })
+MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
+    KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
+    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); })

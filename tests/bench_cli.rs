@@ -140,6 +140,87 @@ fn p2p_odd_sizes_and_no_check() {
     assert_eq!(rows(&out)[0][8], "N/A", "--check 0 reports no count");
 }
 
+/// `-G N`: each rank's iterations captured in a CUDA graph and replayed N times; the rows, CSV
+/// and JSON name the mode; a driver that cannot capture or replay fails cleanly (exit 1, the
+/// driver call named, nothing left behind, no rank left waiting).
+#[test]
+fn graph_mode_replays_and_reports_its_mode() {
+    for (devices, transport) in [("0,1,2,3", "MULTICAST"), ("0,0", "P2P")] {
+        let (csv_path, json_path) = (tmp(&format!("graph-{transport}.csv")), tmp(&format!("graph-{transport}.json")));
+        let out = bench(&[
+            "--devices",
+            devices,
+            "-d",
+            "bf16",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "3",
+            "-G",
+            "4",
+            "--csv",
+            csv_path.to_str().unwrap(),
+            "--json",
+            json_path.to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{all}");
+        assert!(all.contains(&format!("# transport: {transport}")), "{all}");
+        assert!(
+            all.contains("# mode: graph (each rank's 3 iteration(s) captured in a CUDA graph, replayed 4 time(s)"),
+            "{all}"
+        );
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 3, "1K, 8K, 64K: {all}");
+        for row in &rows {
+            assert_eq!(row.len(), 9, "the eager columns: {row:?}");
+            assert!(row[5].parse::<f64>().unwrap() > 0.0, "{row:?}");
+            assert_eq!(row[8], "0", "{all}");
+        }
+        let csv = std::fs::read_to_string(&csv_path).expect("csv written");
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{name}: {csv}"));
+        for line in lines {
+            let line: Vec<&str> = line.split(',').collect();
+            assert_eq!((line[col("mode")], line[col("graph_launches")]), ("graph", "4"), "{csv}");
+        }
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+        assert_eq!((json["mode"].as_str(), json["graph_launches"].as_u64()), (Some("graph"), Some(4)));
+        let _ = std::fs::remove_file(csv_path);
+        let _ = std::fs::remove_file(json_path);
+    }
+    // Eager stays the default, and says so.
+    let out = bench(&["-b", "1K", "-e", "1K", "-n", "1", "--csv", tmp("eager.csv").to_str().unwrap()]);
+    assert!(text(&out).contains("# mode: eager"), "{}", text(&out));
+    let csv = std::fs::read_to_string(tmp("eager.csv")).unwrap();
+    assert!(csv.lines().nth(1).unwrap().ends_with(",eager,0"), "{csv}");
+    let _ = std::fs::remove_file(tmp("eager.csv"));
+    // No capture (a driver without graphs), or failing replays: exit 1, named, nothing leaked.
+    for (fault, names) in [
+        ("cuStreamBeginCapture=NOT_SUPPORTED@1+", "beginning a CUDA graph capture: cuStreamBeginCapture returned"),
+        ("cuGraphLaunch=LAUNCH_FAILED@5+", "replaying the CUDA graph: cuGraphLaunch returned"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["-b", "1K", "-e", "1K", "-n", "2", "-G", "3", "-q"])
+            .env("MCAST_BACKEND", "sim")
+            .env("MCAST_SIM_FAULTS", fault)
+            .env("MCAST_TIMEOUT_MS", "3000")
+            .env_remove("MCAST_MULTICAST")
+            .env_remove("MCAST_SIM_DEVICES")
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{fault}: {all}");
+        assert!(all.contains(names), "{fault}: {all}");
+        assert!(!all.contains("left behind"), "{fault}: {all}");
+    }
+}
+
 #[test]
 fn default_command_finishes_on_the_simulator() {
     let out = bench(&[]);
@@ -147,6 +228,42 @@ fn default_command_finishes_on_the_simulator() {
     // 1K..1M by 4.
     assert_eq!(rows(&out).len(), 6, "{}", text(&out));
     assert!(rows(&out).iter().all(|r| r[8] == "0"));
+}
+
+/// `--memory buffer|registered|pointer` x `--inplace 0|1`: every op checks clean where the
+/// library serves it (the pointer form on plain memory serves all_reduce; the other ops say why
+/// not), both transports, and nothing is left behind (exit 0).
+#[test]
+fn memory_kinds_in_and_out_of_place() {
+    for mc in ["auto", "off"] {
+        for memory in ["buffer", "registered", "pointer"] {
+            for inplace in ["1", "0"] {
+                for op in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+                    let out = Command::new(BIN)
+                        .args(["--op", op, "--memory", memory, "--inplace", inplace, "--devices", "0,1,2"])
+                        .args(["-b", "1020", "-e", "70K", "-f", "8", "--iters", "1", "--warmup", "0", "-d", "bf16"])
+                        .env("MCAST_BACKEND", "sim")
+                        .env("MCAST_MULTICAST", mc)
+                        .env_remove("MCAST_SIM_DEVICES")
+                        .env_remove("MCAST_SIM_FAULTS")
+                        .output()
+                        .expect("mcast-bench runs");
+                    let all = text(&out);
+                    let what = format!("{mc} {memory} inplace={inplace} {op}");
+                    let served = memory != "pointer" || op == "all_reduce";
+                    if served {
+                        assert_eq!(out.status.code(), Some(0), "{what}: {all}");
+                        assert!(all.contains("# wrong elements: 0"), "{what}: {all}");
+                        assert!(all.contains(&format!("# memory: {memory}")), "{what}: {all}");
+                    } else {
+                        assert_eq!(out.status.code(), Some(1), "{what}: {all}");
+                        assert!(all.contains("not implemented yet"), "{what}: {all}");
+                        assert!(!all.contains("left behind"), "{what}: {all}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -159,12 +276,16 @@ fn bad_usage_exits_2_with_a_message() {
         &["-f", "1"],
         &["--iters", "0"],
         &["--iters"],
+        &["-G", "x"],
+        &["--graph", "-1"],
         &["--check", "2"],
         &["--dtype", "f8"],
         &["--devices", "0,x"],
         &["--devices", "0,99"],
         &["--op", "broadcast", "--root", "4"],
         &["--backend", "gpu"],
+        &["--memory", "host"],
+        &["--inplace", "2"],
     ] {
         let out = bench(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
@@ -184,12 +305,15 @@ fn bad_usage_exits_2_with_a_message() {
         "-f",
         "--iters",
         "--warmup",
+        "--graph",
         "--check",
         "--devices",
         "--backend",
         "--csv",
         "--json",
         "--quiet",
+        "--memory",
+        "--inplace",
     ] {
         assert!(help.contains(flag), "--help documents {flag}");
     }

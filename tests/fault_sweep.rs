@@ -23,6 +23,7 @@ use mcast::capi::buffer::*;
 use mcast::capi::collective::*;
 use mcast::capi::context::*;
 use mcast::capi::device::*;
+use mcast::capi::memory::*;
 use mcast::capi::status::mcast_status_t;
 use mcast::capi::status::McastStatus::*;
 use mcast::capi::team::*;
@@ -42,7 +43,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Calls made through the retry policy (a one-off retryable fault there recovers).
-const RETRIED: [&str; 7] = [
+const RETRIED: [&str; 8] = [
     "cuMemCreate",
     "cuMemAddressReserve",
     "cuMemMap",
@@ -50,6 +51,7 @@ const RETRIED: [&str; 7] = [
     "cuMulticastCreate",
     "cuMulticastAddDevice",
     "cuMulticastBindMem_v2",
+    "cuMulticastBindAddr_v2",
 ];
 
 /// Calls whose failure a public function absorbs: `mcast_device_get_info` reports a granularity
@@ -63,6 +65,17 @@ const CODES: [CuResult; 4] = [
     CuResult::ERROR_ILLEGAL_STATE,
     CuResult::ERROR_INVALID_VALUE,
 ];
+
+/// The status a failure of `func` with `code` gives: `CUDA_ERROR_INVALID_VALUE` from the calls
+/// that classify the application's memory is read as their answer (not device memory; not a
+/// cuMemCreate allocation), else as [`expected`].
+fn expected_at(func: &str, code: CuResult) -> mcast_status_t {
+    match (func, code) {
+        ("cuPointerGetAttribute", CuResult::ERROR_INVALID_VALUE) => st(MCAST_ERROR_INVALID_ARGUMENT),
+        ("cuMemRetainAllocationHandle", CuResult::ERROR_INVALID_VALUE) => st(MCAST_ERROR_NOT_SUPPORTED),
+        _ => expected(code),
+    }
+}
 
 fn expected(code: CuResult) -> mcast_status_t {
     st(match code {
@@ -120,6 +133,8 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
         Err((s, m)) => return Some(("mcast_team_create", s, m)),
     };
     let mut bufs = Vec::new();
+    let mut mems: Vec<*mut std::ffi::c_void> = Vec::new();
+    let mut reg = mcast_buffer_t { id: 0 };
     'work: {
         for bytes in [4096, 3 * MIB] {
             match alloc(team, bytes) {
@@ -140,13 +155,22 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
             }
         }
         let stream = |r: i32| (r + 1) as usize as mcast_stream_t;
-        let calls: [(&'static str, &dyn Fn(i32) -> mcast_status_t); 4] = [
+        let o = bufs[1];
+        let calls: [(&'static str, &dyn Fn(i32) -> mcast_status_t); 8] = [
             ("mcast_all_reduce", &|r| mcast_all_reduce(b, r, 0, 256, mcast_dtype_t(4), mcast_op_t(0), stream(r))),
             ("mcast_broadcast", &|r| mcast_broadcast(b, r, 0, 0, 1000, stream(r))),
             ("mcast_reduce_scatter", &|r| {
                 mcast_reduce_scatter(b, r, 0, 64, mcast_dtype_t(0), mcast_op_t(2), stream(r))
             }),
             ("mcast_all_gather", &|r| mcast_all_gather(b, r, 0, 100, stream(r))),
+            ("mcast_all_reduce_into", &|r| {
+                mcast_all_reduce_into(b, 0, o, 64, r, 256, mcast_dtype_t(4), mcast_op_t(0), stream(r))
+            }),
+            ("mcast_broadcast_into", &|r| mcast_broadcast_into(b, 0, o, 3, r, 0, 1000, stream(r))),
+            ("mcast_reduce_scatter_into", &|r| {
+                mcast_reduce_scatter_into(b, 0, o, 16, r, 64, mcast_dtype_t(0), mcast_op_t(2), stream(r))
+            }),
+            ("mcast_all_gather_into", &|r| mcast_all_gather_into(b, 0, o, 5, r, 100, stream(r))),
         ];
         for (name, call) in calls {
             for r in 0..n as i32 {
@@ -160,6 +184,34 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
                 }
             }
         }
+        // Memory the application owns: allocated, registered, used out of place.
+        for &d in devices {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: valid out pointer.
+            if !check("mcast_mem_alloc", unsafe { mcast_mem_alloc(ctx, d, 4096, &mut p) }, &mut first) {
+                break 'work;
+            }
+            mems.push(p);
+        }
+        // SAFETY: one pointer per rank; valid out pointer.
+        if !check(
+            "mcast_buffer_register",
+            unsafe { mcast_buffer_register(team, mems.as_ptr(), 4096, &mut reg) },
+            &mut first,
+        ) {
+            break 'work;
+        }
+        for r in 0..n as i32 {
+            let s = mcast_all_reduce_into(b, 0, reg, 0, r, 256, mcast_dtype_t(4), mcast_op_t(0), stream(r));
+            if !check("mcast_all_reduce_into", s, &mut first) {
+                break 'work;
+            }
+        }
+        for r in 0..n as i32 {
+            if !check("mcast_synchronize", mcast_synchronize(team, r, stream(r)), &mut first) {
+                break 'work;
+            }
+        }
         let mut back = vec![0u8; 4096];
         for r in 0..n as i32 {
             // SAFETY: valid pointer and length.
@@ -171,6 +223,10 @@ fn scenario(ctx: mcast_context_t, devices: &[i32]) -> Option<Failure> {
     }
     for b in bufs {
         check("mcast_buffer_free", mcast_buffer_free(b), &mut first);
+    }
+    check("mcast_buffer_free", mcast_buffer_free(reg), &mut first);
+    for p in mems {
+        check("mcast_mem_free", mcast_mem_free(ctx, p), &mut first);
     }
     check("mcast_team_destroy", mcast_team_destroy(team), &mut first);
     first
@@ -309,11 +365,11 @@ fn sweep_calls(multicast: bool) -> usize {
                             None => problems.push(format!("{what}: no error surfaced")),
                             Some((name, s, msg)) => {
                                 let named = func.trim_end_matches("_v2");
-                                if *s != expected(code) || !msg.contains(named) || !msg.contains(code.name()) {
+                                if *s != expected_at(func, code) || !msg.contains(named) || !msg.contains(code.name()) {
                                     problems.push(format!(
                                         "{what}: {name} returned {} (want {}): {msg}",
                                         s.0,
-                                        expected(code).0
+                                        expected_at(func, code).0
                                     ));
                                 }
                             }

@@ -670,13 +670,34 @@ impl Fuzzer {
 
     fn issue(&mut self, b: mcast_buffer_t, rank: c_int, args: (u32, usize, usize, u32, u32, c_int), s: mcast_stream_t) {
         let (kind, offset, count, dtype, op, root) = args;
-        let st = match kind {
-            0 => mcast_broadcast(b, rank, root, offset, count, s),
-            1 => mcast_all_reduce(b, rank, offset, count, mcast_dtype_t(dtype), mcast_op_t(op), s),
-            2 => mcast_reduce_scatter(b, rank, offset, count, mcast_dtype_t(dtype), mcast_op_t(op), s),
-            _ => mcast_all_gather(b, rank, offset, count, s),
+        // A third of the calls use the out-of-place form in NCCL's in-place layout (the same
+        // buffer, the result where the in-place function leaves it): it must behave the same.
+        let into = self.rng.pct(33);
+        let (d, o) = (mcast_dtype_t(dtype), mcast_op_t(op));
+        let esize = match dtype {
+            1 | 6 | 7 => 8,
+            2 | 3 => 2,
+            _ => 4,
         };
-        let name = ["mcast_broadcast", "mcast_all_reduce", "mcast_reduce_scatter", "mcast_all_gather"][kind as usize];
+        let block = |e: usize| (rank.max(0) as usize).wrapping_mul(count).wrapping_mul(e);
+        let st = match (kind, into) {
+            (0, false) => mcast_broadcast(b, rank, root, offset, count, s),
+            (1, false) => mcast_all_reduce(b, rank, offset, count, d, o, s),
+            (2, false) => mcast_reduce_scatter(b, rank, offset, count, d, o, s),
+            (_, false) => mcast_all_gather(b, rank, offset, count, s),
+            (0, true) => mcast_broadcast_into(b, offset, b, offset, rank, root, count, s),
+            (1, true) => mcast_all_reduce_into(b, offset, b, offset, rank, count, d, o, s),
+            (2, true) => {
+                mcast_reduce_scatter_into(b, offset, b, offset.wrapping_add(block(esize)), rank, count, d, o, s)
+            }
+            (_, true) => mcast_all_gather_into(b, offset.wrapping_add(block(1)), b, offset, rank, count, s),
+        };
+        let name = match into {
+            false => ["mcast_broadcast", "mcast_all_reduce", "mcast_reduce_scatter", "mcast_all_gather"],
+            true => {
+                ["mcast_broadcast_into", "mcast_all_reduce_into", "mcast_reduce_scatter_into", "mcast_all_gather_into"]
+            }
+        }[kind as usize];
         self.status(
             || format!("{name}({:#x}, rank {rank}, root {root}, off {offset}, count {count}, {dtype}/{op})", b.id),
             st,
@@ -740,7 +761,7 @@ impl Fuzzer {
         // A valid call on a team of several ranks is a rank that never arrives: every wait on
         // the team then lasts timeout_ms, so keep those rare.
         if self.rng.pct(if n > 1 { 98 } else { 70 }) {
-            // Make it invalid one way or another.
+            // Make it invalid one way or another (count 0 is a valid no-op).
             match (self.rng.below(3), args.0) {
                 (0, _) => args.2 = 0,
                 (1, 1 | 2) => args.3 = self.rng.pick(&[8, 99, u32::MAX]),
@@ -751,6 +772,32 @@ impl Fuzzer {
         }
         let rank = self.rank(n);
         let s = self.stream();
+        if self.rng.pct(20) {
+            // Out of place into another (perhaps foreign, stale or zero) buffer: mostly refused.
+            let (_, other) = self.buf(20);
+            let (kind, offset, count, dtype, op, root) = args;
+            let (d, o) = (mcast_dtype_t(dtype), mcast_op_t(op));
+            let recv_offset = self.size_near(bytes);
+            let st = match kind {
+                0 => mcast_broadcast_into(h, offset, other, recv_offset, rank, root, count, s),
+                1 => mcast_all_reduce_into(h, offset, other, recv_offset, rank, count, d, o, s),
+                2 => mcast_reduce_scatter_into(h, offset, other, recv_offset, rank, count, d, o, s),
+                _ => mcast_all_gather_into(h, offset, other, recv_offset, rank, count, s),
+            };
+            let name =
+                ["mcast_broadcast_into", "mcast_all_reduce_into", "mcast_reduce_scatter_into", "mcast_all_gather_into"]
+                    [kind as usize];
+            self.status(
+                || {
+                    format!(
+                        "{name}({:#x} -> {:#x}, rank {rank}, off {offset} -> {recv_offset}, count {count})",
+                        h.id, other.id
+                    )
+                },
+                st,
+            );
+            return;
+        }
         self.issue(h, rank, args, s);
     }
 

@@ -2,11 +2,15 @@
 //! the multimem build uses `multimem.ld_reduce`, `multimem.st` and `multimem.red`, the emulated
 //! build none; every entry point is present; NVRTC reports no warnings.
 //!
+//! Each selected module (one collective, dtype and operator) compiles to exactly its entry points.
+//!
 //! Without NVRTC the test is skipped, unless `MCAST_REQUIRE_NVRTC=1` (set by
 //! `scripts/check-kernels`) makes that a failure.
 
 use mcast::kernels::abi::{self, KernelId, Variant};
 use mcast::kernels::nvrtc;
+use mcast::kernels::select::{Family, Unit};
+use mcast::kernels::{DType, RedOp};
 
 #[test]
 fn every_kernel_variant_compiles_for_sm_90() {
@@ -26,7 +30,9 @@ fn every_kernel_variant_compiles_for_sm_90() {
             s.spawn(move || {
                 let target = format!("{arch} {}", variant.name());
                 let opts = nvrtc::options(&arch, variant);
+                let (wall, cpu) = (std::time::Instant::now(), cpu_seconds());
                 let out = nv.compile(abi::SOURCE, abi::SOURCE_NAME, &opts, &target).unwrap_or_else(|e| panic!("{e}"));
+                let (wall, cpu) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
                 assert!(out.log.is_empty(), "{target}: NVRTC log not empty:\n{}", out.log);
                 assert!(out.cubin.len() > 1024, "{target}: cubin too small");
                 for id in KernelId::all().into_iter().filter(|k| k.exists()) {
@@ -45,8 +51,78 @@ fn every_kernel_variant_compiles_for_sm_90() {
                     let _ = std::fs::create_dir_all(&dir);
                     let _ = std::fs::write(format!("{dir}/collectives-{arch}-{}.ptx", variant.name()), &out.ptx);
                 }
-                eprintln!("{target}: ok, cubin {} bytes", out.cubin.len());
+                eprintln!(
+                    "{target}: ok, every entry point, cubin {} bytes, compiled in {wall:.2} s ({cpu:.2} s CPU)",
+                    out.cubin.len()
+                );
             });
         }
     });
+}
+
+/// The modules a call compiles: one [`Unit`] (a collective for one dtype and operator, every
+/// algorithm of it). Each compiles without warnings and holds exactly its unit's entry points;
+/// the time of the first bf16 all-reduce's module (what a fresh machine waits for) is printed.
+/// Representative units by default; `MCAST_CHECK_ALL_UNITS=1` compiles all 50 in both variants.
+#[test]
+fn selected_units_compile_to_exactly_their_entry_points() {
+    let nv = match nvrtc::nvrtc() {
+        Ok(nv) => nv,
+        Err(e) if std::env::var("MCAST_REQUIRE_NVRTC").as_deref() != Ok("1") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let arch = std::env::var("MCAST_CHECK_ARCH").unwrap_or_else(|_| "sm_90".into());
+    let all_units = std::env::var("MCAST_CHECK_ALL_UNITS").as_deref() == Ok("1");
+    let bf16_sum = Unit { family: Family::AllReduce, red: Some((DType::BF16, RedOp::Sum)) };
+    let units: Vec<Unit> = if all_units {
+        Unit::all()
+    } else {
+        vec![
+            bf16_sum,
+            Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)) },
+            Unit { family: Family::ReduceScatter, red: Some((DType::U64, RedOp::Max)) },
+            Unit { family: Family::Broadcast, red: None },
+            Unit { family: Family::AllGather, red: None },
+        ]
+    };
+    let every: Vec<String> = KernelId::all().into_iter().filter(|k| k.exists()).map(|k| k.name()).collect();
+    for variant in Variant::ALL {
+        for &unit in &units {
+            let target = format!("{arch} {} {}", variant.name(), unit.name());
+            let mut opts = nvrtc::options(&arch, variant);
+            opts.extend(unit.defines());
+            let (wall, cpu) = (std::time::Instant::now(), cpu_seconds());
+            let out = nv.compile(abi::SOURCE, abi::SOURCE_NAME, &opts, &target).unwrap_or_else(|e| panic!("{e}"));
+            let (wall, cpu) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+            assert!(out.log.is_empty(), "{target}: NVRTC log not empty:\n{}", out.log);
+            let want: Vec<String> = unit.kernels().iter().map(|k| k.name()).collect();
+            for name in &every {
+                let has = out.ptx.contains(&format!(".entry {name}("));
+                assert_eq!(has, want.contains(name), "{target}: entry {name} present: {has}");
+            }
+            if variant == Variant::Emulated {
+                assert_eq!(out.ptx.matches("multimem.").count(), 0, "{target}: multimem in emulated PTX");
+            }
+            eprintln!(
+                "{target}: {} entry points, cubin {} bytes, compiled in {wall:.2} s ({cpu:.2} s CPU){}",
+                want.len(),
+                out.cubin.len(),
+                if unit == bf16_sum { "  <- the first bf16 all-reduce's module" } else { "" }
+            );
+        }
+    }
+}
+
+/// CPU time of the calling thread, in seconds (NVRTC compiles on the calling thread, so under a loaded
+/// machine this is the figure an idle one would show as wall time).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields after the command: state is 0, utime is 11, stime is 12; 100 ticks per second (Linux).
+    (ticks(11) + ticks(12)) / 100.0
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mcast::driver::{HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
-use mcast::runtime::collective::{run, synchronize};
+use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::rendezvous::new_unique_id;
@@ -67,6 +67,17 @@ fn all_ok(st: &[ExitStatus]) {
 
 fn expect(ht: &str) -> Vec<(&'static str, String)> {
     vec![(EXPECT_HT, ht.into())]
+}
+
+/// Out-of-place collectives and the pointer form across processes (2 and 3 ranks, both
+/// transports); registration in such teams is refused with NOT_SUPPORTED.
+#[test]
+fn out_of_place_and_pointer_form_across_processes() {
+    for multicast in MODES {
+        for n in [2, 3] {
+            all_ok(&spawn(n, "own-memory", multicast, |_| vec![]));
+        }
+    }
 }
 
 /// By default (`MCAST_HANDLE_TYPE=auto`) the simulator's ranks all support fabric handles.
@@ -367,6 +378,40 @@ fn child() {
             assert_eq!(e.kind, ErrorKind::Timeout, "{}", e.message);
             assert!(t.elapsed() < bound, "rank {r} took {:?}", t.elapsed());
             buf.free().unwrap();
+            team.destroy().unwrap();
+        }
+        "own-memory" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
+            let s = Stream::DEFAULT;
+            let count = 70_000usize; // past one chunk of the pointer form's scratch for 2 ranks
+            let value = |q: usize, i: usize| ((q + 1) * (i % 11)) as i32;
+            let tri = (n * (n + 1) / 2) as i32;
+            // Out of place across processes: send and recv buffers of the team.
+            let send = Buffer::alloc(&team, count * 4).unwrap();
+            let recv = Buffer::alloc(&team, count * 4 + 64).unwrap();
+            let mine: Vec<u8> = (0..count).flat_map(|i| value(r, i).to_ne_bytes()).collect();
+            send.write(rank, 0, &mine).unwrap();
+            let sum = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
+            run_into(&send, 0, &recv, 16, rank, count, sum, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            let mut got = vec![0u8; count * 4];
+            recv.read(rank, 16, &mut got).unwrap();
+            let want: Vec<u8> = (0..count).flat_map(|i| (tri * (i % 11) as i32).to_ne_bytes()).collect();
+            assert_eq!(got, want, "rank {r}: out-of-place all-reduce");
+            // The pointer form on plain device memory of this process.
+            let driver = ctx.driver().clone();
+            let p = driver.mem_alloc(r as i32, count * 4).unwrap();
+            driver.memcpy_htod(r as i32, p, &mine).unwrap();
+            run_ptr(&team, rank, p, p, count, sum, s).unwrap();
+            synchronize(&team, rank, s).unwrap();
+            driver.memcpy_dtoh(r as i32, &mut got, p).unwrap();
+            assert_eq!(got, want, "rank {r}: pointer-form all-reduce");
+            // Registration in a team of one rank per process: a clear refusal on every rank.
+            let e = Buffer::register(&team, &[p], 64).err().expect("not served yet");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+            driver.mem_free(r as i32, p).unwrap();
+            send.free().unwrap();
+            recv.free().unwrap();
             team.destroy().unwrap();
         }
         other => panic!("unknown role {other}"),

@@ -66,7 +66,8 @@ fn out<'a, T>(ptr: *mut T, name: &str) -> Outcome<&'a mut T> {
 }
 
 fn dtype_of(d: ncclDataType_t) -> Outcome<DType> {
-    types::dtype(d).ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("datatype {d} is not an ncclDataType_t")))
+    types::dtype(d)
+        .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("datatype {d} is not an ncclDataType_t")))
 }
 
 fn op_of(op: ncclRedOp_t) -> Outcome<(&'static str, Option<u32>)> {
@@ -84,7 +85,11 @@ fn check_rank(comm: &Comm, root: c_int, what: &str) -> Outcome {
 }
 
 /// Submits a collective served by mcast.
-fn serve(comm: Arc<Comm>, stream: cudaStream_t, call: impl FnOnce(&Comm, mcast_team_t) -> Outcome + Send + 'static) -> Outcome {
+fn serve(
+    comm: Arc<Comm>,
+    stream: cudaStream_t,
+    call: impl FnOnce(&Comm, mcast_team_t, mcast_stream_t) -> Outcome + Send + 'static,
+) -> Outcome {
     let stream = stream as usize;
     group::submit(Op {
         comm: Some(comm.clone()),
@@ -93,7 +98,7 @@ fn serve(comm: Arc<Comm>, stream: cudaStream_t, call: impl FnOnce(&Comm, mcast_t
         run: Box::new(move || {
             let team = comm.ready()?.team;
             comm.used_stream(stream as mcast_stream_t);
-            call(&comm, team)?;
+            call(&comm, team, stream as mcast_stream_t)?;
             comm.served.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }),
@@ -108,7 +113,9 @@ fn forward(
 ) -> Outcome {
     let lib = match fallback::library() {
         Some(Ok(lib)) => lib,
-        Some(Err(e)) => return Err(Failure::new(types::INVALID_USAGE, format!("{what} is not served by mcast, and {e}"))),
+        Some(Err(e)) => {
+            return Err(Failure::new(types::INVALID_USAGE, format!("{what} is not served by mcast, and {e}")))
+        }
         None => {
             return Err(Failure::new(
                 types::INVALID_USAGE,
@@ -203,7 +210,8 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut nccl
             return ok();
         }
         let mut e = mcast::capi::mcast_status_t(0);
-        check(mcast_team_get_error(c.ready()?.team, &mut e), "mcast_team_get_error")?;
+        // SAFETY: a valid out-pointer.
+        check(unsafe { mcast_team_get_error(c.ready()?.team, &mut e) }, "mcast_team_get_error")?;
         *dst = types::result_of(e);
         ok()
     })
@@ -213,13 +221,22 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut nccl
 // Communicators
 
 /// Creates rank `rank` of `nranks` on the calling thread's device; queued in a group.
-fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, nonblocking: bool) -> Outcome<ncclResult_t> {
+fn init_rank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    nonblocking: bool,
+) -> Outcome<ncclResult_t> {
     let dst = out(comm, "comm")?;
     if nranks < 1 {
         return Err(Failure::new(types::INVALID_ARGUMENT, format!("nranks is {nranks}; it must be at least 1")));
     }
     if rank < 0 || rank >= nranks {
-        return Err(Failure::new(types::INVALID_ARGUMENT, format!("rank {rank} is out of range for nranks = {nranks}")));
+        return Err(Failure::new(
+            types::INVALID_ARGUMENT,
+            format!("rank {rank} is out of range for nranks = {nranks}"),
+        ));
     }
     let ctx = comm::acquire_context()?;
     let device = match comm::current_device(&ctx, rank) {
@@ -246,7 +263,8 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
         *dst = key as ncclComm_t;
         return Ok(types::IN_PROGRESS);
     }
-    let submitted = group::submit(Op { comm: Some(c.clone()), blocking: true, forwarded: false, run: Box::new(finish) });
+    let submitted =
+        group::submit(Op { comm: Some(c.clone()), blocking: true, forwarded: false, run: Box::new(finish) });
     if let Err(f) = submitted {
         let _ = comm::unpublish(key as *const c_void);
         let _ = c.release(false);
@@ -270,7 +288,12 @@ fn config_nonblocking(config: *const ConfigHead) -> Outcome<bool> {
 
 /// `ncclCommInitRank`.
 #[no_mangle]
-pub extern "C" fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, comm_id: ncclUniqueId, rank: c_int) -> ncclResult_t {
+pub extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    comm_id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
     guard("ncclCommInitRank", || init_rank(comm, nranks, comm_id, rank, false))
 }
 
@@ -292,8 +315,11 @@ pub extern "C" fn ncclCommInitRankConfig(
 
 /// `ncclCommInitRankScalable`: with one id, as `ncclCommInitRankConfig`; several ids are not
 /// served (mcast's bootstrap has one root).
+///
+/// # Safety
+/// `commIds` is NULL or points to `nId` ids, as NCCL's API requires.
 #[no_mangle]
-pub extern "C" fn ncclCommInitRankScalable(
+pub unsafe extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
     nranks: c_int,
     myrank: c_int,
@@ -317,8 +343,11 @@ pub extern "C" fn ncclCommInitRankScalable(
 
 /// `ncclCommInitAll`: one communicator per device of `devlist` (NULL: devices 0..ndev-1), all
 /// in this process, made together.
+///
+/// # Safety
+/// `comms` is NULL or has room for `ndev` communicators; `devlist` is NULL or holds `ndev` devices.
 #[no_mangle]
-pub extern "C" fn ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+pub unsafe extern "C" fn ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
     guard("ncclCommInitAll", || {
         if comms.is_null() {
             return Err(Failure::new(types::INVALID_ARGUMENT, "comms is NULL"));
@@ -419,7 +448,10 @@ pub extern "C" fn ncclCommSplit(
         out(newcomm, "newcomm")?;
         config_nonblocking(config.cast())?;
         if color < 0 && color != types::SPLIT_NOCOLOR {
-            return Err(Failure::new(types::INVALID_ARGUMENT, format!("color {color} is negative and not NCCL_SPLIT_NOCOLOR")));
+            return Err(Failure::new(
+                types::INVALID_ARGUMENT,
+                format!("color {color} is negative and not NCCL_SPLIT_NOCOLOR"),
+            ));
         }
         let dst = newcomm as usize;
         let parent = c.clone();
@@ -554,7 +586,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
         let mut p: *mut c_void = std::ptr::null_mut();
         let made = device.and_then(|d| {
             // SAFETY: a valid out-pointer.
-            check(unsafe { mcast::capi::mem::mcast_mem_alloc(ctx.ctx, d, size, &mut p) }, "mcast_mem_alloc")
+            check(unsafe { mcast::capi::memory::mcast_mem_alloc(ctx.ctx, d, size, &mut p) }, "mcast_mem_alloc")
         });
         if let Err(f) = made {
             comm::release_context();
@@ -576,7 +608,7 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         let ctx = ALLOCATIONS.lock().as_mut().and_then(|m| m.remove(&(ptr as usize))).ok_or_else(|| {
             Failure::new(types::INVALID_ARGUMENT, format!("{ptr:p} is not live memory from ncclMemAlloc"))
         })?;
-        let freed = check(mcast::capi::mem::mcast_mem_free(ctx.ctx, ptr), "mcast_mem_free");
+        let freed = check(mcast::capi::memory::mcast_mem_free(ctx.ctx, ptr), "mcast_mem_free");
         if let Err(f) = freed {
             // Still registered (IN_USE): the allocation stays live.
             ALLOCATIONS.lock().get_or_insert_with(HashMap::new).insert(ptr as usize, ctx);
@@ -591,7 +623,12 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 /// collectives on pointers inside it go zero-copy. Collective: every rank registers its buffer
 /// (in a group, or from its own thread).
 #[no_mangle]
-pub extern "C" fn ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
     guard("ncclCommRegister", || {
         let c = comm::lookup(comm)?;
         out(handle, "handle")?;
@@ -635,7 +672,10 @@ pub extern "C" fn ncclCommWindowRegister(
 ) -> ncclResult_t {
     guard("ncclCommWindowRegister", || {
         comm::lookup(comm)?;
-        Err(Failure::new(types::INVALID_USAGE, "ncclCommWindowRegister is not served by mcast_nccl: use ncclCommRegister"))
+        Err(Failure::new(
+            types::INVALID_USAGE,
+            "ncclCommWindowRegister is not served by mcast_nccl: use ncclCommRegister",
+        ))
     })
 }
 
@@ -666,7 +706,8 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
         dtype_of(datatype)?;
         let (dst, scalar) = (op as usize, scalar as usize);
         forward(c, "ncclRedOpCreatePreMulSum".into(), move |lib, fc| {
-            type F = unsafe extern "C" fn(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, c_int, *mut c_void) -> ncclResult_t;
+            type F =
+                unsafe extern "C" fn(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, c_int, *mut c_void) -> ncclResult_t;
             // SAFETY: NCCL's signature.
             match unsafe { fallback_fn::<F>(lib, "ncclRedOpCreatePreMulSum") } {
                 // SAFETY: the caller's pointers, forwarded as given.
@@ -699,16 +740,37 @@ pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclRes
 // ------------------------------------------------------------------------------------------
 // Collectives
 
-type ReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, *mut c_void, cudaStream_t) -> ncclResult_t;
+type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    *mut c_void,
+    cudaStream_t,
+) -> ncclResult_t;
 
 /// Forwards a reduction of NCCL's (send, recv, count, type, op, comm, stream) shape.
-fn forward_reduction(c: Arc<Comm>, name: &'static str, what: String, send: usize, recv: usize, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, stream: cudaStream_t) -> Outcome {
+#[allow(clippy::too_many_arguments)]
+fn forward_reduction(
+    c: Arc<Comm>,
+    name: &'static str,
+    what: String,
+    send: usize,
+    recv: usize,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    stream: cudaStream_t,
+) -> Outcome {
     let stream = stream as usize;
     forward(c, what, move |lib, fc| {
         // SAFETY: NCCL's signature of ncclAllReduce and ncclReduceScatter.
         match unsafe { fallback_fn::<ReduceFn>(lib, name) } {
             // SAFETY: the caller's arguments, forwarded as given.
-            Ok(f) => unsafe { f(send as *const c_void, recv as *mut c_void, count, datatype, op, fc, stream as cudaStream_t) },
+            Ok(f) => unsafe {
+                f(send as *const c_void, recv as *mut c_void, count, datatype, op, fc, stream as cudaStream_t)
+            },
             Err(r) => r,
         }
     })
@@ -732,13 +794,32 @@ pub extern "C" fn ncclAllReduce(
         let (op_name, mop) = op_of(op)?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         match (dt.mcast, mop) {
-            (Some(d), Some(o)) => serve(c, stream, move |c, team| {
+            (Some(d), Some(o)) => serve(c, stream, move |c, team, stream| {
                 check(
-                    mcast_team_all_reduce(team, c.rank, send as *const c_void, recv as *mut c_void, count, mcast_dtype_t(d), mcast_op_t(o), stream),
+                    mcast_team_all_reduce(
+                        team,
+                        c.rank,
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        count,
+                        mcast_dtype_t(d),
+                        mcast_op_t(o),
+                        stream,
+                    ),
                     "mcast_team_all_reduce",
                 )
             }),
-            _ => forward_reduction(c, "ncclAllReduce", format!("ncclAllReduce of {} with {op_name}", dt.name), send, recv, count, datatype, op, stream),
+            _ => forward_reduction(
+                c,
+                "ncclAllReduce",
+                format!("ncclAllReduce of {} with {op_name}", dt.name),
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+                stream,
+            ),
         }?;
         ok()
     })
@@ -761,13 +842,32 @@ pub extern "C" fn ncclReduceScatter(
         let (op_name, mop) = op_of(op)?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         match (dt.mcast, mop) {
-            (Some(d), Some(o)) => serve(c, stream, move |c, team| {
+            (Some(d), Some(o)) => serve(c, stream, move |c, team, stream| {
                 check(
-                    mcast_team_reduce_scatter(team, c.rank, send as *const c_void, recv as *mut c_void, recvcount, mcast_dtype_t(d), mcast_op_t(o), stream),
+                    mcast_team_reduce_scatter(
+                        team,
+                        c.rank,
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        recvcount,
+                        mcast_dtype_t(d),
+                        mcast_op_t(o),
+                        stream,
+                    ),
                     "mcast_team_reduce_scatter",
                 )
             }),
-            _ => forward_reduction(c, "ncclReduceScatter", format!("ncclReduceScatter of {} with {op_name}", dt.name), send, recv, recvcount, datatype, op, stream),
+            _ => forward_reduction(
+                c,
+                "ncclReduceScatter",
+                format!("ncclReduceScatter of {} with {op_name}", dt.name),
+                send,
+                recv,
+                recvcount,
+                datatype,
+                op,
+                stream,
+            ),
         }?;
         ok()
     })
@@ -790,8 +890,11 @@ pub extern "C" fn ncclAllGather(
             .checked_mul(dt.size)
             .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("sendcount {sendcount} overflows")))?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
-        serve(c, stream, move |c, team| {
-            check(mcast_team_all_gather(team, c.rank, send as *const c_void, recv as *mut c_void, bytes, stream), "mcast_team_all_gather")
+        serve(c, stream, move |c, team, stream| {
+            check(
+                mcast_team_all_gather(team, c.rank, send as *const c_void, recv as *mut c_void, bytes, stream),
+                "mcast_team_all_gather",
+            )
         })?;
         ok()
     })
@@ -812,11 +915,15 @@ pub extern "C" fn ncclBroadcast(
         let c = comm::lookup(comm)?;
         let dt = dtype_of(datatype)?;
         check_rank(&c, root, "root")?;
-        let bytes =
-            count.checked_mul(dt.size).ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("count {count} overflows")))?;
+        let bytes = count
+            .checked_mul(dt.size)
+            .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("count {count} overflows")))?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
-        serve(c, stream, move |c, team| {
-            check(mcast_team_broadcast(team, c.rank, root, send as *const c_void, recv as *mut c_void, bytes, stream), "mcast_team_broadcast")
+        serve(c, stream, move |c, team, stream| {
+            check(
+                mcast_team_broadcast(team, c.rank, root, send as *const c_void, recv as *mut c_void, bytes, stream),
+                "mcast_team_broadcast",
+            )
         })?;
         ok()
     })
@@ -854,11 +961,22 @@ pub extern "C" fn ncclReduce(
         check_rank(&c, root, "root")?;
         let (send, recv, stream) = (sendbuff as usize, recvbuff as usize, stream as usize);
         forward(c, "ncclReduce".into(), move |lib, fc| {
-            type F = unsafe extern "C" fn(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, c_int, *mut c_void, cudaStream_t) -> ncclResult_t;
+            type F = unsafe extern "C" fn(
+                *const c_void,
+                *mut c_void,
+                usize,
+                ncclDataType_t,
+                ncclRedOp_t,
+                c_int,
+                *mut c_void,
+                cudaStream_t,
+            ) -> ncclResult_t;
             // SAFETY: NCCL's signature.
             match unsafe { fallback_fn::<F>(lib, "ncclReduce") } {
                 // SAFETY: forwarded as given.
-                Ok(f) => unsafe { f(send as *const c_void, recv as *mut c_void, count, datatype, op, root, fc, stream as cudaStream_t) },
+                Ok(f) => unsafe {
+                    f(send as *const c_void, recv as *mut c_void, count, datatype, op, root, fc, stream as cudaStream_t)
+                },
                 Err(r) => r,
             }
         })?;
@@ -924,11 +1042,20 @@ pub extern "C" fn ncclAlltoAll(
         dtype_of(datatype)?;
         let (send, recv, stream) = (sendbuff as usize, recvbuff as usize, stream as usize);
         forward(c, "ncclAlltoAll".into(), move |lib, fc| {
-            type F = unsafe extern "C" fn(*const c_void, *mut c_void, usize, ncclDataType_t, *mut c_void, cudaStream_t) -> ncclResult_t;
+            type F = unsafe extern "C" fn(
+                *const c_void,
+                *mut c_void,
+                usize,
+                ncclDataType_t,
+                *mut c_void,
+                cudaStream_t,
+            ) -> ncclResult_t;
             // SAFETY: NCCL's signature.
             match unsafe { fallback_fn::<F>(lib, "ncclAlltoAll") } {
                 // SAFETY: forwarded as given.
-                Ok(f) => unsafe { f(send as *const c_void, recv as *mut c_void, count, datatype, fc, stream as cudaStream_t) },
+                Ok(f) => unsafe {
+                    f(send as *const c_void, recv as *mut c_void, count, datatype, fc, stream as cudaStream_t)
+                },
                 Err(r) => r,
             }
         })?;
@@ -937,13 +1064,22 @@ pub extern "C" fn ncclAlltoAll(
 }
 
 /// `ncclSend` / `ncclRecv` forwarding.
-fn point_to_point(name: &'static str, buff: usize, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> Outcome<ncclResult_t> {
+fn point_to_point(
+    name: &'static str,
+    buff: usize,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> Outcome<ncclResult_t> {
     let c = comm::lookup(comm)?;
     dtype_of(datatype)?;
     check_rank(&c, peer, "peer")?;
     let stream = stream as usize;
     forward(c, name.into(), move |lib, fc| {
-        type F = unsafe extern "C" fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t) -> ncclResult_t;
+        type F =
+            unsafe extern "C" fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t) -> ncclResult_t;
         // SAFETY: NCCL's signatures of ncclSend and ncclRecv have this shape (the buffer's
         // constness aside).
         match unsafe { fallback_fn::<F>(lib, name) } {

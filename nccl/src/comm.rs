@@ -12,15 +12,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use mcast::capi::buffer::{
-    mcast_buffer_alloc, mcast_buffer_free, mcast_buffer_read, mcast_buffer_register, mcast_buffer_t,
-    mcast_buffer_write,
+    mcast_buffer_alloc, mcast_buffer_free, mcast_buffer_read, mcast_buffer_register, mcast_buffer_t, mcast_buffer_write,
 };
 use mcast::capi::collective::{mcast_broadcast, mcast_stream_t, mcast_synchronize};
 use mcast::capi::config::{mcast_config_init, mcast_config_t};
 use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_context_t};
+use mcast::capi::mcast_status_t;
 use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_init_rank, mcast_team_t, mcast_unique_id_t};
-use mcast::capi::mcast_status_t;
 use parking_lot::Mutex;
 
 use crate::fallback;
@@ -52,7 +51,8 @@ pub fn check(status: mcast_status_t, what: &str) -> Outcome {
     }
     // SAFETY: mcast_last_error never returns NULL; the text is NUL-terminated.
     let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
-    Err(Failure::new(types::result_of(status), format!("{what}: {detail}")))
+    let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
+    Err(Failure::new(types::result_of(status), message))
 }
 
 /// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
@@ -91,7 +91,7 @@ pub fn acquire_context() -> Outcome<ContextRef> {
         // SAFETY: valid pointers.
         check(unsafe { mcast_context_create(&config, &mut ctx) }, "creating the mcast context")?;
         let (sim, devices) = match mcast::runtime::handles::context(ctx.id) {
-            Ok(c) => (c.backend().1 == "sim", c.device_count() as c_int),
+            Ok(c) => (c.driver().backend_name() == "sim", c.device_count() as c_int),
             Err(e) => {
                 mcast_context_destroy(ctx);
                 return Err(Failure::new(types::INTERNAL_ERROR, e.message));
@@ -284,7 +284,9 @@ impl Comm {
         if !self.ctx.sim {
             // NCCL uses the calling thread's current device.
             if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
-                c.driver().bind_thread(self.device).map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+                c.driver()
+                    .bind_thread(self.device)
+                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
             }
         }
         let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
@@ -312,7 +314,7 @@ impl Comm {
         // SAFETY: a valid out-pointer.
         check(unsafe { mcast_buffer_alloc(team, n, &mut buf) }, "allocating the id exchange buffer")?;
         let stream: mcast_stream_t = std::ptr::null_mut();
-        let steps = || -> Outcome {
+        let mut steps = || -> Outcome {
             if self.rank == 0 {
                 // SAFETY: `id` holds n readable bytes.
                 check(unsafe { mcast_buffer_write(buf, 0, 0, id.internal.as_ptr().cast(), n) }, "writing the id")?;
@@ -430,7 +432,10 @@ impl Comm {
     /// Releases a registration made by [`Comm::register`].
     pub fn deregister(&self, handle: usize) -> Outcome {
         let reg = self.registrations.lock().remove(&handle).ok_or_else(|| {
-            Failure::new(types::INVALID_ARGUMENT, format!("handle {handle:#x} is not a registration of this communicator"))
+            Failure::new(
+                types::INVALID_ARGUMENT,
+                format!("handle {handle:#x} is not a registration of this communicator"),
+            )
         })?;
         // SAFETY: made by Box::into_raw in register, removed from the table once.
         drop(unsafe { Box::from_raw(handle as *mut u8) });

@@ -108,9 +108,7 @@ fn run(ops: Vec<Op>) -> Outcome {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| Err(Failure::new(types::INTERNAL_ERROR, "a group call panicked")))
-                })
+                .map(|h| h.join().unwrap_or_else(|_| Err(Failure::new(types::INTERNAL_ERROR, "a group call panicked"))))
                 .collect()
         });
         for r in results {

@@ -5,6 +5,8 @@
 //! `--check 0`), runs `--warmup` untimed iterations, then times `--iters` iterations with events
 //! recorded on every rank's stream around the loop; the time is the slowest rank's elapsed time
 //! divided by the iterations. algbw = bytes / time; busbw = algbw * NCCL's factor for the op.
+//! With `-G N` (as nccl-tests' `-G`), each rank's `--iters` iterations are captured in a CUDA
+//! graph, replayed N times between the events, and the time is divided by iters x N.
 //! With no GPU it runs on the simulator with small default sizes.
 
 use std::fmt::Write as _;
@@ -14,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use half::{bf16, f16};
-use mcast::driver::{Device, Event, Stream};
+use mcast::driver::{Device, Driver, Event, Graph, GraphExec, Stream};
 use mcast::kernels::{Collective, DType, RedOp, MAX_RANKS};
 use mcast::runtime::buffer::Buffer;
-use mcast::runtime::collective::{run, synchronize};
+use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
 use mcast::runtime::config::{parse_bytes, Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
@@ -39,11 +41,22 @@ options (`--flag value` or `--flag=value`):
   -f, --stepfactor F multiply the size by F each step, F >= 2 (default 2 on CUDA, 4 on sim)
   -n, --iters N      timed iterations per size, >= 1 (default 20 on CUDA, 5 on sim)
   -w, --warmup N     untimed iterations per size before timing (default 5 on CUDA, 1 on sim)
+  -G, --graph N      CUDA-graph mode, as nccl-tests' -G: each rank's --iters iterations are
+                     captured in a CUDA graph (one per rank's stream), which is replayed N
+                     times between the timing events; time = elapsed / (iters x N). 0: eager
+                     launches (default)
   -c, --check 0|1    check every rank against a host reference before timing (default 1);
                      the #wrong column counts wrong elements, and any makes the exit status 1
   --devices LIST     comma-separated device ordinals, one rank each, e.g. 0,1; a device may repeat
                      (0,0: two ranks on one GPU, P2P). Default: every device of the context
   --backend B        auto (default, or MCAST_BACKEND), cuda, sim
+  --memory M         where the data lives: buffer (default: mcast_buffer_alloc buffers, the
+                     mcast_<op> calls), registered (mcast_mem_alloc memory registered with
+                     mcast_buffer_register, the same calls), pointer (plain device memory, cuMemAlloc
+                     like cudaMalloc, the mcast_team_<op> calls)
+  --inplace 0|1      1 (default): in place (NCCL's in-place layout); 0: out of place, send and recv
+                     apart (the _into calls; pointer: send != recv), like nccl-tests' out-of-place
+                     columns
   --csv FILE         also write the rows as CSV to FILE
   --json FILE        also write the run and its rows as JSON to FILE
   -q, --quiet        no progress lines on stderr
@@ -117,12 +130,37 @@ struct Options {
     factor: Option<u64>,
     iters: Option<u32>,
     warmup: Option<u32>,
+    /// Graph replays per size (`-G`); 0: eager.
+    graph: u32,
     check: bool,
     devices: Option<Vec<i32>>,
     backend: Option<Backend>,
     csv: Option<PathBuf>,
     json: Option<PathBuf>,
     quiet: bool,
+    memory: Memory,
+    inplace: bool,
+}
+
+/// Where the benchmark's data lives (`--memory`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Memory {
+    /// `mcast_buffer_alloc` buffers.
+    Buffer,
+    /// `mcast_mem_alloc` memory registered with `mcast_buffer_register`.
+    Registered,
+    /// Plain device memory (`cuMemAlloc`), the pointer-form calls.
+    Pointer,
+}
+
+impl Memory {
+    fn name(self) -> &'static str {
+        match self {
+            Memory::Buffer => "buffer",
+            Memory::Registered => "registered",
+            Memory::Pointer => "pointer",
+        }
+    }
 }
 
 /// Why the run stopped: bad usage (exit 2) or a runtime failure (exit 1).
@@ -176,12 +214,15 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
         factor: None,
         iters: None,
         warmup: None,
+        graph: 0,
         check: true,
         devices: None,
         backend: None,
         csv: None,
         json: None,
         quiet: false,
+        memory: Memory::Buffer,
+        inplace: true,
     };
     let mut i = 0;
     while i < args.len() {
@@ -223,12 +264,16 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
             "--iters",
             "-w",
             "--warmup",
+            "-G",
+            "--graph",
             "-c",
             "--check",
             "--devices",
             "--backend",
             "--csv",
             "--json",
+            "--memory",
+            "--inplace",
         ];
         if !known.contains(&flag) {
             return Err(usage(format!("unknown option {arg:?}")));
@@ -285,6 +330,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
                 o.iters = Some(n);
             }
             "-w" | "--warmup" => o.warmup = Some(parse_num(flag, &v, "an integer >= 0")?),
+            "-G" | "--graph" => o.graph = parse_num(flag, &v, "a number of graph replays >= 0 (0: eager)")?,
             "-c" | "--check" => {
                 o.check = match v.trim() {
                     "1" => true,
@@ -311,6 +357,21 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
                     "sim" => Backend::Sim,
                     _ => return Err(usage(format!("--backend {v:?}: expected auto, cuda or sim"))),
                 })
+            }
+            "--memory" => {
+                o.memory = match v.as_str() {
+                    "buffer" => Memory::Buffer,
+                    "registered" => Memory::Registered,
+                    "pointer" => Memory::Pointer,
+                    _ => return Err(usage(format!("--memory {v:?}: expected buffer, registered or pointer"))),
+                }
+            }
+            "--inplace" => {
+                o.inplace = match v.as_str() {
+                    "1" => true,
+                    "0" => false,
+                    _ => return Err(usage(format!("--inplace {v:?}: expected 0 or 1"))),
+                }
             }
             "--csv" => o.csv = Some(PathBuf::from(v)),
             "--json" => o.json = Some(PathBuf::from(v)),
@@ -349,7 +410,20 @@ struct RunInfo {
     date: String,
     iters: u32,
     warmup: u32,
+    /// Graph replays per size; 0: eager.
+    graph: u32,
     check: bool,
+}
+
+impl RunInfo {
+    /// `"eager"` or `"graph"`.
+    fn mode(&self) -> &'static str {
+        if self.graph == 0 {
+            "eager"
+        } else {
+            "graph"
+        }
+    }
 }
 
 /// Half-width of the check values for a team of `nranks`: 8 up to 16 ranks, smaller above, so
@@ -421,26 +495,49 @@ fn count_wrong(got: &[u8], first: usize, table: &[u8], es: usize) -> u64 {
     wrong
 }
 
-/// The team's streams, timing events and buffer; released in reverse.
+/// The team's streams, timing events and data; released in reverse.
 struct Rig {
     devices: Vec<Device>,
     streams: Vec<Stream>,
     start: Vec<Event>,
     end: Vec<Event>,
+    /// The send buffer (buffer and registered memory): in place, also the result.
     buf: Option<Buffer>,
-    /// How long the buffer allocation took, in milliseconds.
+    /// Out of place: the recv buffer.
+    recv: Option<Buffer>,
+    /// Per rank: send and recv memory (`mcast_mem_alloc` for registered memory, `cuMemAlloc` for
+    /// pointers); in place, recv is send.
+    send_mem: Vec<u64>,
+    recv_mem: Vec<u64>,
+    memory: Memory,
+    inplace: bool,
+    /// How long the allocation (and registration) took, in milliseconds.
     alloc_ms: f64,
 }
 
 impl Rig {
     /// An empty rig for `team`'s ranks.
     fn new(team: &Team) -> Rig {
-        Rig { devices: team.devices().to_vec(), streams: vec![], start: vec![], end: vec![], buf: None, alloc_ms: 0.0 }
+        Rig {
+            devices: team.devices().to_vec(),
+            streams: vec![],
+            start: vec![],
+            end: vec![],
+            buf: None,
+            recv: None,
+            send_mem: vec![],
+            recv_mem: vec![],
+            memory: Memory::Buffer,
+            inplace: true,
+            alloc_ms: 0.0,
+        }
     }
 
     /// Creates the streams, events and a `bytes`-byte buffer. On failure what was created stays
     /// in the rig, for [`Rig::release`].
-    fn populate(&mut self, team: &Arc<Team>, bytes: usize) -> Result<(), Failure> {
+    fn populate(&mut self, team: &Arc<Team>, bytes: usize, memory: Memory, inplace: bool) -> Result<(), Failure> {
+        self.memory = memory;
+        self.inplace = inplace;
         let driver = team.context().driver().clone();
         for &dev in team.devices() {
             let s =
@@ -454,10 +551,53 @@ impl Rig {
             self.end.push(event()?);
         }
         let allocating = std::time::Instant::now();
-        let buf = Buffer::alloc(team, bytes)
-            .map_err(|e| runtime(format!("allocating a {bytes}-byte buffer on every rank: {e}")))?;
+        let ctx = team.context();
+        let copies = if inplace { 1 } else { 2 };
+        match memory {
+            Memory::Buffer => {
+                for k in 0..copies {
+                    let buf = Buffer::alloc(team, bytes)
+                        .map_err(|e| runtime(format!("allocating a {bytes}-byte buffer on every rank: {e}")))?;
+                    if k == 0 {
+                        self.buf = Some(buf);
+                    } else {
+                        self.recv = Some(buf);
+                    }
+                }
+            }
+            Memory::Registered | Memory::Pointer => {
+                for k in 0..copies {
+                    for &dev in team.devices() {
+                        let p = match memory {
+                            Memory::Registered => ctx.memory.alloc(ctx, dev, bytes).map_err(|e| e.to_string()),
+                            _ => driver.mem_alloc(dev, bytes).map_err(|e| e.to_string()),
+                        }
+                        .map_err(|e| runtime(format!("allocating {bytes} bytes on device {dev}: {e}")))?;
+                        if k == 0 {
+                            self.send_mem.push(p);
+                        } else {
+                            self.recv_mem.push(p);
+                        }
+                    }
+                }
+                if memory == Memory::Registered {
+                    self.buf = Some(
+                        Buffer::register(team, &self.send_mem, bytes)
+                            .map_err(|e| runtime(format!("registering the send memory: {e}")))?,
+                    );
+                    if !inplace {
+                        self.recv = Some(
+                            Buffer::register(team, &self.recv_mem, bytes)
+                                .map_err(|e| runtime(format!("registering the recv memory: {e}")))?,
+                        );
+                    }
+                }
+            }
+        }
+        if inplace {
+            self.recv_mem = self.send_mem.clone();
+        }
         self.alloc_ms = allocating.elapsed().as_secs_f64() * 1e3;
-        self.buf = Some(buf);
         Ok(())
     }
 
@@ -465,9 +605,22 @@ impl Rig {
     fn release(self, ctx: &Context) -> Vec<String> {
         let driver = ctx.driver();
         let mut errors = vec![];
-        if let Some(b) = &self.buf {
+        for b in self.buf.iter().chain(&self.recv) {
             if let Err(e) = b.free() {
-                errors.push(format!("freeing the buffer: {e}"));
+                errors.push(format!("freeing a buffer: {e}"));
+            }
+        }
+        let copies = if self.inplace { 1 } else { 2 };
+        let mems =
+            self.send_mem.iter().chain(&self.recv_mem).take(copies * self.send_mem.len().min(self.devices.len()));
+        for (i, &p) in mems.enumerate() {
+            let dev = self.devices[i % self.devices.len()];
+            let freed = match self.memory {
+                Memory::Registered => ctx.memory.free(ctx, p).map_err(|e| e.to_string()),
+                _ => driver.mem_free(dev, p).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = freed {
+                errors.push(format!("freeing memory on device {dev}: {e}"));
             }
         }
         let dev = |r: usize| self.devices[r];
@@ -530,13 +683,76 @@ impl Bench<'_> {
         }
     }
 
+    /// Rank `r`'s part of one collective on `stream` (`--memory`, `--inplace`).
+    fn run_rank(&self, r: usize, s: &Shape, stream: Stream) -> Result<(), Failure> {
+        let count = self.run_count(s);
+        let rig = self.rig;
+        let block = (s.count * s.es) as u64;
+        let result = match (rig.memory, rig.inplace) {
+            (Memory::Pointer, _) => {
+                // NCCL's in-place layouts: all-gather sends block r of recv, reduce-scatter
+                // receives into block r of send.
+                let (send, recv) = (rig.send_mem[r], rig.recv_mem[r]);
+                let (send, recv) = match (self.collective, rig.inplace) {
+                    (Collective::AllGather, true) => (send + r as u64 * block, recv),
+                    (Collective::ReduceScatter { .. }, true) => (send, recv + r as u64 * block),
+                    _ => (send, recv),
+                };
+                run_ptr(self.team, r as i32, send, recv, count, self.collective, stream)
+            }
+            (_, true) => run(self.buf(), r as i32, 0, count, self.collective, stream),
+            (_, false) => {
+                let recv = rig.recv.as_ref().expect("allocated");
+                run_into(self.buf(), 0, recv, 0, r as i32, count, self.collective, stream)
+            }
+        };
+        result.map_err(|e| runtime(format!("{} rank {r}: {e}", self.op.name())))
+    }
+
     /// Every rank's part of one collective, rank by rank.
-    fn launch(&self, count: usize) -> Result<(), Failure> {
+    fn launch(&self, s: &Shape) -> Result<(), Failure> {
         for (r, &stream) in self.rig.streams.iter().enumerate() {
-            run(self.buf(), r as i32, 0, count, self.collective, stream)
-                .map_err(|e| runtime(format!("{} rank {r}: {e}", self.op.name())))?;
+            self.run_rank(r, s, stream)?;
         }
         Ok(())
+    }
+
+    /// Writes rank `r`'s input (`host`, the in-place layout) where the collective reads it.
+    fn write_input(&self, r: usize, s: &Shape, host: &[u8]) -> Result<(), Failure> {
+        let rig = self.rig;
+        let block = s.count * s.es;
+        // Out of place, all-gather sends only this rank's block.
+        let data = match (self.collective, rig.inplace) {
+            (Collective::AllGather, false) => &host[r * block..(r + 1) * block],
+            _ => host,
+        };
+        let what = |e: String| runtime(format!("writing rank {r}'s input: {e}"));
+        match rig.memory {
+            Memory::Pointer => {
+                let driver = self.team.context().driver();
+                driver.memcpy_htod(rig.devices[r], rig.send_mem[r], data).map_err(|e| what(e.to_string()))
+            }
+            _ => self.buf().write(r as i32, 0, data).map_err(|e| what(e.to_string())),
+        }
+    }
+
+    /// Reads rank `r`'s result into `host`, in the in-place layout.
+    fn read_output(&self, r: usize, s: &Shape, host: &mut [u8]) -> Result<(), Failure> {
+        let rig = self.rig;
+        let block = s.count * s.es;
+        let dst = match (self.collective, rig.inplace) {
+            (Collective::ReduceScatter { .. }, false) => &mut host[r * block..(r + 1) * block],
+            _ => host,
+        };
+        let what = |e: String| runtime(format!("reading rank {r}'s result: {e}"));
+        match (rig.memory, rig.inplace) {
+            (Memory::Pointer, _) => {
+                let driver = self.team.context().driver();
+                driver.memcpy_dtoh(rig.devices[r], dst, rig.recv_mem[r]).map_err(|e| what(e.to_string()))
+            }
+            (_, true) => self.buf().read(r as i32, 0, dst).map_err(|e| what(e.to_string())),
+            (_, false) => rig.recv.as_ref().expect("allocated").read(r as i32, 0, dst).map_err(|e| what(e.to_string())),
+        }
     }
 
     fn sync_all(&self) -> Result<(), Failure> {
@@ -548,19 +764,18 @@ impl Bench<'_> {
 
     /// Fills the inputs, runs the op once and counts the wrong elements over every rank.
     fn check(&self, s: &Shape) -> Result<u64, Failure> {
-        let buf = self.buf();
         let bytes = s.bytes();
         let mut host = vec![0u8; bytes];
         for (r, input) in self.inputs.iter().enumerate() {
             fill(&mut host, 0, input, s.es);
-            buf.write(r as i32, 0, &host).map_err(|e| runtime(format!("writing rank {r}'s input: {e}")))?;
+            self.write_input(r, s, &host)?;
         }
-        self.launch(self.run_count(s))?;
+        self.launch(s)?;
         self.sync_all()?;
         let block = s.count * s.es;
         let mut wrong = 0;
         for r in 0..self.inputs.len() {
-            buf.read(r as i32, 0, &mut host).map_err(|e| runtime(format!("reading rank {r}'s result: {e}")))?;
+            self.read_output(r, s, &mut host)?;
             wrong += match self.collective {
                 Collective::AllReduce { .. } => count_wrong(&host, 0, &self.reduced, s.es),
                 Collective::Broadcast { root } => count_wrong(&host, 0, &self.inputs[root as usize], s.es),
@@ -580,24 +795,27 @@ impl Bench<'_> {
     /// Each rank is driven by its own thread with its device current, as in a program with one
     /// thread (or process) per GPU: ranks' launches proceed in parallel, and a rank's time is
     /// its stream's, measured with events around its loop.
-    fn time(&self, s: &Shape, warmup: u32, iters: u32) -> Result<f64, Failure> {
+    ///
+    /// With `graph > 0` each rank captures its `iters` iterations in a CUDA graph and replays it
+    /// `graph` times between the events (see [`Bench::time_graph`]); the time is per iteration.
+    fn time(&self, s: &Shape, warmup: u32, iters: u32, graph: u32) -> Result<f64, Failure> {
         let driver = self.team.context().driver();
-        let count = self.run_count(s);
         let rig = self.rig;
         let n = rig.streams.len();
         let start_line = std::sync::Barrier::new(n);
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let per_rank: Vec<Result<f64, Failure>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
                 .map(|r| {
-                    let start_line = &start_line;
+                    let (start_line, failed) = (&start_line, &failed);
                     scope.spawn(move || -> Result<f64, Failure> {
                         let (dev, stream) = (rig.devices[r], rig.streams[r]);
                         let name = self.op.name();
-                        let launch = || {
-                            run(self.buf(), r as i32, 0, count, self.collective, stream)
-                                .map_err(|e| runtime(format!("{name} rank {r}: {e}")))
-                        };
+                        let launch = || self.run_rank(r, s, stream);
                         driver.bind_thread(dev).map_err(|e| runtime(format!("rank {r}: {e}")))?;
+                        if graph > 0 {
+                            return self.time_graph(r, s, warmup, iters, graph, start_line, failed);
+                        }
                         for _ in 0..warmup {
                             launch()?;
                         }
@@ -626,7 +844,125 @@ impl Bench<'_> {
         for t in per_rank {
             ms = ms.max(t?);
         }
-        Ok(ms * 1e3 / f64::from(iters))
+        Ok(ms * 1e3 / (f64::from(iters) * f64::from(graph.max(1))))
+    }
+
+    /// Rank `r`'s graph-mode timing, on its own thread with its device current: `warmup` eager
+    /// iterations; `iters` iterations captured on its stream (thread-local capture mode, as
+    /// nccl-tests) and instantiated; one untimed replay (which also uploads the graph); then,
+    /// once every rank is ready, `replays` replays between the events. Returns the elapsed
+    /// milliseconds of all replays. Every rank reaches the start line exactly once, even when its
+    /// setup failed (`failed` tells the others, which then skip the timed part), so a failure
+    /// never leaves a rank waiting there.
+    #[allow(clippy::too_many_arguments)]
+    fn time_graph(
+        &self,
+        r: usize,
+        s: &Shape,
+        warmup: u32,
+        iters: u32,
+        replays: u32,
+        start_line: &std::sync::Barrier,
+        failed: &std::sync::atomic::AtomicBool,
+    ) -> Result<f64, Failure> {
+        use std::sync::atomic::Ordering;
+        let driver = self.team.context().driver();
+        let rig = self.rig;
+        let (dev, stream) = (rig.devices[r], rig.streams[r]);
+        let name = self.op.name();
+        let setup = (|| -> Result<(Graph, GraphExec), Failure> {
+            for _ in 0..warmup {
+                self.run_rank(r, s, stream)?;
+            }
+            synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}")))?;
+            let graph = capture(driver.as_ref(), dev, stream, || {
+                for _ in 0..iters {
+                    self.run_rank(r, s, stream)?;
+                }
+                Ok(())
+            })?;
+            let exec = match driver.graph_instantiate(dev, graph) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = driver.graph_destroy(dev, graph);
+                    return Err(runtime(format!("rank {r}: instantiating the CUDA graph: {e}")));
+                }
+            };
+            Ok((graph, exec))
+        })();
+        let graph = match setup {
+            Ok(g) => Some(g),
+            Err(f) => {
+                failed.store(true, Ordering::SeqCst);
+                start_line.wait();
+                return Err(f);
+            }
+        };
+        let (g, x) = graph.expect("set up");
+        let replay =
+            |what: &str| driver.graph_launch(dev, x, stream).map_err(|e| runtime(format!("rank {r}: {what}: {e}")));
+        let timed = (|| -> Result<f64, Failure> {
+            // The untimed replay: the graph's first launch uploads it.
+            let warm = replay("replaying the CUDA graph")
+                .and_then(|()| synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}"))));
+            if warm.is_err() {
+                failed.store(true, Ordering::SeqCst);
+            }
+            // Every rank passes here exactly once, set up or failed; the flag is final after it.
+            start_line.wait();
+            warm?;
+            if failed.load(Ordering::SeqCst) {
+                return Err(runtime(format!("rank {r}: another rank failed to set up its CUDA graph")));
+            }
+            driver
+                .event_record(dev, rig.start[r], stream)
+                .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
+            for _ in 0..replays {
+                replay("replaying the CUDA graph")?;
+            }
+            driver
+                .event_record(dev, rig.end[r], stream)
+                .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
+            synchronize(self.team, r as i32, stream).map_err(|e| runtime(format!("{name}: {e}")))?;
+            let ms = driver
+                .event_elapsed_ms(dev, rig.start[r], rig.end[r])
+                .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
+            Ok(f64::from(ms))
+        })();
+        let mut errors = vec![];
+        if let Err(e) = driver.graph_exec_destroy(dev, x) {
+            errors.push(format!("rank {r}: destroying the executable CUDA graph: {e}"));
+        }
+        if let Err(e) = driver.graph_destroy(dev, g) {
+            errors.push(format!("rank {r}: destroying the CUDA graph: {e}"));
+        }
+        match timed {
+            Ok(_) if !errors.is_empty() => Err(runtime(errors.join("; "))),
+            other => other.map_err(|f| with_errors(f, errors)),
+        }
+    }
+}
+
+/// Captures what `body` launches on `stream` into a graph. The capture is ended on every path,
+/// so the stream never stays capturing; a graph made before a failure is destroyed.
+fn capture(
+    driver: &dyn Driver,
+    dev: Device,
+    stream: Stream,
+    body: impl FnOnce() -> Result<(), Failure>,
+) -> Result<Graph, Failure> {
+    driver.stream_begin_capture(dev, stream).map_err(|e| runtime(format!("beginning a CUDA graph capture: {e}")))?;
+    let launched = body();
+    let ended = driver.stream_end_capture(dev, stream);
+    match (launched, ended) {
+        (Ok(()), Ok(graph)) => Ok(graph),
+        (Ok(()), Err(e)) => Err(runtime(format!("ending the CUDA graph capture: {e}"))),
+        (Err(f), ended) => {
+            if let Ok(graph) = ended {
+                let _ = driver.graph_destroy(dev, graph);
+            }
+            Err(f)
+        }
     }
 }
 
@@ -729,6 +1065,7 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         date: utc_now(),
         iters,
         warmup,
+        graph: o.graph,
         check: o.check,
     };
     let policy = match ctx.config().multicast {
@@ -751,8 +1088,26 @@ fn bench(ctx: &Arc<Context>, o: &Options) -> Result<u64, Failure> {
         "# sizes {min_b}..{max_b} x{factor}, {warmup} warmup + {iters} timed iteration(s), check {}",
         if o.check { "on" } else { "off" }
     );
+    match o.graph {
+        0 => println!("# mode: eager (a launch per iteration)"),
+        g => println!(
+            "# mode: graph (each rank's {iters} iteration(s) captured in a CUDA graph, replayed {g} time(s); time per \
+             iteration = elapsed / {})",
+            u64::from(iters) * u64::from(g)
+        ),
+    }
+    println!(
+        "# memory: {} ({}), {}",
+        o.memory.name(),
+        match o.memory {
+            Memory::Buffer => "mcast_buffer_alloc",
+            Memory::Registered => "mcast_mem_alloc + mcast_buffer_register",
+            Memory::Pointer => "plain device memory, mcast_team_*",
+        },
+        if o.inplace { "in place" } else { "out of place" }
+    );
     let mut rig = Rig::new(&team);
-    if let Err(f) = rig.populate(&team, buffer_bytes) {
+    if let Err(f) = rig.populate(&team, buffer_bytes, o.memory, o.inplace) {
         let mut errors = rig.release(ctx);
         if let Err(e) = team.destroy() {
             errors.push(format!("destroying the team: {e}"));
@@ -843,7 +1198,7 @@ fn measure(b: &Bench, shapes: &[Shape], info: &RunInfo, o: &Options) -> Result<V
             );
         }
         let wrong = if o.check { Some(b.check(s)?) } else { None };
-        let time_us = b.time(s, info.warmup, info.iters)?;
+        let time_us = b.time(s, info.warmup, info.iters, info.graph)?;
         let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
         let row = Row { size: bytes, count: s.count, time_us, algbw, busbw: algbw * b.op.bus_factor(n), wrong };
         println!(
@@ -873,12 +1228,13 @@ fn csv_field(s: &str) -> String {
 
 fn csv(info: &RunInfo, rows: &[Row]) -> String {
     let mut out = String::from(
-        "op,size,count,type,redop,root,time_us,algbw_gbps,busbw_gbps,wrong,nranks,backend,transport,device,date\n",
+        "op,size,count,type,redop,root,time_us,algbw_gbps,busbw_gbps,wrong,nranks,backend,transport,device,date,mode,\
+         graph_launches\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{},{},{},{},{},{},{}",
             info.op.name(),
             r.size,
             r.count,
@@ -893,7 +1249,9 @@ fn csv(info: &RunInfo, rows: &[Row]) -> String {
             info.backend,
             info.transport,
             csv_field(&info.device_name),
-            info.date
+            info.date,
+            info.mode(),
+            info.graph
         );
     }
     out
@@ -944,6 +1302,8 @@ fn json(info: &RunInfo, rows: &[Row]) -> String {
     let _ = writeln!(out, "  \"transport_reason\": {},", json_str(&info.transport_reason));
     let _ = writeln!(out, "  \"iters\": {},", info.iters);
     let _ = writeln!(out, "  \"warmup\": {},", info.warmup);
+    let _ = writeln!(out, "  \"mode\": {},", json_str(info.mode()));
+    let _ = writeln!(out, "  \"graph_launches\": {},", info.graph);
     let _ = writeln!(out, "  \"check\": {},", info.check);
     out.push_str("  \"rows\": [");
     for (i, r) in rows.iter().enumerate() {

@@ -42,7 +42,50 @@ pub unsafe extern "C" fn mcast_buffer_alloc(
     })
 }
 
-/// Frees a buffer; its pointers become invalid. The zero handle is a no-op returning
+/// Makes a symmetric buffer of memory the caller owns: `ptrs[i]` is the memory of the i-th
+/// rank this process holds, in rank order (every rank for `mcast_team_create` teams), each
+/// `bytes` long, device memory of that rank's device. On the MULTICAST transport each pointer
+/// is bound to a new multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too)
+/// every rank's allocation is mapped on every rank's device. The buffer is used like any other
+/// (collectives, `_into` forms, read/write, pointers: the local pointer aliases `ptrs[rank]`)
+/// and freed with `mcast_buffer_free`, which unbinds and unmaps but leaves the memory to its
+/// owner. Memory from `mcast_mem_alloc` always registers. `MCAST_ERROR_NOT_SUPPORTED`, naming
+/// the rule: memory not from `cuMemCreate` (for example `cudaMalloc` memory), a pointer not
+/// aligned to the multicast granularity on MULTICAST, a range (rounded to the granularity) past
+/// its allocation, a team of one rank per process (not implemented yet).
+/// `MCAST_ERROR_INVALID_ARGUMENT`: `ptrs` or `out` NULL, a NULL pointer, `bytes` 0, memory that
+/// is not device memory of the rank's device, a range overlapping a live registration. On
+/// failure nothing is left. Thread-safe.
+///
+/// # Safety
+/// `ptrs` must be NULL or valid for reads of one pointer per rank this process holds; `out`
+/// NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_buffer_register(
+    team: mcast_team_t,
+    ptrs: *const *mut c_void,
+    bytes: usize,
+    out: *mut mcast_buffer_t,
+) -> mcast_status_t {
+    guard("mcast_buffer_register", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(out, "out") }?;
+        let t = handles::team(team.id)?;
+        if ptrs.is_null() {
+            return Err(Error::invalid_argument("ptrs is NULL"));
+        }
+        let n = if t.local_rank().is_some() { 1 } else { t.size() };
+        // SAFETY: the caller passes one pointer per rank this process holds.
+        let ptrs: Vec<u64> =
+            unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().map(|&p| p as usize as u64).collect();
+        let buf = Buffer::register(&t, &ptrs, bytes)?;
+        *out = mcast_buffer_t { id: handles::insert_buffer(Arc::new(buf)) };
+        Ok(())
+    })
+}
+
+/// Frees a buffer; its pointers become invalid. A registered buffer is unbound and unmapped,
+/// and its memory stays with its owner. The zero handle is a no-op returning
 /// `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_buffer_free(buf: mcast_buffer_t) -> mcast_status_t {

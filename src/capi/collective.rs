@@ -3,7 +3,7 @@
 //! reported by `mcast_synchronize`. Safe inside CUDA graph capture after a first call has
 //! loaded the kernels. Results are bit-identical on every rank.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 
 use super::buffer::mcast_buffer_t;
 use super::team::mcast_team_t;
@@ -87,8 +87,25 @@ fn run(
     collective::run(&b, rank, offset, count, c, Stream(stream as usize))
 }
 
+#[allow(clippy::too_many_arguments)]
+fn run_into(
+    send: mcast_buffer_t,
+    send_offset: usize,
+    recv: mcast_buffer_t,
+    recv_offset: usize,
+    rank: c_int,
+    count: usize,
+    c: Collective,
+    stream: mcast_stream_t,
+) -> Result<(), Error> {
+    let s = handles::buffer(send.id)?;
+    let r = handles::buffer(recv.id)?;
+    collective::run_into(&s, send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize))
+}
+
 /// Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
-/// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, `bytes` 0, range past the end.
+/// `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, range past the end.
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_broadcast(
@@ -109,8 +126,9 @@ pub extern "C" fn mcast_broadcast(
 
 /// Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
 /// count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
-/// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, `count` 0,
-/// misaligned offset, range past the end. Thread-safe.
+/// `count` 0 is a no-op once the handle and rank are checked.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, misaligned offset,
+/// range past the end. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_all_reduce(
     buf: mcast_buffer_t,
@@ -148,8 +166,8 @@ pub extern "C" fn mcast_reduce_scatter(
 }
 
 /// Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
-/// blocks. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, `bytes` 0, range past the end.
-/// Thread-safe.
+/// blocks. `bytes` 0 is a no-op once the handle and rank are checked.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, range past the end. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_all_gather(
     buf: mcast_buffer_t,
@@ -159,6 +177,208 @@ pub extern "C" fn mcast_all_gather(
     stream: mcast_stream_t,
 ) -> mcast_status_t {
     guard("mcast_all_gather", || run(buf, rank, offset, bytes, Collective::AllGather, stream))
+}
+
+/// Out of place: copies root's `send` `[send_offset, + bytes)` to every rank's `recv`
+/// `[recv_offset, + bytes)`. `send` and `recv` are buffers of the same team (allocated or
+/// registered; they may be the same buffer). Every rank passes the same offsets. The same
+/// buffer with `recv_offset == send_offset` is exactly `mcast_broadcast`; any other overlap of
+/// the two ranges is `MCAST_ERROR_INVALID_ARGUMENT`, as are buffers of different teams, a rank
+/// or root out of range and ranges past the end. `bytes` 0 is a no-op once the handles, rank
+/// and root are checked. The kernels read `send` and write `recv` directly (no staging copy).
+/// Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_broadcast_into(
+    send: mcast_buffer_t,
+    send_offset: usize,
+    recv: mcast_buffer_t,
+    recv_offset: usize,
+    rank: c_int,
+    root: c_int,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_broadcast_into", || {
+        if root < 0 {
+            return Err(Error::invalid_argument(format!("root {root} is negative")));
+        }
+        run_into(send, send_offset, recv, recv_offset, rank, bytes, Collective::Broadcast { root: root as u32 }, stream)
+    })
+}
+
+/// Out of place: every rank's `recv` `[recv_offset, + count * esize)` receives the
+/// element-wise reduction over all ranks of `send` `[send_offset, + count * esize)`. Offsets
+/// are aligned to the element size (4 bytes for 16-bit types). The same buffer with equal
+/// offsets is exactly `mcast_all_reduce`; other rules as `mcast_broadcast_into`. Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_all_reduce_into(
+    send: mcast_buffer_t,
+    send_offset: usize,
+    recv: mcast_buffer_t,
+    recv_offset: usize,
+    rank: c_int,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_all_reduce_into", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run_into(send, send_offset, recv, recv_offset, rank, count, Collective::AllReduce { dtype, op }, stream)
+    })
+}
+
+/// Out of place: `send` `[send_offset, + N * count * esize)` holds N blocks of `count`
+/// elements on every rank; rank r's `recv` `[recv_offset, + count * esize)` receives the
+/// reduction of block r over all ranks. The same buffer with `recv_offset == send_offset + r *
+/// count * esize` is exactly `mcast_reduce_scatter`; other rules as `mcast_all_reduce_into`.
+/// Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_reduce_scatter_into(
+    send: mcast_buffer_t,
+    send_offset: usize,
+    recv: mcast_buffer_t,
+    recv_offset: usize,
+    rank: c_int,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_reduce_scatter_into", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run_into(send, send_offset, recv, recv_offset, rank, count, Collective::ReduceScatter { dtype, op }, stream)
+    })
+}
+
+/// Out of place: each rank's `send` `[send_offset, + bytes)` becomes block r of every rank's
+/// `recv` `[recv_offset, + N * bytes)`. The same buffer with `send_offset == recv_offset + r *
+/// bytes` is exactly `mcast_all_gather`; other rules as `mcast_broadcast_into`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_all_gather_into(
+    send: mcast_buffer_t,
+    send_offset: usize,
+    recv: mcast_buffer_t,
+    recv_offset: usize,
+    rank: c_int,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_all_gather_into", || {
+        run_into(send, send_offset, recv, recv_offset, rank, bytes, Collective::AllGather, stream)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_ptr(
+    team: mcast_team_t,
+    rank: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    c: Collective,
+    stream: mcast_stream_t,
+) -> Result<(), Error> {
+    let t = handles::team(team.id)?;
+    collective::run_ptr(&t, rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize))
+}
+
+/// NCCL's `ncclBroadcast` on device pointers of rank `rank`'s device: root's `send`
+/// `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
+/// registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
+/// `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
+/// (`cudaMalloc`) is `MCAST_ERROR_NOT_SUPPORTED` for now (register it, or see
+/// `mcast_team_all_reduce`). `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
+/// is not device memory of the rank's device, partial overlap of `send` and `recv`.
+/// Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_team_broadcast(
+    team: mcast_team_t,
+    rank: c_int,
+    root: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_team_broadcast", || {
+        if root < 0 {
+            return Err(Error::invalid_argument(format!("root {root} is negative")));
+        }
+        run_ptr(team, rank, send, recv, bytes, Collective::Broadcast { root: root as u32 }, stream)
+    })
+}
+
+/// NCCL's `ncclAllReduce` on device pointers of rank `rank`'s device (`cudaMalloc` memory, a
+/// framework's allocator): every rank's `recv` `[0, count * esize)` receives the element-wise
+/// reduction over all ranks of `send` (`send == recv` in place). Registered memory of the team
+/// runs zero-copy (every rank must then pass registered memory); plain memory runs the push
+/// one-shot kernel in chunks through the team's bounded scratch, the copy-in fused into the
+/// kernel (teams of up to 4 ranks, 16-byte aligned pointers; else
+/// `MCAST_ERROR_NOT_SUPPORTED`, naming the rule). `count` 0 is a no-op once the handle and rank
+/// are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
+/// `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
+/// is not device memory of the rank's device, partial overlap. Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_team_all_reduce(
+    team: mcast_team_t,
+    rank: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_team_all_reduce", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run_ptr(team, rank, send, recv, count, Collective::AllReduce { dtype, op }, stream)
+    })
+}
+
+/// NCCL's `ncclReduceScatter` on device pointers: `send` holds N blocks of `count` elements;
+/// rank r's `recv` receives the reduction of block r (`recv == send + r * count * esize` in
+/// place). Registered memory of the team runs zero-copy as `mcast_reduce_scatter_into`; plain
+/// device memory is `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as
+/// `mcast_team_all_reduce`. Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mcast_team_reduce_scatter(
+    team: mcast_team_t,
+    rank: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: mcast_dtype_t,
+    op: mcast_op_t,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_team_reduce_scatter", || {
+        let (dtype, op) = reduction(dtype, op)?;
+        run_ptr(team, rank, send, recv, count, Collective::ReduceScatter { dtype, op }, stream)
+    })
+}
+
+/// NCCL's `ncclAllGather` on device pointers: each rank's `send` `[0, bytes)` becomes block r
+/// of every rank's `recv` `[0, N * bytes)` (`send == recv + r * bytes` in place). Registered
+/// memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory is
+/// `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as `mcast_team_broadcast`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn mcast_team_all_gather(
+    team: mcast_team_t,
+    rank: c_int,
+    send: *const c_void,
+    recv: *mut c_void,
+    bytes: usize,
+    stream: mcast_stream_t,
+) -> mcast_status_t {
+    guard("mcast_team_all_gather", || run_ptr(team, rank, send, recv, bytes, Collective::AllGather, stream))
 }
 
 /// Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the

@@ -15,6 +15,7 @@ pub mod collective;
 pub mod config;
 pub mod context;
 pub mod device;
+pub mod memory;
 pub mod status;
 pub mod team;
 pub mod version;
@@ -51,6 +52,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> mcast_status_t {
         ErrorKind::InUse => S::MCAST_ERROR_IN_USE,
         ErrorKind::Timeout => S::MCAST_ERROR_TIMEOUT,
         ErrorKind::Internal => S::MCAST_ERROR_INTERNAL,
+        ErrorKind::Aborted => S::MCAST_ERROR_ABORTED,
     };
     mcast_status_t(s as u32)
 }

@@ -30,6 +30,8 @@ pub enum McastStatus {
     MCAST_ERROR_TIMEOUT = 9,
     /// A bug: a caught panic or a broken invariant.
     MCAST_ERROR_INTERNAL = 10,
+    /// The team was aborted, by `mcast_team_abort` here or in a peer process.
+    MCAST_ERROR_ABORTED = 11,
 }
 
 /// A status code (values of `mcast_status_t`), carried as an integer so that any value a
@@ -43,7 +45,7 @@ impl mcast_status_t {
     pub const SUCCESS: mcast_status_t = mcast_status_t(0);
 }
 
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "MCAST_SUCCESS\0",
     "MCAST_ERROR_INVALID_ARGUMENT\0",
     "MCAST_ERROR_INVALID_HANDLE\0",
@@ -55,6 +57,7 @@ const NAMES: [&str; 11] = [
     "MCAST_ERROR_IN_USE\0",
     "MCAST_ERROR_TIMEOUT\0",
     "MCAST_ERROR_INTERNAL\0",
+    "MCAST_ERROR_ABORTED\0",
 ];
 
 /// The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value
@@ -86,7 +89,7 @@ mod tests {
             let got = unsafe { CStr::from_ptr(mcast_status_string(mcast_status_t(i as u32))) };
             assert_eq!(got.to_bytes(), name.trim_end_matches('\0').as_bytes());
         }
-        assert_eq!(McastStatus::MCAST_ERROR_INTERNAL as usize, NAMES.len() - 1);
+        assert_eq!(McastStatus::MCAST_ERROR_ABORTED as usize, NAMES.len() - 1);
         // SAFETY: as above.
         let unknown = unsafe { CStr::from_ptr(mcast_status_string(mcast_status_t(9999))) };
         assert_eq!(unknown.to_str().unwrap(), "MCAST_ERROR_UNKNOWN");

@@ -2,10 +2,11 @@
 
 use std::ffi::{c_char, c_int};
 use std::mem::size_of;
+use std::sync::Arc;
 
 use super::context::mcast_context_t;
-use super::{copy_str, guard, mcast_status_t, out_ptr};
-use crate::runtime::team::{Team, Transport};
+use super::{copy_str, guard, mcast_status_t, out_ptr, status_of};
+use crate::runtime::team::{Team, Transport, SPLIT_NOCOLOR};
 use crate::runtime::Error;
 use crate::runtime::{handles, rendezvous};
 
@@ -89,13 +90,123 @@ pub unsafe extern "C" fn mcast_team_create(
 }
 
 /// Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
-/// live (nothing changes). The zero handle is a no-op returning `MCAST_SUCCESS`; a destroyed or
-/// unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Teardown errors from the driver are
+/// live (nothing changes), unless the team was aborted: then its buffers are released with it
+/// and their handles become invalid. After a timeout or an abort it never waits for peers
+/// (kernels still waiting on the device are ended first). The zero handle is a no-op returning
+/// `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
+/// the losers of destroys racing from several threads). Teardown errors from the driver are
 /// reported (the team is gone all the same). Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_team_destroy(team: mcast_team_t) -> mcast_status_t {
     guard("mcast_team_destroy", || if team.id == 0 { Ok(()) } else { handles::destroy_team(team.id) })
 }
+
+/// Aborts `team`: ends every wait of the team promptly, host or device (well under a second,
+/// whatever `timeout_ms` says): work in flight, and every later collective, synchronize, alloc
+/// or free on the team, returns `MCAST_ERROR_ABORTED`. Device waits end within microseconds of
+/// the abort reaching the device (every barrier spin reads the team's state word, which this
+/// writes for every rank, peers in other processes included through the peer mappings); host
+/// waits (rendezvous agreement in a multi-process team) within milliseconds; peer processes are
+/// told over the rendezvous connections too and see `MCAST_ERROR_ABORTED`. The team can then
+/// only be destroyed: `mcast_team_destroy` releases everything (live buffers included, whose
+/// handles go with it) without waiting for peers. Aborting twice is harmless.
+/// `MCAST_ERROR_INVALID_HANDLE`: `team` zero or not live (destroyed, also by a racing
+/// destroy). Thread-safe: callable from any thread, also while other threads are blocked in
+/// mcast calls on this team.
+#[no_mangle]
+pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
+    guard("mcast_team_abort", || {
+        handles::team(team.id)?.abort();
+        Ok(())
+    })
+}
+
+/// Writes the team's sticky asynchronous error into `*error` without waiting (like
+/// `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a peer did not arrive
+/// within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
+/// waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+/// process). Once set it stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+/// `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+/// `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+///
+/// # Safety
+/// `error` must be NULL or valid for writing an `mcast_status_t`.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_get_error(team: mcast_team_t, error: *mut mcast_status_t) -> mcast_status_t {
+    guard("mcast_team_get_error", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(error, "error") }?;
+        let t = handles::team(team.id)?;
+        *out = match t.async_error() {
+            Some(kind) => status_of(kind),
+            None => mcast_status_t::SUCCESS,
+        };
+        Ok(())
+    })
+}
+
+/// Splits `team` like `MPI_Comm_split` / `ncclCommSplit`: the ranks with the same color form a
+/// new team, ordered by key, then by rank in `team`. `colors[i]`, `keys[i]` and `out[i]`
+/// belong to the i-th rank this process holds (every rank of a `mcast_team_create` team, in
+/// rank order; the one rank of an `init_rank`/`init_oob` team). A color is >= 0, or
+/// `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
+/// ranks of one color share one new handle (destroy it once). Each new team chooses its
+/// transport afresh and shares no memory, state word or rendezvous with `team` or with the
+/// other new teams, so one failing (abort, timeout) never reaches another; `team` stays usable
+/// and is destroyed on its own. Collective over every rank of `team` (every process calls it).
+/// On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
+/// `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;
+/// `MCAST_ERROR_INVALID_HANDLE`: `team` not live; `MCAST_ERROR_ABORTED` or
+/// `MCAST_ERROR_TIMEOUT`: `team` failed before; any status of `mcast_team_create` or
+/// `mcast_team_init_rank` for the new teams. Thread-safe.
+///
+/// # Safety
+/// `colors` and `keys` must be NULL or valid for reading, and `out` NULL or valid for writing,
+/// one element per rank this process holds.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_split(
+    team: mcast_team_t,
+    colors: *const c_int,
+    keys: *const c_int,
+    out: *mut mcast_team_t,
+) -> mcast_status_t {
+    guard("mcast_team_split", || {
+        for (p, name) in [(colors.is_null(), "colors"), (keys.is_null(), "keys"), (out.is_null(), "out")] {
+            if p {
+                return Err(Error::invalid_argument(format!("{name} is NULL")));
+            }
+        }
+        let t = handles::team(team.id)?;
+        let n = if t.local_rank().is_some() { 1 } else { t.size() };
+        // SAFETY: the caller guarantees one readable element per rank this process holds.
+        let (colors, keys) = unsafe { (std::slice::from_raw_parts(colors, n), std::slice::from_raw_parts(keys, n)) };
+        let made = t.split(colors, keys)?;
+        let mut ids: Vec<(*const Team, u64)> = Vec::new();
+        let handles: Vec<mcast_team_t> = made
+            .into_iter()
+            .map(|m| match m {
+                None => mcast_team_t { id: 0 },
+                Some(team) => {
+                    let key = Arc::as_ptr(&team);
+                    let id = match ids.iter().find(|(k, _)| *k == key) {
+                        Some(&(_, id)) => id,
+                        None => {
+                            let id = handles::insert_team(team);
+                            ids.push((key, id));
+                            id
+                        }
+                    };
+                    mcast_team_t { id }
+                }
+            })
+            .collect();
+        // SAFETY: the caller guarantees `n` writable elements at `out`.
+        unsafe { std::ptr::copy_nonoverlapping(handles.as_ptr(), out, n) };
+        Ok(())
+    })
+}
+
+const _: () = assert!(SPLIT_NOCOLOR == -1);
 
 /// Describes `team` in `*info`, whose `struct_size` the caller sets.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;

@@ -13,7 +13,7 @@
 //! - Every name in [`REQUIRED_SYMBOLS`] must exist, else `load` fails with
 //!   `DriverError { func: <that symbol>, code: CUDA_ERROR_NOT_FOUND }`.
 //! - The names in [`OPTIONAL_SYMBOLS`] (the multicast API, the `_v2` binds, the two forms of
-//!   `cuEventElapsedTime`) are recorded when present; calling one that is absent returns
+//!   `cuEventElapsedTime`, stream capture and CUDA graphs) are recorded when present; calling one that is absent returns
 //!   `CUDA_ERROR_NOT_SUPPORTED` from that function, without calling anything.
 //! - No library: [`LIBRARY_ABSENT`] (`cuInit` / `CUDA_ERROR_NOT_INITIALIZED`). No device:
 //!   `cuInit` or `cuDeviceGetCount` with `CUDA_ERROR_NO_DEVICE`.
@@ -41,8 +41,9 @@ use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
+    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    FABRIC_HANDLE_BYTES,
 };
 
 /// A `CUresult` as the integer the driver returns (never read as a Rust enum).
@@ -173,6 +174,14 @@ driver_api! {
         cuMemcpyHtoD_v2(cu::CUdeviceptr, *const c_void, usize);
         cuMemcpyDtoH_v2(*mut c_void, cu::CUdeviceptr, usize);
         cuMemsetD8_v2(cu::CUdeviceptr, u8, usize);
+        cuMemRetainAllocationHandle(*mut cu::CUmemGenericAllocationHandle, *mut c_void);
+        cuMemGetAllocationPropertiesFromHandle(*mut cu::CUmemAllocationProp, cu::CUmemGenericAllocationHandle);
+        cuMemGetAddressRange_v2(*mut cu::CUdeviceptr, *mut usize, cu::CUdeviceptr);
+        cuPointerGetAttribute(*mut c_void, cu::CUpointer_attribute, cu::CUdeviceptr);
+        cuMemAlloc_v2(*mut cu::CUdeviceptr, usize);
+        cuMemFree_v2(cu::CUdeviceptr);
+        cuMemcpyHtoDAsync_v2(cu::CUdeviceptr, *const c_void, usize, cu::CUstream);
+        cuMemcpyDtoHAsync_v2(*mut c_void, cu::CUdeviceptr, usize, cu::CUstream);
         cuModuleLoadData(*mut cu::CUmodule, *const c_void);
         cuModuleUnload(cu::CUmodule);
         cuModuleGetFunction(*mut cu::CUfunction, cu::CUmodule, *const c_char);
@@ -209,6 +218,12 @@ driver_api! {
         cuMulticastBindAddr_v2(cu::CUmemGenericAllocationHandle, cu::CUdevice, usize, cu::CUdeviceptr, usize, u64);
         cuEventElapsedTime_v2(*mut f32, cu::CUevent, cu::CUevent);
         cuEventElapsedTime(*mut f32, cu::CUevent, cu::CUevent);
+        cuStreamBeginCapture_v2(cu::CUstream, c_uint);
+        cuStreamEndCapture(cu::CUstream, *mut cu::CUgraph);
+        cuGraphInstantiateWithFlags(*mut cu::CUgraphExec, cu::CUgraph, u64);
+        cuGraphLaunch(cu::CUgraphExec, cu::CUstream);
+        cuGraphExecDestroy(cu::CUgraphExec);
+        cuGraphDestroy(cu::CUgraph);
     }
 }
 
@@ -422,6 +437,29 @@ impl CudaDriver {
     }
 
     /// `cuStreamSynchronize` of the legacy default stream of the current context.
+    /// Runs `copy` (named `what`) on a fresh non-blocking stream of `dev`, waits for that
+    /// stream only, and destroys it: the copy neither waits for nor is waited on by work on
+    /// the caller's streams (a kernel spinning in a barrier included).
+    fn on_private_stream(
+        &self,
+        dev: Device,
+        what: &'static str,
+        copy: impl FnOnce(&Api, cu::CUstream) -> Raw,
+    ) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        let mut stream: cu::CUstream = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the flag is a valid `CUstream_flags` value.
+        check("cuStreamCreate", unsafe {
+            (self.api.cuStreamCreate)(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint)
+        })?;
+        let copied = check(what, copy(&self.api, stream));
+        // SAFETY: a stream created above; synchronizing it waits only for the copy.
+        let synced = check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(stream) });
+        // SAFETY: the stream is idle and owned here.
+        let destroyed = check("cuStreamDestroy", unsafe { (self.api.cuStreamDestroy_v2)(stream) });
+        copied.and(synced).and(destroyed)
+    }
+
     fn sync_default_stream(&self) -> DResult<()> {
         // SAFETY: the NULL stream is the legacy default stream of the current context.
         check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(ptr::null_mut()) })
@@ -571,6 +609,78 @@ impl Driver for CudaDriver {
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the range and handle; flags must be 0.
         check("cuMemMap", unsafe { (self.api.cuMemMap)(ptr, size, offset, handle.0, 0) })
+    }
+
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
+        let _ctx = self.enter_any();
+        let mut handle: cu::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the out-pointer is a local; the address is only looked up by the driver.
+        check("cuMemRetainAllocationHandle", unsafe {
+            (self.api.cuMemRetainAllocationHandle)(&mut handle, ptr as usize as *mut c_void)
+        })?;
+        Ok(MemHandle(handle))
+    }
+
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
+        let _ctx = self.enter_any();
+        let mut prop = alloc_prop(0, HandleTypes::NONE);
+        // SAFETY: `prop` is a local the driver fills in.
+        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            (self.api.cuMemGetAllocationPropertiesFromHandle)(&mut prop, handle.0)
+        })?;
+        // The handle types are a bit set the driver may write as any combination: read the
+        // field as the integer it is, never as the Rust enum of the bindings.
+        // SAFETY: the field is a 32-bit C enum inside the initialised local `prop`.
+        let types = unsafe { ptr::addr_of!(prop.requestedHandleTypes).cast::<u32>().read() };
+        Ok(AllocationProps { dev: prop.location.id, handle_types: HandleTypes(types) })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
+        let _ctx = self.enter_any();
+        let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the out-pointers are locals.
+        check("cuMemGetAddressRange", unsafe { (self.api.cuMemGetAddressRange_v2)(&mut base, &mut size, ptr) })?;
+        Ok((base, size))
+    }
+
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
+        let _ctx = self.enter_any();
+        let mut kind: c_uint = 0;
+        // SAFETY: CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes one `unsigned int` into the local.
+        check("cuPointerGetAttribute", unsafe {
+            (self.api.cuPointerGetAttribute)(
+                (&mut kind as *mut c_uint).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        })?;
+        if kind != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint {
+            return Err(DriverError::new("cuPointerGetAttribute", CuResult::ERROR_INVALID_VALUE));
+        }
+        let mut ordinal: c_int = -1;
+        // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one `int` into the local.
+        check("cuPointerGetAttribute", unsafe {
+            (self.api.cuPointerGetAttribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        })?;
+        Ok(ordinal)
+    }
+
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        let _ctx = self.enter(dev)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a local.
+        check("cuMemAlloc", unsafe { (self.api.cuMemAlloc_v2)(&mut ptr, size) })?;
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain value; the driver validates it.
+        check("cuMemFree", unsafe { (self.api.cuMemFree_v2)(ptr) })
     }
 
     fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
@@ -832,6 +942,55 @@ impl Driver for CudaDriver {
         check("cuEventDestroy", unsafe { (self.api.cuEventDestroy_v2)(event_ptr(event)) })
     }
 
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        let begin = self.api.cuStreamBeginCapture_v2.ok_or_else(|| not_supported("cuStreamBeginCapture"))?;
+        let _ctx = self.enter(dev)?;
+        let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as c_uint;
+        // SAFETY: the stream value is the caller's; the driver validates it; `mode` is a valid
+        // `CUstreamCaptureMode` passed as the C enum's integer.
+        check("cuStreamBeginCapture", unsafe { begin(stream_ptr(stream), mode) })
+    }
+
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
+        let end = self.api.cuStreamEndCapture.ok_or_else(|| not_supported("cuStreamEndCapture"))?;
+        let _ctx = self.enter(dev)?;
+        let mut graph: cu::CUgraph = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the stream value is the caller's.
+        check("cuStreamEndCapture", unsafe { end(stream_ptr(stream), &mut graph) })?;
+        Ok(Graph(graph as usize))
+    }
+
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
+        let instantiate =
+            self.api.cuGraphInstantiateWithFlags.ok_or_else(|| not_supported("cuGraphInstantiateWithFlags"))?;
+        let _ctx = self.enter(dev)?;
+        let mut exec: cu::CUgraphExec = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the graph value is the caller's; flags 0.
+        check("cuGraphInstantiateWithFlags", unsafe { instantiate(&mut exec, graph.0 as cu::CUgraph, 0) })?;
+        Ok(GraphExec(exec as usize))
+    }
+
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
+        let launch = self.api.cuGraphLaunch.ok_or_else(|| not_supported("cuGraphLaunch"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: executable graph and stream values are the caller's; the driver validates them.
+        check("cuGraphLaunch", unsafe { launch(exec.0 as cu::CUgraphExec, stream_ptr(stream)) })
+    }
+
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
+        let destroy = self.api.cuGraphExecDestroy.ok_or_else(|| not_supported("cuGraphExecDestroy"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: the executable graph value is the caller's; the driver validates it.
+        check("cuGraphExecDestroy", unsafe { destroy(exec.0 as cu::CUgraphExec) })
+    }
+
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
+        let destroy = self.api.cuGraphDestroy.ok_or_else(|| not_supported("cuGraphDestroy"))?;
+        let _ctx = self.enter(dev)?;
+        // SAFETY: the graph value is the caller's; the driver validates it.
+        check("cuGraphDestroy", unsafe { destroy(graph.0 as cu::CUgraph) })
+    }
+
     /// Copies, then synchronizes the legacy default stream: from pageable memory
     /// `cuMemcpyHtoD` may return before the DMA lands, and non-blocking streams do not wait
     /// for it.
@@ -854,6 +1013,25 @@ impl Driver for CudaDriver {
         // SAFETY: `dst` is writable for `dst.len()` bytes and the copy is synchronous (it
         // returns once the bytes are in `dst`); the driver validates `src`.
         check("cuMemcpyDtoH", unsafe { (self.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
+    }
+
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        let bytes = value.to_ne_bytes();
+        self.on_private_stream(dev, "cuMemcpyHtoDAsync", |api, stream| {
+            // SAFETY: `bytes` lives until the stream was synchronized (below, in
+            // `on_private_stream`); the driver validates `dst`.
+            unsafe { (api.cuMemcpyHtoDAsync_v2)(dst, bytes.as_ptr().cast(), 4, stream) }
+        })
+    }
+
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        let mut bytes = [0u8; 4];
+        self.on_private_stream(dev, "cuMemcpyDtoHAsync", |api, stream| {
+            // SAFETY: `bytes` is writable and lives until the stream was synchronized; the
+            // driver validates `src`.
+            unsafe { (api.cuMemcpyDtoHAsync_v2)(bytes.as_mut_ptr().cast(), src, 4, stream) }
+        })?;
+        Ok(u32::from_ne_bytes(bytes))
     }
 
     /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for
@@ -989,6 +1167,12 @@ mod tests {
             "cuMulticastGetGranularity",
             "cuMulticastBindMem_v2",
             "cuMulticastBindAddr_v2",
+            "cuStreamBeginCapture_v2",
+            "cuStreamEndCapture",
+            "cuGraphInstantiateWithFlags",
+            "cuGraphLaunch",
+            "cuGraphExecDestroy",
+            "cuGraphDestroy",
         ] {
             assert!(OPTIONAL_SYMBOLS.contains(&name), "{name}");
         }
@@ -1017,6 +1201,14 @@ mod tests {
         assert!(api.cuMulticastBindMem_v2.is_none());
         assert!(api.cuMulticastBindAddr_v2.is_some());
         assert_eq!(api.missing_optional(), vec!["cuMulticastCreate", "cuMulticastBindMem_v2"]);
+        // A driver without CUDA graphs still loads; only the graph entry points are absent.
+        let api = match Api::resolve(&fake_lookup(&["cuStreamBeginCapture_v2", "cuGraphLaunch"])) {
+            Ok(api) => api,
+            Err(name) => panic!("{name} reported missing"),
+        };
+        assert!(api.cuStreamBeginCapture_v2.is_none() && api.cuGraphLaunch.is_none());
+        assert!(api.cuStreamEndCapture.is_some() && api.cuGraphInstantiateWithFlags.is_some());
+        assert_eq!(api.missing_optional(), vec!["cuStreamBeginCapture_v2", "cuGraphLaunch"]);
     }
 
     #[test]

@@ -159,6 +159,14 @@ pub struct Function(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Event(pub usize);
 
+/// A captured CUDA graph (`CUgraph`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Graph(pub usize);
+
+/// An executable CUDA graph (`CUgraphExec`) as an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphExec(pub usize);
+
 /// `CU_MEM_ALLOC_GRANULARITY_*` / `CU_MULTICAST_GRANULARITY_*`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Granularity {
@@ -205,6 +213,15 @@ pub struct MulticastProp {
     pub handle_types: HandleTypes,
     /// `flags`: must be 0.
     pub flags: u64,
+}
+
+/// What `cuMemGetAllocationPropertiesFromHandle` tells about an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationProps {
+    /// The device whose memory it is.
+    pub dev: Device,
+    /// The shareable handle types it was created with.
+    pub handle_types: HandleTypes,
 }
 
 /// What the runtime needs to know about one device.
@@ -364,6 +381,31 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuMulticastUnbind`.
     fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()>;
 
+    /// `cuMemRetainAllocationHandle`: a new handle (released with [`Driver::mem_release`]) of
+    /// the physical allocation mapped at `ptr`. Fails with `CUDA_ERROR_INVALID_VALUE` for memory
+    /// that is not a mapped `cuMemCreate` allocation (`cudaMalloc` memory, host memory).
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle>;
+
+    /// `cuMemGetAllocationPropertiesFromHandle`: the device and the requested shareable handle
+    /// types of an allocation.
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps>;
+
+    /// `cuMemGetAddressRange`: base and size of the mapping (or `cuMemAlloc` block) holding
+    /// `ptr`.
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)>;
+
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)` after checking
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is device memory: the device whose memory `ptr` is.
+    /// `CUDA_ERROR_INVALID_VALUE` for host or unknown memory.
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device>;
+
+    /// `cuMemAlloc`: plain device memory (what `cudaMalloc` returns), not a `cuMemCreate`
+    /// allocation.
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr>;
+
+    /// `cuMemFree` of [`Driver::mem_alloc`] memory.
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()>;
+
     /// `cuStreamCreate` (non-blocking) on `dev`.
     fn stream_create(&self, dev: Device) -> DResult<Stream>;
 
@@ -399,6 +441,16 @@ pub trait Driver: Send + Sync + 'static {
     /// Synchronous `cuMemcpyDtoH` from memory `dev` can access.
     fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()>;
 
+    /// Writes one 32-bit word of memory `dev` can access (its own or a peer's through a
+    /// mapping) without waiting for work on any stream: `cuMemcpyHtoDAsync` on a private
+    /// non-blocking stream, which only that copy joins. Kernels spinning on the word see it
+    /// within microseconds; used to abort a team.
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()>;
+
+    /// Reads one 32-bit word of memory `dev` can access without waiting for work on any
+    /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream).
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32>;
+
     /// Synchronous `cuMemsetD8`.
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()>;
 
@@ -420,6 +472,32 @@ pub trait Driver: Send + Sync + 'static {
         stream: Stream,
         params: &mut [*mut c_void],
     ) -> DResult<()>;
+
+    /// `cuStreamBeginCapture` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (what nccl-tests uses):
+    /// work launched on `stream` from now on is recorded into a graph instead of running. The
+    /// legacy default stream cannot be captured; a stream already capturing gives
+    /// `CUDA_ERROR_ILLEGAL_STATE`.
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()>;
+
+    /// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the graph of what
+    /// was launched on it. A capture invalidated by an illegal call made during it (such as a
+    /// synchronization of the capturing stream) ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`
+    /// and no graph.
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph>;
+
+    /// `cuGraphInstantiateWithFlags` (flags 0): an executable graph of `graph`'s work, which
+    /// stays valid after `graph` is destroyed.
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec>;
+
+    /// `cuGraphLaunch`: runs the executable graph's work on `stream`, in the captured order,
+    /// after the work queued there before.
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()>;
+
+    /// `cuGraphExecDestroy`.
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()>;
+
+    /// `cuGraphDestroy`.
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()>;
 
     /// The simulator, when this is one: the kernels layer runs collectives on its workers.
     fn as_sim(&self) -> Option<&sim::SimDriver> {

@@ -60,8 +60,13 @@ pub const ERROR_INFO_OFFSET: usize = 4100;
 /// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
 /// `b` (the target of slot `b`'s counter is that number times `nranks`).
 pub const EPOCH_OFFSET: usize = 4352;
+/// `u32` team state word ([`STATE_OK`] or [`STATE_ABORTED`]): written by the host (an abort
+/// writes it in every rank's sync region, through the peer mappings for ranks of other
+/// processes) and read by every barrier spin, so an abort ends device waits within
+/// microseconds. Outside the local state: peers write it.
+pub const STATE_OFFSET: usize = 8192;
 /// End of the used part of the sync region; the rest is reserved.
-pub const SYNC_USED_BYTES: usize = 8192;
+pub const SYNC_USED_BYTES: usize = 8256;
 /// Start of the push one-shot scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
@@ -90,8 +95,16 @@ pub fn team_reserved_bytes(nranks: u32) -> usize {
 pub const ERR_NONE: u32 = 0;
 /// Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
 pub const ERR_TIMEOUT: u32 = 1;
+/// Error word value: a barrier wait ended because the team was aborted (maps to
+/// `MCAST_ERROR_ABORTED`).
+pub const ERR_ABORTED: u32 = 2;
+/// State word value: the team is usable.
+pub const STATE_OK: u32 = 0;
+/// State word value: the team was aborted; every barrier returns at once.
+pub const STATE_ABORTED: u32 = 2;
 
-const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= SYNC_USED_BYTES);
+const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
 const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
@@ -121,10 +134,15 @@ pub struct KernelArgs {
     pub root: u32,
     /// Zero.
     pub reserved: u32,
+    /// Per rank: where the results for that rank's `data` go, in the layout of `data` (in place:
+    /// equal to `data`).
+    pub out: [u64; MAX_RANKS],
+    /// Multicast address of `out` (emulated build: `out[rank]`; P2P: 0).
+    pub out_mc: u64,
 }
 
 /// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
-pub const KERNEL_ARGS_SIZE: usize = 1200;
+pub const KERNEL_ARGS_SIZE: usize = 56 + 24 * MAX_RANKS;
 const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
 const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 
@@ -300,8 +318,13 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
     if l.rank >= l.nranks {
         return Err(format!("rank {} >= nranks {}", l.rank, l.nranks));
     }
-    if l.data.len() != n || l.sync.len() != n {
-        return Err(format!("{} data and {} sync addresses for {n} ranks", l.data.len(), l.sync.len()));
+    if l.data.len() != n || l.sync.len() != n || !(l.out.is_empty() || l.out.len() == n) {
+        return Err(format!(
+            "{} data, {} out and {} sync addresses for {n} ranks",
+            l.data.len(),
+            l.out.len(),
+            l.sync.len()
+        ));
     }
     if l.count == 0 {
         return Ok(None);
@@ -312,6 +335,25 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
     // Address whose alignment the multicast kernel sees (the multicast address, or in emulation
     // this rank's copy: both have the same alignment modulo 16 as every rank's copy).
     let mc_addr = l.data_mc.unwrap_or(me);
+    // Out of place: the multicast kernels move 16-byte vectors from data to out, so both must
+    // agree modulo 16 (they do on every rank alike: symmetric layouts).
+    let out_me = l.out.get(l.rank as usize).copied().unwrap_or(me);
+    // All-gather and reduce-scatter bases are shifted by this rank's block: compare the real
+    // addresses of rank 0's layout, and require whole 16-byte blocks, so that every rank makes
+    // the same choice.
+    let block = match l.collective {
+        Collective::AllGather => l.count,
+        Collective::ReduceScatter { dtype, .. } => l.count.saturating_mul(dtype.size() as u64),
+        _ => 0,
+    };
+    let shift = block.wrapping_mul(u64::from(l.rank));
+    let skewed = match l.collective {
+        _ if l.out.is_empty() => false,
+        Collective::AllGather => ((me.wrapping_add(shift) ^ out_me) & 15 != 0) || block % 16 != 0,
+        Collective::ReduceScatter { .. } => ((out_me.wrapping_add(shift) ^ me) & 15 != 0) || block % 16 != 0,
+        _ => (out_me ^ me) & 15 != 0,
+    };
+    const SKEW: &str = "send and recv disagree in alignment modulo 16";
     let (kind, red, bytes, fallback) = match l.collective {
         Collective::Broadcast { root } => {
             if root >= l.nranks {
@@ -319,8 +361,10 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             }
             let fb = if !mc {
                 None
-            } else if l.count % 4 != 0 || mc_addr % 4 != 0 {
+            } else if l.count % 4 != 0 || mc_addr % 4 != 0 || l.out_mc.unwrap_or(mc_addr) % 4 != 0 {
                 Some("multimem.st needs 4-byte aligned ranges")
+            } else if skewed {
+                Some(SKEW)
             } else {
                 None
             };
@@ -331,8 +375,10 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             let total = l.count.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             let fb = if !mc {
                 None
-            } else if l.count % 4 != 0 || mc_addr % 4 != 0 {
+            } else if l.count % 4 != 0 || l.out_mc.unwrap_or(out_me) % 4 != 0 {
                 Some("multimem.st needs 4-byte aligned blocks")
+            } else if skewed {
+                Some(SKEW)
             } else {
                 None
             };
@@ -346,16 +392,18 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             if rs {
                 bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             }
-            if me % es != 0 {
-                return Err(format!("address {me:#x} not aligned to the {}-byte element", es));
+            if me % es != 0 || out_me % es != 0 {
+                return Err(format!("address {me:#x} or {out_me:#x} not aligned to the {}-byte element", es));
             }
             let unit = es.max(4);
             let fb = if !mc {
                 None
             } else if !multimem_has_reduction(dtype, op) {
                 Some("multimem.ld_reduce has no min/max for f32/f64")
-            } else if bytes % unit != 0 || mc_addr % unit != 0 {
+            } else if bytes % unit != 0 || mc_addr % unit != 0 || out_me % unit != 0 {
                 Some("multimem has no 16-bit scalar forms (odd 16-bit count or 2-byte aligned start)")
+            } else if skewed {
+                Some(SKEW)
             } else {
                 None
             };
@@ -363,7 +411,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 (true, true) => KernelKind::ReduceScatterMc,
                 (true, false) => KernelKind::ReduceScatterP2p,
                 (false, true) => KernelKind::AllReduceMc,
-                (false, false) if bytes <= one_shot_max_bytes(l.nranks) && push_fits(l, bytes, me) => {
+                (false, false) if bytes <= one_shot_max_bytes(l.nranks) && push_fits(l, bytes, me | out_me) => {
                     KernelKind::AllReduceP2pPush
                 }
                 (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
@@ -396,20 +444,25 @@ pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
             _ => 0,
         },
         reserved: 0,
+        out: [0; MAX_RANKS],
+        out_mc: 0,
     };
     for (i, (d, s)) in l.data.iter().zip(&l.sync).take(MAX_RANKS).enumerate() {
         a.data[i] = *d;
         a.sync[i] = *s;
+        a.out[i] = l.out.get(i).copied().unwrap_or(*d);
     }
     let me = (l.rank as usize).min(MAX_RANKS - 1);
     match variant {
         Variant::Emulated => {
             a.data_mc = a.data[me];
             a.sync_mc = a.sync[me];
+            a.out_mc = a.out[me];
         }
         Variant::Multimem => {
             a.data_mc = l.data_mc.unwrap_or(0);
             a.sync_mc = l.sync_mc.unwrap_or(0);
+            a.out_mc = l.out_mc.or(l.data_mc).unwrap_or(0);
         }
     }
     a
@@ -445,12 +498,16 @@ mod tests {
         assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
         assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
         assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
-        assert!(SOURCE.contains(&format!("sizeof(McastArgs) == {KERNEL_ARGS_SIZE}")));
+        assert_eq!(define("MCAST_ERR_ABORTED"), ERR_ABORTED as u64);
+        assert_eq!(define("MCAST_STATE_OFFSET"), STATE_OFFSET as u64);
+        assert_eq!(define("MCAST_STATE_OK"), STATE_OK as u64);
+        assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
     }
 
     #[test]
     fn kernel_args_layout() {
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 1200);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 56 + 24 * MAX_RANKS);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 1784);
         assert_eq!(offset_of!(KernelArgs, data), 0);
         assert_eq!(offset_of!(KernelArgs, sync), 576);
         assert_eq!(offset_of!(KernelArgs, data_mc), 1152);
@@ -461,6 +518,8 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, nranks), 1188);
         assert_eq!(offset_of!(KernelArgs, root), 1192);
         assert_eq!(offset_of!(KernelArgs, reserved), 1196);
+        assert_eq!(offset_of!(KernelArgs, out), 48 + 16 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, out_mc), 48 + 24 * MAX_RANKS);
         // CUDA's kernel parameter limit (4 KiB before 12.1's large-argument support).
         assert!(std::mem::size_of::<KernelArgs>() <= 4096);
         // The C struct states the same offsets in comments; check they are there.
@@ -539,6 +598,8 @@ mod tests {
             stream: Stream::DEFAULT,
             data: vec![0x1000_0000, 0x2000_0000],
             data_mc: None,
+            out: vec![],
+            out_mc: None,
             sync: vec![0x3000_0000, 0x4000_0000],
             sync_mc: None,
             count,
@@ -598,9 +659,55 @@ mod tests {
         assert_eq!((a.data[0], a.data[1], a.data[2]), (0x1000_0000, 0x2000_0000, 0));
         assert_eq!((a.data_mc, a.sync_mc), (0x2000_0000, 0x4000_0000));
         assert_eq!((a.rank, a.nranks, a.root, a.count, a.timeout_ns), (1, 2, 1, 64, 5));
+        assert_eq!((a.out[0], a.out[1], a.out_mc), (0x1000_0000, 0x2000_0000, 0x2000_0000), "in place: out == data");
         l.data_mc = Some(0x9000_0000);
         l.sync_mc = Some(0xa000_0000);
         let a = kernel_args(&l, Variant::Multimem);
-        assert_eq!((a.data_mc, a.sync_mc), (0x9000_0000, 0xa000_0000));
+        assert_eq!((a.data_mc, a.sync_mc, a.out_mc), (0x9000_0000, 0xa000_0000, 0x9000_0000));
+        l.out = vec![0x5000_0000, 0x6000_0000];
+        l.out_mc = Some(0xb000_0000);
+        let a = kernel_args(&l, Variant::Multimem);
+        assert_eq!((a.out[0], a.out[1], a.out_mc), (0x5000_0000, 0x6000_0000, 0xb000_0000));
+        let a = kernel_args(&l, Variant::Emulated);
+        assert_eq!((a.out_mc, a.data_mc), (0x6000_0000, 0x2000_0000));
+    }
+
+    #[test]
+    fn plan_out_of_place() {
+        let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+        let mut l = launch(ar, Path::Multicast, 1024);
+        l.out = vec![0x5000_0000, 0x6000_0000];
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
+        // recv 4 bytes off send's alignment modulo 16: the multicast kernel cannot pair vectors.
+        l.out = vec![0x5000_0004, 0x6000_0004];
+        let p = plan(&l).unwrap().unwrap();
+        assert_eq!(
+            (p.kernel.kind, p.fallback),
+            (KernelKind::AllReduceP2p, Some("send and recv disagree in alignment modulo 16"))
+        );
+        // The push one-shot needs 16-byte aligned recv too.
+        let mut l = launch(ar, Path::P2P, 1024);
+        l.out = vec![0x5000_0004, 0x6000_0004];
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        l.out = vec![0x5000_0002, 0x6000_0002];
+        assert!(plan(&l).is_err(), "recv not aligned to the element");
+        l.out = vec![0x5000_0000];
+        assert!(plan(&l).is_err(), "one out address for two ranks");
+        // All-gather out of place: the same choice on every rank, whatever its block's offset.
+        for count in [340u64, 352] {
+            let kinds: Vec<KernelKind> = (0..2u32)
+                .map(|rank| {
+                    let mut l = launch(Collective::AllGather, Path::Multicast, count);
+                    l.rank = rank;
+                    let send = 0x7000_0000u64;
+                    l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
+                    l.out = vec![0x5000_0000, 0x6000_0000];
+                    plan(&l).unwrap().unwrap().kernel.kind
+                })
+                .collect();
+            assert_eq!(kinds[0], kinds[1], "count {count}");
+            let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            assert_eq!(kinds[0], want, "count {count}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Compiled-kernel cache: in memory (per process) and on disk.
 //!
-//! Key: FNV-1a hash of the source and the NVRTC options, NVRTC version, architecture and variant.
+//! Key: FNV-1a hash of the source and the NVRTC options (which select the module's entry points,
+//! see [`super::select`]), NVRTC version, architecture, variant and module name.
 //! Disk directory: `MCAST_CACHE_DIR`, else `$XDG_CACHE_HOME/mcast`, else `~/.cache/mcast`;
 //! `MCAST_CACHE_DIR=off` disables the disk cache. Files are written atomically (temporary file in
 //! the same directory, then rename) with a header and checksum; a file that fails the check is
@@ -15,6 +16,7 @@ use parking_lot::Mutex;
 use super::abi::Variant;
 use super::error::KernelError;
 use super::nvrtc;
+use super::select::Unit;
 
 const MAGIC: &[u8; 8] = b"MCASTKC1";
 const HEADER: usize = 24;
@@ -44,24 +46,39 @@ pub struct CacheKey {
     pub arch: String,
     /// Which build.
     pub variant: Variant,
+    /// Which entry points: a [`Unit`] name, or `all`.
+    pub module: String,
 }
 
 impl CacheKey {
     /// The key of `source` compiled with `options` by NVRTC `nvrtc` for `arch`.
     pub fn new(source: &str, options: &[String], nvrtc: (i32, i32), arch: &str, variant: Variant) -> CacheKey {
         let opts = options.join("\u{1}");
-        CacheKey { source_hash: fnv1a(&[source.as_bytes(), opts.as_bytes()]), nvrtc, arch: arch.to_string(), variant }
+        CacheKey {
+            source_hash: fnv1a(&[source.as_bytes(), opts.as_bytes()]),
+            nvrtc,
+            arch: arch.to_string(),
+            variant,
+            module: "all".to_string(),
+        }
+    }
+
+    /// The same key for the module named `module` (its options must select it).
+    pub fn module(mut self, module: &str) -> CacheKey {
+        self.module = module.to_string();
+        self
     }
 
     /// The cache file name.
     pub fn file_name(&self) -> String {
         format!(
-            "kernels-{:016x}-nvrtc{}.{}-{}-{}.cubin",
+            "kernels-{:016x}-nvrtc{}.{}-{}-{}-{}.cubin",
             self.source_hash,
             self.nvrtc.0,
             self.nvrtc.1,
             self.arch,
-            self.variant.name()
+            self.variant.name(),
+            self.module
         )
     }
 }
@@ -161,14 +178,19 @@ pub fn get_or_build(
     Ok(img)
 }
 
-/// The cubin of the kernel source for `arch` and `variant`, compiled with NVRTC or cached.
-pub fn cubin(arch: &str, variant: Variant) -> Result<Arc<Vec<u8>>, KernelError> {
+/// The cubin of the kernel source for `arch` and `variant`, compiled with NVRTC or cached: every
+/// entry point (`unit` `None`), or only those of `unit` (seconds instead of tens of seconds).
+pub fn cubin(arch: &str, variant: Variant, unit: Option<Unit>) -> Result<Arc<Vec<u8>>, KernelError> {
     let nv = nvrtc::nvrtc()?;
-    let options = nvrtc::options(arch, variant);
-    let key = CacheKey::new(super::abi::SOURCE, &options, nv.version(), arch, variant);
+    let mut options = nvrtc::options(arch, variant);
+    let module = unit.map_or_else(|| "all".to_string(), Unit::name);
+    if let Some(u) = unit {
+        options.extend(u.defines());
+    }
+    let key = CacheKey::new(super::abi::SOURCE, &options, nv.version(), arch, variant).module(&module);
     let dir = cache_dir();
     get_or_build(dir.as_deref(), &key, || {
-        let target = format!("{arch} {}", variant.name());
+        let target = format!("{arch} {} {module}", variant.name());
         let out = nv.compile(super::abi::SOURCE, super::abi::SOURCE_NAME, &options, &target)?;
         if !out.log.is_empty() {
             tracing::debug!("NVRTC log for {target}:\n{}", out.log);
@@ -196,6 +218,7 @@ mod tests {
         assert_ne!(k, CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem));
         assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_100", Variant::Multimem));
         assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated));
+        assert_ne!(k, CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Multimem).module("broadcast"));
         assert_ne!(
             k.source_hash,
             CacheKey::new("src", &["-DX".to_string()], (13, 0), "sm_90", Variant::Multimem).source_hash
@@ -204,9 +227,10 @@ mod tests {
             k.file_name(),
             CacheKey::new("src", &o, (13, 1), "sm_90", Variant::Multimem).file_name(),
             CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated).file_name(),
+            CacheKey::new("src", &o, (13, 0), "sm_90", Variant::Emulated).module("all_reduce-bf16-sum").file_name(),
         ]
         .into();
-        assert_eq!(names.len(), 3);
+        assert_eq!(names.len(), 4);
         assert_eq!(fnv1a(&[b"a"]), fnv1a(&[b"a"]));
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
     }

@@ -1,8 +1,10 @@
 //! Loading the compiled kernels on a device and launching them.
 //!
-//! Modules are loaded once per (driver, device, variant) and every entry point is resolved at load
-//! time, so a launch after warm-up does no allocation and no host synchronization (it is CUDA-graph
-//! capturable): look-up under a lock, build the argument struct on the stack, `cuLaunchKernel`.
+//! A module holds one [`Unit`] (one collective for one dtype and operator, every algorithm of it),
+//! so the first call compiles only what it needs. Modules are loaded once per (driver, device,
+//! variant, unit) and their entry points are resolved at load time, so a launch after warm-up
+//! does no allocation and no host synchronization (it is CUDA-graph capturable): look-up under a
+//! lock, build the argument struct on the stack, `cuLaunchKernel`.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -10,19 +12,20 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::abi::{self, KernelArgs, KernelId, Variant, KERNEL_IDS};
+use super::abi::{self, KernelArgs, Variant, KERNEL_IDS};
 use super::error::KernelError;
+use super::select::Unit;
 use super::{cache, nvrtc, Launch, Path};
 use crate::driver::{Device, Driver, Function, LaunchConfig, Module};
 
-/// One module loaded on one device, with its entry points by [`KernelId::index`].
+/// One module loaded on one device, with its unit's entry points by [`abi::KernelId::index`].
 pub struct LoadedModule {
     /// The module.
     pub module: Module,
     functions: Vec<Option<Function>>,
 }
 
-type Key = (usize, Device, Variant);
+type Key = (usize, Device, Variant, Unit);
 
 fn modules() -> &'static Mutex<HashMap<Key, Arc<LoadedModule>>> {
     static M: OnceLock<Mutex<HashMap<Key, Arc<LoadedModule>>>> = OnceLock::new();
@@ -51,10 +54,16 @@ pub fn variant_for(l: &Launch) -> Variant {
     }
 }
 
-/// Loads (compiling or from cache) the module of `variant` on `dev`, once per driver and device.
-/// Call it before CUDA-graph capture to keep compilation and loading out of the capture.
-pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc<LoadedModule>, KernelError> {
-    let key = (driver_key(driver), dev, variant);
+/// Loads (compiling or from cache) the module of `unit` in `variant` on `dev`, once per driver,
+/// device and unit. A first call of a collective does this; call it before CUDA-graph capture
+/// to keep compilation and loading out of the capture.
+pub fn prepare(
+    driver: &dyn Driver,
+    dev: Device,
+    variant: Variant,
+    unit: Unit,
+) -> Result<Arc<LoadedModule>, KernelError> {
+    let key = (driver_key(driver), dev, variant, unit);
     if let Some(m) = modules().lock().get(&key) {
         return Ok(m.clone());
     }
@@ -72,7 +81,7 @@ pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc
         )));
     }
     let arch = nvrtc::arch_for(props.cc_major, props.cc_minor);
-    let image = cache::cubin(&arch, variant)?;
+    let image = cache::cubin(&arch, variant, Some(unit))?;
     // Compile outside the lock (slow); load under it so that one module per key is kept.
     let mut map = modules().lock();
     if let Some(m) = map.get(&key) {
@@ -80,10 +89,7 @@ pub fn prepare(driver: &dyn Driver, dev: Device, variant: Variant) -> Result<Arc
     }
     let module = driver.module_load(dev, &image)?;
     let mut functions = vec![None; KERNEL_IDS];
-    for id in KernelId::all() {
-        if !id.exists() {
-            continue;
-        }
+    for id in unit.kernels() {
         let name = CString::new(id.name()).expect("kernel names have no NUL");
         match driver.module_function(dev, module, &name) {
             Ok(f) => functions[id.index()] = Some(f),
@@ -116,7 +122,7 @@ pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
         );
     }
     let variant = variant_for(l);
-    let module = prepare(driver, l.dev, variant)?;
+    let module = prepare(driver, l.dev, variant, Unit::of(plan.kernel))?;
     let func = module.functions[plan.kernel.index()]
         .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", plan.kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, variant);

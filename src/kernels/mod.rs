@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cuda;
 pub mod error;
 pub mod nvrtc;
+pub mod select;
 pub mod sim;
 
 pub use cuda::launch;
@@ -163,6 +164,12 @@ pub struct Launch {
     pub data: Vec<DevicePtr>,
     /// Multicast address (on `dev`) of byte `offset` of the buffer, on the multicast path.
     pub data_mc: Option<DevicePtr>,
+    /// Out of place: for each rank, where the results for that rank's `data` go, in the layout
+    /// of `data` (all-gather and reduce-scatter bases shifted by the block offset the kernel adds,
+    /// so they may not be addresses themselves). Empty: in place (`out == data`).
+    pub out: Vec<DevicePtr>,
+    /// Multicast address of `out[rank]`, on the multicast path out of place.
+    pub out_mc: Option<DevicePtr>,
     /// For each rank, the address (on `dev`) of that rank's sync region ([`SYNC_BYTES`]).
     pub sync: Vec<DevicePtr>,
     /// Multicast address (on `dev`) of the sync region, on the multicast path.

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, PUSH_CHUNK,
-    SCRATCH_OFFSET, SIGNAL_OFFSET,
+    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT,
+    PUSH_CHUNK, SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
@@ -23,6 +23,9 @@ struct Targets(Vec<*mut u8>);
 // SAFETY: the pointers address simulated device memory shared by the worker threads; every
 // access is ordered by the barrier protocol, as on a GPU.
 unsafe impl Send for Targets {}
+// SAFETY: as for `Send`: a captured job (a CUDA-graph node) is shared by its replays, which run
+// one after another on the stream's worker; the pointers are only read.
+unsafe impl Sync for Targets {}
 
 /// Everything one rank's job needs, captured at launch.
 struct Job {
@@ -37,10 +40,14 @@ struct Job {
     timeout: Option<Duration>,
     /// Each rank's data as mapped on this device.
     data: Targets,
+    /// Where each rank's results go (the layout of `data`; in place, `data` itself).
+    out: Targets,
     /// Each rank's sync region as mapped on this device.
     sync: Targets,
-    /// The bound copies behind the multicast data address (multicast kernels).
+    /// The bound copies behind the multicast data address (multicast kernels that reduce).
     mc_data: Option<Targets>,
+    /// The bound copies behind the multicast out address (multicast kernels that store).
+    mc_out: Option<Targets>,
     /// Each rank's barrier counter behind the multicast sync address (multicast kernels).
     mc_signal: Option<Targets>,
 }
@@ -58,22 +65,29 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         p.kernel.kind,
         KernelKind::AllReduceMc | KernelKind::ReduceScatterMc | KernelKind::BroadcastMc | KernelKind::AllGatherMc
     );
-    let (mc_data, mc_signal) = match (is_mc, l.data_mc, l.sync_mc) {
-        (false, _, _) => (None, None),
+    let reads_mc = matches!(p.kernel.kind, KernelKind::AllReduceMc | KernelKind::ReduceScatterMc);
+    let writes_mc =
+        matches!(p.kernel.kind, KernelKind::AllReduceMc | KernelKind::BroadcastMc | KernelKind::AllGatherMc);
+    let out: Vec<u64> = if l.out.is_empty() { l.data.clone() } else { l.out.clone() };
+    let (mc_data, mc_out, mc_signal) = match (is_mc, l.data_mc, l.sync_mc) {
+        (false, _, _) => (None, None, None),
         (true, Some(data_mc), Some(sync_mc)) => {
             let translate = |addr: u64, len: usize, what: &str| -> Result<Targets, KernelError> {
                 sim.multicast_targets(addr, len).map(Targets).ok_or_else(|| {
                     KernelError::Unsupported(format!("{what} at {addr:#x} is not a bound multicast range"))
                 })
             };
+            let out_mc = l.out_mc.unwrap_or(data_mc);
             (
-                Some(translate(data_mc, span, "the data")?),
+                if reads_mc { Some(translate(data_mc, span, "the data")?) } else { None },
+                if writes_mc { Some(translate(out_mc, out_span(l), "the output")?) } else { None },
                 Some(translate(sync_mc + SIGNAL_OFFSET as u64, 4, "the barrier counter")?),
             )
         }
         // Emulated multimem (no multicast object): every rank's copy through its peer mapping.
         (true, _, _) => (
             Some(Targets(l.data.iter().map(|&a| a as *mut u8).collect())),
+            Some(Targets(out.iter().map(|&a| a as *mut u8).collect())),
             Some(Targets(l.sync.iter().map(|&a| (a + SIGNAL_OFFSET as u64) as *mut u8).collect())),
         ),
     };
@@ -87,11 +101,14 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         blocks: p.blocks as usize,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
         data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
+        out: Targets(out.iter().map(|&a| a as *mut u8).collect()),
         sync: Targets(l.sync.iter().map(|&a| a as *mut u8).collect()),
         mc_data,
+        mc_out,
         mc_signal,
     };
-    sim.enqueue(l.dev, l.stream, Box::new(move || job.run())).map_err(KernelError::Driver)
+    // `run` takes `&self`: a launch captured in a CUDA graph replays the same job.
+    sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
 }
 
 /// Bytes of the symmetric range a collective touches, from `data[r]`.
@@ -106,6 +123,14 @@ fn span_bytes(l: &Launch) -> usize {
     }
 }
 
+/// Bytes of the output range a multicast kernel stores to, from `out_mc` (or `data_mc`).
+fn out_span(l: &Launch) -> usize {
+    match l.collective {
+        Collective::ReduceScatter { dtype, .. } => l.nranks as usize * l.count as usize * dtype.size(),
+        _ => span_bytes(l),
+    }
+}
+
 fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
     // SAFETY: `base` is a rank's sync region (at least SYNC_BYTES, 4-byte aligned, mapped for the
     // team's lifetime); the words are only accessed atomically.
@@ -113,9 +138,13 @@ fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
 }
 
 impl Job {
-    fn run(self) {
+    fn run(&self) {
         let me = self.sync.0[self.rank];
         if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
+            return;
+        }
+        if word(me, STATE_OFFSET).load(Ordering::Acquire) != STATE_OK {
+            self.fail(ERR_ABORTED, 0);
             return;
         }
         let esize = self.red.map_or(1, |(d, _)| d.size());
@@ -126,16 +155,17 @@ impl Job {
             self.barrier(barrier)
         };
         let data = &self.data.0;
+        let out = &self.out.0;
         match self.kind {
             KernelKind::AllReduceP2p => {
                 if !sync() {
                     return;
                 }
-                let out = self.reduce(data, 0, count);
+                let res = self.reduce(data, 0, count);
                 if !sync() {
                     return;
                 }
-                write(data[r], 0, &out);
+                write(out[r], 0, &res);
                 sync();
             }
             KernelKind::AllReduceP2pPush => {
@@ -155,7 +185,7 @@ impl Job {
                     let (lo, hi) = part(b);
                     for p in 0..n {
                         // SAFETY: lo..hi lies in this rank's range and in one scratch row.
-                        unsafe { std::ptr::copy_nonoverlapping(data[r].add(lo), row(p, b, r), hi - lo) };
+                        unsafe { std::ptr::copy_nonoverlapping(data[r].wrapping_add(lo), row(p, b, r), hi - lo) };
                     }
                 }
                 if !sync() {
@@ -164,8 +194,8 @@ impl Job {
                 for b in 0..self.blocks {
                     let (lo, hi) = part(b);
                     let rows: Vec<*mut u8> = (0..n).map(|q| row(r, b, q)).collect();
-                    let out = self.reduce(&rows, 0, (hi - lo) / esize);
-                    write(data[r], lo, &out);
+                    let res = self.reduce(&rows, 0, (hi - lo) / esize);
+                    write(out[r], lo, &res);
                 }
             }
             KernelKind::AllReduceP2pTwoShot => {
@@ -173,17 +203,17 @@ impl Job {
                 if !sync() {
                     return;
                 }
-                let out = self.reduce(data, lo, hi - lo);
+                let res = self.reduce(data, lo, hi - lo);
                 if !sync() {
                     return;
                 }
-                write(data[r], lo * esize, &out);
+                write(out[r], lo * esize, &res);
                 if !sync() {
                     return;
                 }
                 for q in (0..n).filter(|&q| q != r) {
                     let (lo, hi) = slice(count, n, q);
-                    copy(data[q], data[r], lo * esize, (hi - lo) * esize);
+                    copy(out[q], out[r], lo * esize, (hi - lo) * esize);
                 }
                 sync();
             }
@@ -191,19 +221,20 @@ impl Job {
                 if !sync() {
                     return;
                 }
-                let out = self.reduce(data, r * count, count);
-                write(data[r], r * count * esize, &out);
+                let res = self.reduce(data, r * count, count);
+                write(out[r], r * count * esize, &res);
                 sync();
             }
             KernelKind::AllReduceMc => {
                 let mc = &self.mc_data.as_ref().expect("multicast targets").0;
+                let mc_out = &self.mc_out.as_ref().expect("multicast targets").0;
                 let (lo, hi) = slice(count, n, r);
                 if !sync() {
                     return;
                 }
-                let out = self.reduce(mc, lo, hi - lo);
-                for &t in mc {
-                    write(t, lo * esize, &out);
+                let res = self.reduce(mc, lo, hi - lo);
+                for &t in mc_out {
+                    write(t, lo * esize, &res);
                 }
                 sync();
             }
@@ -212,8 +243,8 @@ impl Job {
                 if !sync() {
                     return;
                 }
-                let out = self.reduce(mc, r * count, count);
-                write(data[r], r * count * esize, &out);
+                let res = self.reduce(mc, r * count, count);
+                write(out[r], r * count * esize, &res);
                 sync();
             }
             KernelKind::BroadcastP2p | KernelKind::AllGatherP2p => {
@@ -221,12 +252,10 @@ impl Job {
                     return;
                 }
                 match self.collective {
-                    Collective::Broadcast { root } if root as usize != r => {
-                        copy(data[root as usize], data[r], 0, count)
-                    }
+                    Collective::Broadcast { root } => copy(data[root as usize], out[r], 0, count),
                     Collective::AllGather => {
-                        for q in (0..n).filter(|&q| q != r) {
-                            copy(data[q], data[r], q * count, count);
+                        for q in (0..n).filter(|&q| q != r || out[r] != data[r]) {
+                            copy(data[q], out[r], q * count, count);
                         }
                     }
                     _ => {}
@@ -234,7 +263,7 @@ impl Job {
                 sync();
             }
             KernelKind::BroadcastMc | KernelKind::AllGatherMc => {
-                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
+                let mc = &self.mc_out.as_ref().expect("multicast targets").0;
                 if !sync() {
                     return;
                 }
@@ -271,14 +300,15 @@ impl Job {
         let counter = word(me, SIGNAL_OFFSET);
         let start = Instant::now();
         let mut spins = 0u32;
+        let state = word(me, STATE_OFFSET);
         while (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) < 0 {
+            // The team's state word: an abort ends the wait, as on a GPU.
+            if state.load(Ordering::Acquire) != STATE_OK {
+                self.fail(ERR_ABORTED, index);
+                return false;
+            }
             if self.timeout.is_some_and(|t| start.elapsed() >= t) {
-                if word(me, ERROR_WORD_OFFSET)
-                    .compare_exchange(ERR_NONE, ERR_TIMEOUT, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
-                }
+                self.fail(ERR_TIMEOUT, index);
                 return false;
             }
             spins += 1;
@@ -291,6 +321,15 @@ impl Job {
             }
         }
         true
+    }
+
+    /// Records `code` in this rank's error word unless an earlier error is there (barrier
+    /// `index` of the collective, 0 before the first).
+    fn fail(&self, code: u32, index: u32) {
+        let me = self.sync.0[self.rank];
+        if word(me, ERROR_WORD_OFFSET).compare_exchange(ERR_NONE, code, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
+        }
     }
 
     /// The reduction of elements `[first, first + n)` over every address in `srcs`, in order.
@@ -357,7 +396,7 @@ fn slice(count: usize, n: usize, r: usize) -> (usize, usize) {
 
 fn load<T: Copy>(base: *mut u8, offset: usize) -> T {
     // SAFETY: `base + offset` lies in the collective's range of mapped simulated memory.
-    unsafe { std::ptr::read_unaligned(base.add(offset) as *const T) }
+    unsafe { std::ptr::read_unaligned(base.wrapping_add(offset) as *const T) }
 }
 
 fn to_bytes<T: Copy>(v: T) -> Vec<u8> {
@@ -370,13 +409,16 @@ fn to_bytes<T: Copy>(v: T) -> Vec<u8> {
 fn write(base: *mut u8, offset: usize, bytes: &[u8]) {
     // SAFETY: the destination range lies in the collective's range of mapped memory; no other
     // rank touches it between the surrounding barriers.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(offset), bytes.len()) };
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.wrapping_add(offset), bytes.len()) };
 }
 
+/// Copies `[offset, offset + len)` from `src` to `dst` (bases in the same layout; a base may
+/// lie before its memory when the kernel adds a block offset, hence the wrapping arithmetic).
 fn copy(src: *mut u8, dst: *mut u8, offset: usize, len: usize) {
     if src != dst {
-        // SAFETY: both ranges lie in mapped memory of the collective; distinct copies.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.add(offset), len) };
+        // SAFETY: both ranges lie in mapped memory of the collective; distinct copies that do
+        // not overlap (out-of-place ranges are checked disjoint by the runtime).
+        unsafe { std::ptr::copy_nonoverlapping(src.wrapping_add(offset), dst.wrapping_add(offset), len) };
     }
 }
 

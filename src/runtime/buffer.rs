@@ -3,28 +3,186 @@
 use std::sync::Arc;
 
 use super::error::{Error, Result};
+use super::segment::External;
 use super::team::{Allocation, Team, Transport};
-use crate::driver::DevicePtr;
+use crate::driver::{CuResult, DevicePtr};
 
 /// A buffer.
 pub struct Buffer {
     team: Arc<Team>,
     alloc: Allocation,
+    /// Memory the application registered: the context's registration serial.
+    registration: Option<u64>,
 }
 
 impl Buffer {
+    /// Makes a buffer of memory the application owns: `ptrs[i]` is rank i's memory, `bytes`
+    /// long (single-process teams: every rank). Checks every rule with a clear error, then maps
+    /// each rank's allocation on every device (P2P views) and on the multicast transport binds
+    /// each pointer to a new multicast object with `cuMulticastBindAddr`.
+    pub fn register(team: &Arc<Team>, ptrs: &[DevicePtr], bytes: usize) -> Result<Buffer> {
+        let ctx = team.context();
+        let driver = ctx.driver();
+        let n = team.size();
+        if team.local_rank().is_some() {
+            return Err(Error::not_supported(
+                "mcast_buffer_register on a team of one rank per process is not implemented yet: register in a team \
+                 made by mcast_team_create, or use mcast_buffer_alloc",
+            ));
+        }
+        if ptrs.len() != n {
+            return Err(Error::invalid_argument(format!("{} pointers for a team of {n} rank(s)", ptrs.len())));
+        }
+        if bytes == 0 {
+            return Err(Error::invalid_argument("bytes is 0: a buffer needs at least one byte"));
+        }
+        let multicast = team.transport() == Transport::Multicast;
+        let g = team.alloc_granularity();
+        // Every address check first; then retain the allocations (released on any failure).
+        for (i, &ptr) in ptrs.iter().enumerate() {
+            let dev = team.devices()[i];
+            if ptr == 0 {
+                return Err(Error::invalid_argument(format!("ptrs[{i}] is NULL")));
+            }
+            match driver.pointer_device(ptr) {
+                Ok(d) if d == dev => {}
+                Ok(d) => {
+                    return Err(Error::invalid_argument(format!(
+                        "ptrs[{i}] = {ptr:#x} is memory of device {d}, but rank {i} runs on device {dev}"
+                    )))
+                }
+                Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => {
+                    return Err(Error::invalid_argument(format!(
+                        "ptrs[{i}] = {ptr:#x} is not device memory ({e}): register device memory of rank {i}'s device {dev}"
+                    )))
+                }
+                Err(e) => return Err(Error::driver(e, format_args!("asking which device ptrs[{i}] belongs to"))),
+            }
+            if ptr.checked_add(bytes as u64).is_none() {
+                return Err(Error::invalid_argument(format!("ptrs[{i}] + {bytes} bytes overflows")));
+            }
+        }
+        let mut ext: Vec<External> = Vec::with_capacity(n);
+        let release = |ext: Vec<External>| {
+            for e in ext {
+                if let Err(u) = driver.mem_release(e.handle) {
+                    tracing::error!("mcast_buffer_register: releasing a retained handle: {u}");
+                }
+            }
+        };
+        let mut sizes = Vec::with_capacity(n);
+        for (i, &ptr) in ptrs.iter().enumerate() {
+            let checked = (|| {
+                let handle =
+                    driver.mem_retain_allocation_handle(ptr).map_err(|e| {
+                        if e.code != CuResult::ERROR_INVALID_VALUE {
+                            return Error::driver(e, format_args!("retaining the allocation behind ptrs[{i}]"));
+                        }
+                        Error::not_supported(format!(
+                        "ptrs[{i}] = {ptr:#x} is not memory from cuMemCreate ({e}), for example cudaMalloc memory: {} \
+                         needs a cuMemCreate allocation; allocate with mcast_mem_alloc, or call the mcast_team_* \
+                         collectives on plain device pointers",
+                        if multicast { "cuMulticastBindAddr (the MULTICAST transport)" } else { "a peer mapping (P2P)" }
+                    ))
+                    })?;
+                let range = driver.mem_address_range(ptr);
+                Ok((handle, range))
+            })();
+            match checked {
+                Ok((handle, Ok((base, size)))) => {
+                    ext.push(External { handle, ptr, offset: (ptr - base) as usize });
+                    sizes.push(size);
+                }
+                Ok((handle, Err(e))) => {
+                    ext.push(External { handle, ptr, offset: 0 });
+                    release(ext);
+                    return Err(Error::driver(e, format_args!("finding the allocation behind ptrs[{i}]")));
+                }
+                Err(e) => {
+                    release(ext);
+                    return Err(e);
+                }
+            }
+        }
+        // Each rank's whole allocation is mapped (cuMemMap maps from offset 0): the views hold
+        // the furthest end of any rank's range, rounded to the granularity, which must fit in
+        // every allocation.
+        let furthest = ext.iter().map(|e| e.offset + bytes).max().unwrap_or(bytes);
+        let size = furthest.next_multiple_of(g);
+        let mc_size = bytes.next_multiple_of(g);
+        let rule = ext.iter().zip(&sizes).enumerate().find_map(|(i, (e, &have))| {
+            if multicast && (e.ptr % g as u64 != 0) {
+                Some(format!(
+                    "ptrs[{i}] = {:#x} is not aligned to the multicast granularity ({g} bytes): cuMulticastBindAddr \
+                     needs an aligned address (mcast_mem_alloc returns one)",
+                    e.ptr
+                ))
+            } else if multicast && e.offset + mc_size > have {
+                Some(format!(
+                    "ptrs[{i}] + {bytes} bytes rounded up to the multicast granularity ({mc_size} bytes) runs past the \
+                     end of its allocation ({have} bytes from {:#x}): cuMulticastBindAddr binds whole granules",
+                    e.ptr - e.offset as u64
+                ))
+            } else if size > have {
+                Some(format!(
+                    "the allocation behind ptrs[{i}] ({have} bytes) is smaller than the {size} bytes every rank's \
+                     mapping needs (the furthest registered end, rounded to the granularity {g}): register ranges at \
+                     the same offset of equally large allocations"
+                ))
+            } else {
+                None
+            }
+        });
+        if let Some(rule) = rule {
+            release(ext);
+            return Err(Error::not_supported(rule));
+        }
+        let ranges: Vec<_> = ptrs.iter().enumerate().map(|(i, &p)| (team.devices()[i], p, bytes)).collect();
+        let serial = match ctx.memory.register(&ranges) {
+            Ok(s) => s,
+            Err(e) => {
+                release(ext);
+                return Err(e);
+            }
+        };
+        match team.register(ext, bytes, size, mc_size) {
+            Ok(alloc) => Ok(Buffer { team: team.clone(), alloc, registration: Some(serial) }),
+            Err(e) => {
+                ctx.memory.unregister(serial);
+                Err(e.context(format!("registering {bytes} bytes on devices {:?}", team.devices())))
+            }
+        }
+    }
+
     /// Allocates `bytes` on every rank of `team`.
     pub fn alloc(team: &Arc<Team>, bytes: usize) -> Result<Buffer> {
         let alloc = team.alloc(bytes)?;
-        Ok(Buffer { team: team.clone(), alloc })
+        Ok(Buffer { team: team.clone(), alloc, registration: None })
     }
 
     /// Waits for the team's work in flight (as `cudaFree` does), then returns the memory to the
     /// team. A failed wait is reported after the memory is returned.
     pub fn free(&self) -> Result<()> {
+        // An aborted team keeps the memory until it is destroyed (its waits may not end).
+        self.team.check_not_aborted("freeing a buffer")?;
         let waited = self.team.quiesce();
-        self.team.free(&self.alloc)?;
+        let freed = self.team.free(&self.alloc);
+        if let Some(serial) = self.registration {
+            self.team.context().memory.unregister(serial);
+        }
+        freed?;
         waited
+    }
+
+    /// A transient view of registered memory found by [`Team::find_registered`], for running a
+    /// collective on it zero-copy. Never freed: the registered buffer owns the memory.
+    pub(crate) fn view(team: &Arc<Team>, alloc: Allocation) -> Buffer {
+        Buffer { team: team.clone(), alloc, registration: None }
+    }
+
+    /// True for memory the application registered.
+    pub fn is_registered(&self) -> bool {
+        self.registration.is_some()
     }
 
     /// The team.

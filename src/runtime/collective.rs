@@ -2,24 +2,20 @@
 //! (NVRTC-compiled on CUDA, host execution on the simulator), and `synchronize`, which reports
 //! device-side errors.
 
+use std::sync::Arc;
+
 use super::buffer::Buffer;
 use super::error::{Error, ErrorKind, Result};
 use super::team::{Team, Transport};
-use crate::driver::Stream;
-use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT};
+use crate::driver::{DevicePtr, Stream};
+use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
 use crate::kernels::{self, Collective, KernelError, Launch, Path};
 
-/// Runs rank `rank`'s part of `collective` on `[offset, offset + extent)` of `buf`, on `stream`.
-/// `count` is in elements for the reductions and in bytes for broadcast and all-gather, per rank
-/// block for reduce-scatter and all-gather. Returns once enqueued.
-pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
-    let team = buf.team();
-    let r = team.check_own_rank(rank, "rank")?;
-    if let Some(e) = team.error() {
-        return Err(e);
-    }
+/// Element size, offset alignment and number of per-rank blocks of the symmetric range of
+/// `collective` (after checking its root).
+fn geometry(team: &Team, collective: Collective) -> Result<(usize, usize, usize)> {
     let n = team.size();
-    let (esize, align, blocks) = match collective {
+    Ok(match collective {
         Collective::Broadcast { root } => {
             team.check_rank(root as i32, "root")?;
             (1, 1, 1)
@@ -27,24 +23,292 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
         Collective::AllGather => (1, 1, n),
         Collective::AllReduce { dtype, .. } => (dtype.size(), dtype.size().max(4), 1),
         Collective::ReduceScatter { dtype, .. } => (dtype.size(), dtype.size().max(4), n),
-    };
-    if count == 0 {
-        return Err(Error::invalid_argument("count is 0: a collective needs at least one element or byte"));
-    }
+    })
+}
+
+/// Checks that `[offset, offset + blocks * count * esize)` lies in `buf`, aligned to `align`;
+/// returns the extent in bytes.
+fn check_range(
+    buf: &Buffer,
+    what: &str,
+    offset: usize,
+    count: usize,
+    esize: usize,
+    blocks: usize,
+    align: usize,
+) -> Result<usize> {
     if offset % align != 0 {
-        return Err(Error::invalid_argument(format!("offset {offset} is not a multiple of {align} bytes")));
+        return Err(Error::invalid_argument(format!("{what}offset {offset} is not a multiple of {align} bytes")));
     }
     let extent = count.checked_mul(esize).and_then(|b| b.checked_mul(blocks));
-    match extent.and_then(|e| offset.checked_add(e)) {
-        Some(end) if end <= buf.size() => {}
-        _ => {
-            return Err(Error::invalid_argument(format!(
-            "the collective's range ({blocks} block(s) of {count} x {esize} bytes from offset {offset}) is past the \
-                 end of the {}-byte buffer",
+    match extent.and_then(|e| offset.checked_add(e).map(|end| (e, end))) {
+        Some((e, end)) if end <= buf.size() => Ok(e),
+        _ => Err(Error::invalid_argument(format!(
+            "the collective's {what}range ({blocks} block(s) of {count} x {esize} bytes from offset {offset}) is past \
+             the end of the {}-byte buffer",
             buf.size()
-        )))
+        ))),
+    }
+}
+
+/// Runs rank `rank`'s part of `collective` on `[offset, offset + extent)` of `buf`, on `stream`.
+/// `count` is in elements for the reductions and in bytes for broadcast and all-gather, per rank
+/// block for reduce-scatter and all-gather. Count 0 is a no-op once the rank (and root) are
+/// checked. Returns once enqueued.
+pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
+    let team = buf.team();
+    let r = team.check_own_rank(rank, "rank")?;
+    team.check_usable(&format!("rank {rank}'s collective"))?;
+    let (esize, align, blocks) = geometry(team, collective)?;
+    if count == 0 {
+        return Ok(());
+    }
+    check_range(buf, "", offset, count, esize, blocks, align)?;
+    launch(team, buf, offset, r, count, collective, stream)
+}
+
+/// The out-of-place form of [`run`]: reads `send` at `send_offset`, writes `recv` at
+/// `recv_offset`, with the layouts of the `_into` functions (reduce-scatter: N blocks in, one
+/// out; all-gather: one block in, N out). NCCL's in-place forms (the same buffer, the result's
+/// range where [`run`] leaves it) run exactly as [`run`]; any other overlap on this rank, or
+/// buffers of different teams, is `INVALID_ARGUMENT`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_into(
+    send: &Buffer,
+    send_offset: usize,
+    recv: &Buffer,
+    recv_offset: usize,
+    rank: i32,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let team = send.team();
+    if !Arc::ptr_eq(team, recv.team()) {
+        return Err(Error::invalid_argument(
+            "send and recv are buffers of different teams: both must belong to the team running the collective",
+        ));
+    }
+    let r = team.check_own_rank(rank, "rank")?;
+    team.check_usable(&format!("rank {rank}'s collective"))?;
+    let n = team.size();
+    let (esize, align, blocks) = geometry(team, collective)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let (send_blocks, recv_blocks) = match collective {
+        Collective::AllGather => (1, n),
+        Collective::ReduceScatter { .. } => (n, 1),
+        _ => (1, 1),
+    };
+    debug_assert_eq!(blocks, send_blocks.max(recv_blocks));
+    let send_len = check_range(send, "send ", send_offset, count, esize, send_blocks, align)?;
+    let block = count * esize;
+    if std::ptr::eq(send, recv) {
+        // NCCL's in-place conventions: the result lands where the in-place function leaves it.
+        let in_place = match collective {
+            Collective::AllGather => r.checked_mul(block).and_then(|b| recv_offset.checked_add(b)) == Some(send_offset),
+            // `r * block` fits: the N blocks of send were checked within the buffer.
+            Collective::ReduceScatter { .. } => send_offset.checked_add(r * block) == Some(recv_offset),
+            _ => send_offset == recv_offset,
+        };
+        if in_place {
+            check_range(recv, "recv ", recv_offset, count, esize, recv_blocks, 1)?;
+            let offset = send_offset.min(recv_offset);
+            return launch(team, send, offset, r, count, collective, stream);
         }
     }
+    let recv_len = check_range(recv, "recv ", recv_offset, count, esize, recv_blocks, align)?;
+    // Any other overlap of the two ranges in this rank's memory.
+    let (s0, r0) = (send.local_ptr(rank)? + send_offset as u64, recv.local_ptr(rank)? + recv_offset as u64);
+    if s0 < r0 + recv_len as u64 && r0 < s0 + send_len as u64 {
+        return Err(Error::invalid_argument(format!(
+            "send [{send_offset}, +{send_len}) and recv [{recv_offset}, +{recv_len}) overlap on rank {rank} and are not \
+             NCCL's in-place form of {collective:?}: use disjoint ranges or the in-place layout"
+        )));
+    }
+    // The kernels add the block offset of the rank they read (all-gather) or write
+    // (reduce-scatter) to the bases: shift the bases back by it.
+    let shift_in = |p: usize| match collective {
+        Collective::AllGather => (p * block) as u64,
+        _ => 0,
+    };
+    let shift_out = match collective {
+        Collective::ReduceScatter { .. } => (r * block) as u64,
+        _ => 0,
+    };
+    let out = (0..n as i32)
+        .map(|p| recv.peer_ptr(rank, p).map(|a| (a + recv_offset as u64).wrapping_sub(shift_out)))
+        .collect::<Result<Vec<_>>>()?;
+    let out_mc = match team.transport() {
+        Transport::Multicast => Some((recv.multicast_ptr(rank)? + recv_offset as u64).wrapping_sub(shift_out)),
+        Transport::P2P => None,
+    };
+    let send_base = send_offset as u64;
+    let data = (0..n as i32)
+        .map(|p| send.peer_ptr(rank, p).map(|a| (a + send_base).wrapping_sub(shift_in(p as usize))))
+        .collect::<Result<Vec<_>>>()?;
+    let data_mc = match team.transport() {
+        Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
+        Transport::P2P => None,
+    };
+    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), None)
+}
+
+/// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
+/// pointer `send` to `recv` (the layouts of [`run_into`]; `send == recv` and NCCL's other
+/// in-place forms work in place). Where both ranges lie in registered buffers of the team it
+/// runs zero-copy as [`run_into`]; otherwise an all-reduce runs the push one-shot kernel in
+/// chunks through the team's bounded scratch (each chunk one launch that copies this rank's part
+/// of `send` into every peer's scratch, crosses one barrier and reduces into `recv`: the copy-in
+/// is fused into the kernel). Every rank must take the same route (all registered or none).
+#[allow(clippy::too_many_arguments)]
+pub fn run_ptr(
+    team: &Arc<Team>,
+    rank: i32,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let r = team.check_own_rank(rank, "rank")?;
+    team.check_usable(&format!("rank {rank}'s collective"))?;
+    let n = team.size();
+    let (esize, align, _) = geometry(team, collective)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let block = count
+        .checked_mul(esize)
+        .filter(|b| b.checked_mul(n).is_some())
+        .ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))?;
+    let (send_len, recv_len) = match collective {
+        Collective::AllGather => (block, n * block),
+        Collective::ReduceScatter { .. } => (n * block, block),
+        _ => (block, block),
+    };
+    let dev = team.devices()[r];
+    let driver = team.context().driver();
+    for (what, p, len) in [("send", send, send_len), ("recv", recv, recv_len)] {
+        if p == 0 {
+            return Err(Error::invalid_argument(format!("{what} is NULL")));
+        }
+        if p % align as u64 != 0 {
+            return Err(Error::invalid_argument(format!("{what} = {p:#x} is not a multiple of {align} bytes")));
+        }
+        if p.checked_add(len as u64).is_none() {
+            return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
+        }
+        match driver.pointer_device(p) {
+            Ok(d) if d == dev => {}
+            Ok(d) => {
+                return Err(Error::invalid_argument(format!(
+                    "{what} = {p:#x} is memory of device {d}, but rank {rank} runs on device {dev}"
+                )))
+            }
+            Err(e) if e.code == crate::driver::CuResult::ERROR_INVALID_VALUE => {
+                return Err(Error::invalid_argument(format!(
+                    "{what} = {p:#x} is not device memory ({e}): pass device memory of rank {rank}'s device {dev}"
+                )))
+            }
+            Err(e) => return Err(Error::driver(e, format_args!("asking which device {what} belongs to"))),
+        }
+    }
+    let in_place = match collective {
+        Collective::AllGather => recv.checked_add((r * block) as u64) == Some(send),
+        Collective::ReduceScatter { .. } => send.checked_add((r * block) as u64) == Some(recv),
+        _ => send == recv,
+    };
+    if !in_place && send < recv + recv_len as u64 && recv < send + send_len as u64 {
+        return Err(Error::invalid_argument(format!(
+            "send {send:#x} + {send_len} and recv {recv:#x} + {recv_len} overlap and are not NCCL's in-place form of \
+             {collective:?}"
+        )));
+    }
+    // Zero-copy: both ranges in registered buffers of the team.
+    if let (Some((sa, so)), Some((ra, ro))) =
+        (team.find_registered(r, send, send_len), team.find_registered(r, recv, recv_len))
+    {
+        let same = Arc::ptr_eq(&sa.seg, &ra.seg);
+        let sv = Buffer::view(team, sa);
+        if same {
+            return run_into(&sv, so, &sv, ro, rank, count, collective, stream);
+        }
+        let rv = Buffer::view(team, ra);
+        return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
+    }
+    let Collective::AllReduce { .. } = collective else {
+        return Err(Error::not_supported(format!(
+            "{collective:?} on device pointers outside the team's registered buffers is not implemented yet: register \
+             the memory with mcast_buffer_register (zero-copy), or use mcast_buffer_alloc buffers"
+        )));
+    };
+    if n as u32 > crate::kernels::abi::PUSH_MAX_RANKS {
+        return Err(Error::not_supported(format!(
+            "an all-reduce on unregistered device pointers needs the team's scratch, kept for teams of up to {} \
+             ranks (this one has {n}): register the memory with mcast_buffer_register",
+            crate::kernels::abi::PUSH_MAX_RANKS
+        )));
+    }
+    if (send | recv) % 16 != 0 {
+        return Err(Error::not_supported(format!(
+            "an all-reduce on unregistered device pointers needs 16-byte aligned send and recv (send {send:#x}, recv \
+             {recv:#x}): register the memory with mcast_buffer_register"
+        )));
+    }
+    // Chunks that the push kernel takes in one launch: every block's part within one scratch
+    // row, the whole within the one-shot limit. The same on every rank.
+    let cap = u64::from(crate::kernels::abi::GRID_MAX_BLOCKS.min(team.max_blocks().max(1)));
+    let chunk = (crate::kernels::abi::one_shot_max_bytes(n as u32).min(cap * crate::kernels::abi::PUSH_CHUNK) / 16 * 16)
+        as usize;
+    let mut done = 0usize;
+    while done < send_len {
+        let len = chunk.min(send_len - done);
+        let mut data = vec![0; n];
+        let mut out = vec![0; n];
+        data[r] = send + done as u64;
+        out[r] = recv + done as u64;
+        launch_with(team, r, len / esize, collective, stream, data, None, Some((out, None)), Some(Path::P2P))?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// Launches in place on `buf` at `offset`.
+fn launch(
+    team: &Arc<Team>,
+    buf: &Buffer,
+    offset: usize,
+    r: usize,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let n = team.size();
+    let rank = r as i32;
+    let data = (0..n as i32).map(|p| buf.peer_ptr(rank, p).map(|a| a + offset as u64)).collect::<Result<Vec<_>>>()?;
+    let data_mc = match team.transport() {
+        Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
+        Transport::P2P => None,
+    };
+    launch_with(team, r, count, collective, stream, data, data_mc, None, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_with(
+    team: &Arc<Team>,
+    r: usize,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+    data: Vec<DevicePtr>,
+    data_mc: Option<DevicePtr>,
+    out: Option<(Vec<DevicePtr>, Option<DevicePtr>)>,
+    path: Option<Path>,
+) -> Result<()> {
+    let n = team.size();
+    let forced = path;
     // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
     // instructions emulated over peer pointers: no multicast object is involved, so the
     // kernels' slicing, vectors, barriers and tails can be verified on any GPU.
@@ -53,11 +317,8 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
         Transport::P2P if kernels::cuda::emulate_forced() => Path::Multicast,
         Transport::P2P => Path::P2P,
     };
-    let data = (0..n as i32).map(|p| buf.peer_ptr(rank, p).map(|a| a + offset as u64)).collect::<Result<Vec<_>>>()?;
-    let data_mc = match team.transport() {
-        Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
-        Transport::P2P => None,
-    };
+    let path = forced.unwrap_or(path);
+    let (out, out_mc) = out.unwrap_or_default();
     let launch = Launch {
         collective,
         path,
@@ -67,18 +328,46 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
         stream,
         data,
         data_mc,
+        out,
+        out_mc,
         sync: team.sync_bases(r).to_vec(),
         sync_mc: team.sync_multicast(r),
         count: count as u64,
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
         max_blocks: team.max_blocks(),
     };
+    if forced.is_some() {
+        // The pointer form: only the push one-shot reads nothing but this rank's own memory.
+        match crate::kernels::abi::plan(&launch) {
+            Ok(Some(p)) if p.kernel.kind == crate::kernels::abi::KernelKind::AllReduceP2pPush => {}
+            other => {
+                return Err(Error::internal(format!(
+                    "the pointer form planned {other:?} instead of the push one-shot for {:?}",
+                    launch.collective
+                )))
+            }
+        }
+    }
+    let round = admit(team, r, stream)?;
     let driver = team.context().driver();
     let result = match driver.as_sim() {
         Some(sim) => kernels::sim::launch(sim, &launch),
         None => kernels::launch(driver.as_ref(), &launch),
     };
-    result.map_err(|e| kernel_error(e, &launch))
+    result.map_err(|e| {
+        team.unclaim_stream(r, round);
+        kernel_error(e, &launch)
+    })
+}
+
+/// The last check before any collective form enqueues rank `r`'s part on `stream`: the team
+/// must not have failed (aborted, timed out), and no other rank of the team on the same device
+/// may have been given `stream` for the same collective (the one-stream deadlock, caught on the
+/// host: see [`Team::claim_stream`]). Returns the round claimed; a launch that then fails gives
+/// it back with [`Team::unclaim_stream`].
+pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
+    team.check_usable(&format!("rank {r}'s collective"))?;
+    team.claim_stream(r, stream)
 }
 
 fn kernel_error(e: KernelError, l: &Launch) -> Error {
@@ -97,9 +386,14 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
     let dev = team.devices()[r];
     let driver = team.context().driver();
+    // An abort ends the kernels on the stream within microseconds (they read the team's state
+    // word), so this wait ends too.
     driver
         .stream_synchronize(dev, stream)
         .map_err(|e| Error::driver(e, format_args!("waiting for rank {rank}'s stream")))?;
+    if team.is_aborted() {
+        return Err(team.error().expect("an aborted team has its error"));
+    }
     let mut words = [0u8; 8];
     driver
         .memcpy_dtoh(dev, &mut words, team.sync_base(r, r) + ERROR_WORD_OFFSET as u64)
@@ -109,6 +403,14 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let info = u32::from_ne_bytes(words[4..].try_into().expect("4 bytes"));
     if code != ERR_NONE {
         let timeout_ms = team.context().config().timeout_ms;
+        if code == ERR_ABORTED {
+            team.set_error(Error::aborted(format!(
+                "rank {rank}: a collective ended in barrier {} because the team was aborted (by mcast_team_abort here \
+                 or in a peer process)",
+                info >> 8
+            )));
+            return Err(team.error().expect("an aborted team has its error"));
+        }
         let detail = if code == ERR_TIMEOUT {
             format!(
                 "rank {rank}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms (barrier {} of the \

@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use super::config::{Backend, Config};
 use super::error::{Error, ErrorKind, Result};
+use super::memory::UserMemory;
 use super::policy;
 use super::registry::{ResourceCounts, Resources};
 use super::segment::Segment;
@@ -27,6 +28,8 @@ pub struct Context {
     teams: Mutex<Vec<Arc<Team>>>,
     /// Segments whose release failed part-way; retried at shutdown.
     parked: Mutex<Vec<Arc<Segment>>>,
+    /// `mcast_mem_alloc` memory and live registrations.
+    pub memory: UserMemory,
 }
 
 /// What `mcast_device_get_info` reports.
@@ -112,6 +115,7 @@ impl Context {
             props: (0..count).map(|_| OnceLock::new()).collect(),
             teams: Mutex::new(Vec::new()),
             parked: Mutex::new(Vec::new()),
+            memory: UserMemory::default(),
         })
     }
 
@@ -262,6 +266,10 @@ impl Context {
                 team.devices()
             ));
         }
+        let user = self.memory.live();
+        if user > 0 {
+            report.push_str(&format!("{user} mcast_mem_alloc allocation(s) were not freed\n"));
+        }
         let resources = self.resources.report();
         report.push_str(&resources);
         for team in teams {
@@ -269,6 +277,8 @@ impl Context {
                 tracing::error!("releasing a leaked team: {e}");
             }
         }
+        // After the teams: registered buffers unbind and unmap before the memory goes.
+        self.memory.release_all(self);
         for seg in std::mem::take(&mut *self.parked.lock()) {
             for e in seg.teardown(self) {
                 tracing::error!("releasing what an earlier failed release left: {e}");

@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Timeout,
     /// A bug: a caught panic or a broken invariant.
     Internal,
+    /// The team was aborted, by `mcast_team_abort` here or in a peer process.
+    Aborted,
 }
 
 /// A runtime error.
@@ -68,6 +70,11 @@ impl Error {
     /// [`ErrorKind::InUse`].
     pub fn in_use(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InUse, message)
+    }
+
+    /// [`ErrorKind::Aborted`].
+    pub fn aborted(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Aborted, message)
     }
 
     /// [`ErrorKind::Internal`].

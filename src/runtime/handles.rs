@@ -53,14 +53,18 @@ pub fn team(id: u64) -> Result<Arc<Team>> {
     TEAMS.lock().get(id).ok_or_else(|| describe(id, "team"))
 }
 
-/// Destroys the team behind `id` (refused while it has buffers).
+/// Destroys the team behind `id` (refused while it has buffers, unless it failed: then its
+/// buffers' handles go with it). The table is not locked while the team waits for its work,
+/// so an abort from another thread can reach the team and end that wait; of racing destroys
+/// one succeeds and the others get `InvalidHandle`.
 pub fn destroy_team(id: u64) -> Result<()> {
-    let mut teams = TEAMS.lock();
-    let team = teams.get(id).ok_or_else(|| describe(id, "team"))?;
+    let team = TEAMS.lock().get(id).ok_or_else(|| describe(id, "team"))?;
     match team.destroy() {
         Err(e) if e.kind == ErrorKind::InUse => Err(e),
+        Err(e) if e.kind == ErrorKind::InvalidHandle => Err(describe(id, "team")),
         result => {
-            teams.remove(id);
+            TEAMS.lock().remove(id);
+            BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team(), &team));
             result
         }
     }

@@ -8,6 +8,7 @@ pub mod context;
 pub mod error;
 pub mod handles;
 pub mod logging;
+pub mod memory;
 pub mod policy;
 pub mod registry;
 pub mod rendezvous;

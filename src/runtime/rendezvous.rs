@@ -12,8 +12,14 @@
 //! every rank an error instead of a hang. Every wait is bounded by `timeout_ms` (poll); a peer
 //! that closes its connection (it exited or was killed) is reported at once. After a failed
 //! exchange the communicator is broken: every later exchange fails immediately.
+//!
+//! [`Comm::abort`] breaks the communicator on purpose: it tells the peers (a non-hub rank tells
+//! the hub, which tells every other rank), and every rank waiting in an exchange, here or in a
+//! peer process, returns [`ErrorKind::Aborted`] within [`ABORT_POLL`]; [`Comm::aborted`] asks
+//! without waiting.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -30,6 +36,10 @@ const NONCE: usize = 16;
 const MAX_MSG: usize = 1 << 16;
 /// Most descriptors in one message.
 const MAX_FDS: usize = 64;
+/// How often a wait checks whether the team was aborted.
+pub const ABORT_POLL: Duration = Duration::from_millis(5);
+/// First word of an abort message, in both directions (never a label length or a reply code).
+const ABORT_FRAME: u32 = 0xab0a_7ed1;
 
 /// A fresh unique id: the version tag and 16 random bytes (`getrandom`), zero-padded.
 pub fn new_unique_id() -> Result<[u8; ID_BYTES]> {
@@ -82,6 +92,10 @@ pub struct Comm {
     socks: Vec<Option<OwnedFd>>,
     /// Serialises exchanges; holds the error that broke the communicator.
     state: Mutex<Option<Error>>,
+    /// Set once the team was aborted (here or by a peer); never cleared.
+    aborted: AtomicBool,
+    /// Why: who aborted.
+    abort_reason: Mutex<String>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -253,6 +267,21 @@ fn recv_msg(sock: RawFd, deadline: Deadline) -> Result<Recv> {
     Ok(Recv::Msg(buf, fds))
 }
 
+/// The reason of an abort message waiting on `sock`, left in place; `None` if the next message
+/// is something else or nothing is there.
+fn peek_abort(sock: RawFd) -> Option<String> {
+    // The frame's start is enough (a longer message is cut short in the copy only).
+    let mut buf = [0u8; 1024];
+    // SAFETY: `buf` is writable for its length; MSG_PEEK leaves the message queued (and a
+    // message carrying descriptors keeps them: no control buffer is given for a peek).
+    let n = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 4 {
+        return None;
+    }
+    let mut d = Dec(&buf[..n as usize]);
+    (d.u32().ok() == Some(ABORT_FRAME)).then(|| d.str().unwrap_or_default())
+}
+
 /// Little-endian encoder / decoder of the messages.
 #[derive(Default)]
 pub struct Enc(pub Vec<u8>);
@@ -328,6 +357,7 @@ fn kind_from(code: u32) -> ErrorKind {
         InUse,
         Timeout,
         Internal,
+        Aborted,
     ]
     .into_iter()
     .find(|k| *k as u32 == code)
@@ -359,7 +389,7 @@ impl Comm {
         let deadline = Deadline::after(timeout_ms);
         let mut socks: Vec<Option<OwnedFd>> = (0..nranks).map(|_| None).collect();
         if nranks == 1 {
-            return Ok(Comm { rank, nranks, timeout_ms, socks, state: Mutex::new(None) });
+            return Ok(Comm::new(rank, nranks, timeout_ms, socks));
         }
         if rank == 0 {
             let listener = seqpacket()?;
@@ -424,9 +454,9 @@ impl Comm {
                 socks[their_rank] = Some(conn);
                 joined += 1;
             }
-            let comm = Comm { rank, nranks, timeout_ms, socks, state: Mutex::new(None) };
+            let comm = Comm::new(rank, nranks, timeout_ms, socks);
             if let Some(e) = failure {
-                comm.abort(&e.message);
+                comm.fail_all(&e.message);
                 return Err(e);
             }
             Ok(comm)
@@ -453,7 +483,147 @@ impl Comm {
             hello.u32(HELLO).u32(rank as u32).u32(nranks as u32);
             send_msg(sock.as_raw_fd(), &hello.0, &[]).map_err(|e| Error::internal(format!("rendezvous hello: {e}")))?;
             socks[0] = Some(sock);
-            Ok(Comm { rank, nranks, timeout_ms, socks, state: Mutex::new(None) })
+            Ok(Comm::new(rank, nranks, timeout_ms, socks))
+        }
+    }
+
+    fn new(rank: usize, nranks: usize, timeout_ms: u32, socks: Vec<Option<OwnedFd>>) -> Comm {
+        Comm {
+            rank,
+            nranks,
+            timeout_ms,
+            socks,
+            state: Mutex::new(None),
+            aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(String::new()),
+        }
+    }
+
+    /// Aborts the team: tells the peers (the hub tells every rank; another rank tells the hub,
+    /// which passes it on), and every exchange, in progress or later, here or in a peer,
+    /// returns [`ErrorKind::Aborted`]. `reason` says who aborted. Callable from any thread,
+    /// also while another thread waits in an exchange. Idempotent.
+    pub fn abort(&self, reason: &str) {
+        if !self.mark_aborted(reason) {
+            return;
+        }
+        let mut e = Enc::default();
+        e.u32(ABORT_FRAME).str(reason);
+        for s in self.socks.iter().flatten() {
+            // A peer that is gone needs no telling.
+            let _ = send_msg(s.as_raw_fd(), &e.0, &[]);
+        }
+    }
+
+    /// Records the abort; false if it was recorded before.
+    fn mark_aborted(&self, reason: &str) -> bool {
+        let mut why = self.abort_reason.lock();
+        if self.aborted.load(Ordering::Acquire) {
+            return false;
+        }
+        *why = reason.to_string();
+        self.aborted.store(true, Ordering::Release);
+        true
+    }
+
+    /// Whether the team was aborted, here or by a peer, without waiting: `Some(reason)`. When
+    /// no exchange is in progress it also looks (without consuming anything else) for an abort
+    /// message a peer sent.
+    pub fn aborted(&self) -> Option<String> {
+        if !self.aborted.load(Ordering::Acquire) {
+            if let Some(_idle) = self.state.try_lock() {
+                for (q, s) in self.socks.iter().enumerate() {
+                    if let Some(s) = s {
+                        if let Some(reason) = peek_abort(s.as_raw_fd()) {
+                            self.received_abort(q, &reason);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.aborted.load(Ordering::Acquire).then(|| self.abort_reason.lock().clone())
+    }
+
+    /// An abort message arrived from rank `from`: record it; the hub passes it on.
+    fn received_abort(&self, from: usize, reason: &str) {
+        if self.mark_aborted(reason) && self.rank == 0 {
+            let mut e = Enc::default();
+            e.u32(ABORT_FRAME).str(reason);
+            for (q, s) in self.socks.iter().enumerate() {
+                if let (Some(s), true) = (s, q != from) {
+                    let _ = send_msg(s.as_raw_fd(), &e.0, &[]);
+                }
+            }
+        }
+    }
+
+    /// The error every call on an aborted communicator returns.
+    fn aborted_error(&self, label: &str) -> Error {
+        let why = self.abort_reason.lock().clone();
+        Error::aborted(format!(
+            "rank {}: the team was aborted ({why}) at \"{label}\"; it can only be destroyed",
+            self.rank
+        ))
+    }
+
+    /// Receives one message from `sock`, in slices of [`ABORT_POLL`]: an abort (this process's
+    /// flag, an abort message on `sock`, or, on the hub, on any connection) ends the wait with
+    /// [`ErrorKind::Aborted`].
+    fn recv_abortable(&self, sock: RawFd, deadline: Deadline, label: &str) -> Result<Recv> {
+        loop {
+            if self.aborted.load(Ordering::Acquire) {
+                return Err(self.aborted_error(label));
+            }
+            let slice = Instant::now() + ABORT_POLL;
+            let until = match deadline.0 {
+                Some(t) if t < slice => Deadline(Some(t)),
+                _ => Deadline(Some(slice)),
+            };
+            if wait_readable(sock, until)? {
+                let got = recv_msg(sock, deadline)?;
+                if let Recv::Msg(b, _) = &got {
+                    let mut d = Dec(b);
+                    if d.u32().ok() == Some(ABORT_FRAME) {
+                        let from = self.socks.iter().position(|s| s.as_ref().is_some_and(|s| s.as_raw_fd() == sock));
+                        let reason = d.str().unwrap_or_default();
+                        self.received_abort(from.unwrap_or(0), &reason);
+                        return Err(self.aborted_error(label));
+                    }
+                }
+                // A peer that left after an abort (here, or one another peer sent that is
+                // still queued) left because of the abort.
+                if !matches!(got, Recv::Msg(..)) {
+                    self.scan_for_abort(sock);
+                    if self.aborted.load(Ordering::Acquire) {
+                        return Err(self.aborted_error(label));
+                    }
+                }
+                return Ok(got);
+            }
+            if deadline.passed() {
+                self.scan_for_abort(sock);
+                if self.aborted.load(Ordering::Acquire) {
+                    return Err(self.aborted_error(label));
+                }
+                return Ok(Recv::TimedOut);
+            }
+            self.scan_for_abort(sock);
+        }
+    }
+
+    /// Hub: looks for an abort message queued on any connection but `busy` (the one being read).
+    fn scan_for_abort(&self, busy: RawFd) {
+        if self.rank != 0 {
+            return;
+        }
+        for (q, s) in self.socks.iter().enumerate() {
+            if let Some(s) = s.as_ref().filter(|s| s.as_raw_fd() != busy) {
+                if let Some(reason) = peek_abort(s.as_raw_fd()) {
+                    self.received_abort(q, &reason);
+                    return;
+                }
+            }
         }
     }
 
@@ -468,7 +638,7 @@ impl Comm {
     }
 
     /// Hub only: tells every connected rank that the team failed.
-    fn abort(&self, message: &str) {
+    fn fail_all(&self, message: &str) {
         let mut e = Enc::default();
         e.u32(REPLY_ABORT).str(message);
         for s in self.socks.iter().flatten() {
@@ -488,6 +658,9 @@ impl Comm {
         fds: &[RawFd],
     ) -> Result<Vec<Part>> {
         let mut broken = self.state.lock();
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(self.aborted_error(label));
+        }
         if let Some(e) = broken.as_ref() {
             return Err(e.clone().context(format!("rank {}: the team's rendezvous failed earlier", self.rank)));
         }
@@ -561,15 +734,16 @@ impl Comm {
         let mut raw: Vec<(Vec<u8>, Vec<OwnedFd>)> = vec![(mine, Vec::new())];
         for r in 1..self.nranks {
             let sock = self.socks[r].as_ref().expect("the hub holds every rank's connection").as_raw_fd();
-            match recv_msg(sock, deadline) {
+            match self.recv_abortable(sock, deadline, label) {
                 Ok(Recv::Msg(b, f)) => raw.push((b, f)),
+                Err(e) if e.kind == ErrorKind::Aborted => return Err(e),
                 Ok(why) => {
                     let e = self.gone(r, label, why);
-                    self.abort(&e.message);
+                    self.fail_all(&e.message);
                     return Err(e);
                 }
                 Err(e) => {
-                    self.abort(&e.message);
+                    self.fail_all(&e.message);
                     return Err(e);
                 }
             }
@@ -589,7 +763,7 @@ impl Comm {
         }
         if all_fds.len() > MAX_FDS || reply.0.len() > MAX_MSG {
             let e = Error::internal("a rendezvous exchange is too large");
-            self.abort(&e.message);
+            self.fail_all(&e.message);
             return Err(e);
         }
         for r in 1..self.nranks {
@@ -599,7 +773,7 @@ impl Comm {
                     ErrorKind::Timeout,
                     format!("rank 0: rank {r} closed its connection at \"{label}\" ({io})"),
                 );
-                self.abort(&e.message);
+                self.fail_all(&e.message);
                 return Err(e);
             }
         }
@@ -615,7 +789,7 @@ impl Comm {
                 format!("rank {}: rank 0 closed its connection at \"{label}\" ({io})", self.rank),
             ));
         }
-        let (reply, mut got) = match recv_msg(sock, Deadline::after(self.timeout_ms))? {
+        let (reply, mut got) = match self.recv_abortable(sock, Deadline::after(self.timeout_ms), label)? {
             Recv::Msg(b, f) => (b, f),
             why => return Err(self.gone(0, label, why)),
         };

@@ -109,12 +109,33 @@ pub struct Segment {
     view_bases: Vec<DevicePtr>,
     /// Per rank: base of the multicast mapping, on the multicast transport.
     mc_bases: Option<Vec<DevicePtr>>,
+    /// Per rank: where its memory starts in its slot of a view (0; a registered segment maps
+    /// each rank's whole allocation, and the registered pointer lies this far into it).
+    skews: Vec<u64>,
+    /// Memory the application registered (the segment holds retained handles, not the memory).
+    registered: bool,
+    /// Registered: each rank's own pointer (what the application passed).
+    user_ptrs: Vec<DevicePtr>,
     parts: Mutex<Parts>,
+}
+
+/// Memory one rank registers: the handle retained from its address, the address, and how far
+/// into the allocation it lies.
+pub struct External {
+    /// From `cuMemRetainAllocationHandle`; the segment releases it.
+    pub handle: MemHandle,
+    /// The caller's pointer.
+    pub ptr: DevicePtr,
+    /// `ptr` minus the start of the allocation's mapping.
+    pub offset: usize,
 }
 
 /// The driver resources of a segment, released by [`Segment::teardown`].
 struct Parts {
     size: usize,
+    /// Bytes of the multicast object and of each binding and multicast mapping (`size`, except
+    /// for registered memory).
+    mc_size: usize,
     devices: Vec<Device>,
     /// Per rank (with the rank, kept while a release fails).
     phys: Vec<(usize, Tracked<MemHandle>)>,
@@ -135,6 +156,7 @@ impl Segment {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
         let mut parts = Parts {
             size,
+            mc_size: size,
             devices: shape.devices.clone(),
             phys: Vec::new(),
             views: Vec::new(),
@@ -157,13 +179,84 @@ impl Segment {
             size,
             view_bases: parts.per_rank(parts.views.iter().map(|v| v.value).collect()),
             mc_bases: parts.mc.as_ref().map(|m| parts.per_rank(m.views.iter().map(|(v, _)| v.value).collect())),
+            skews: vec![0; shape.devices.len()],
+            registered: false,
+            user_ptrs: Vec::new(),
             parts: Mutex::new(parts),
         })
     }
 
+    /// A segment over memory the application owns (one process holding every rank): every
+    /// rank's whole allocation (its first `size` bytes, `size` a multiple of the granularity)
+    /// mapped on every rank's device, and on the multicast transport a multicast object of
+    /// `mc_size` bytes bound at each rank's pointer with `cuMulticastBindAddr` (`_v2` where the
+    /// driver has it). Takes the retained handles (released on failure and at teardown).
+    pub fn register(
+        ctx: &Context,
+        shape: &Shape,
+        ext: Vec<External>,
+        size: usize,
+        mc_size: usize,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<Segment> {
+        static SERIAL: AtomicU64 = AtomicU64::new(1 << 40);
+        let owner = shape.owner.as_str();
+        let mut parts = Parts {
+            size,
+            mc_size,
+            devices: shape.devices.clone(),
+            phys: Vec::new(),
+            views: Vec::new(),
+            maps: Vec::new(),
+            mc: None,
+            local: None,
+        };
+        for (rank, e) in ext.iter().enumerate() {
+            let id = ctx.resources.track(ResourceKind::PhysicalAllocation, 0, Some(shape.devices[rank]), owner);
+            parts.phys.push((rank, Tracked { value: e.handle, id }));
+        }
+        let handles: Vec<MemHandle> = ext.iter().map(|e| e.handle).collect();
+        let built = (|| {
+            for rank in 0..shape.devices.len() {
+                parts.map_view(ctx, shape, &handles, rank, trim)?;
+            }
+            if shape.multicast {
+                let ptrs: Vec<DevicePtr> = ext.iter().map(|e| e.ptr).collect();
+                parts.build_multicast(ctx, shape, Some(&ptrs), trim)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = built {
+            for undo in parts.teardown(ctx) {
+                tracing::error!("rolling back a failed registration: {undo}");
+            }
+            return Err(e);
+        }
+        Ok(Segment {
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+            size,
+            view_bases: parts.views.iter().map(|v| v.value).collect(),
+            mc_bases: parts.mc.as_ref().map(|m| m.views.iter().map(|(v, _)| v.value).collect()),
+            skews: ext.iter().map(|e| e.offset as u64).collect(),
+            registered: true,
+            user_ptrs: ext.iter().map(|e| e.ptr).collect(),
+            parts: Mutex::new(parts),
+        })
+    }
+
+    /// True for memory the application registered.
+    pub fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Registered memory: rank `rank`'s own pointer.
+    pub fn user_ptr(&self, rank: usize) -> Option<DevicePtr> {
+        self.user_ptrs.get(rank).copied()
+    }
+
     /// Address, on rank `rank`'s device, of byte 0 of rank `peer`'s memory.
     pub fn peer_base(&self, rank: usize, peer: usize) -> DevicePtr {
-        self.view_bases[rank] + (peer * self.size) as u64
+        self.view_bases[rank] + (peer * self.size) as u64 + self.skews[peer]
     }
 
     /// Multicast address, on rank `rank`'s device, of byte 0, on the multicast transport.
@@ -439,7 +532,7 @@ impl Parts {
         trim: &mut dyn FnMut() -> u64,
     ) -> Result<()> {
         let driver = ctx.driver().clone();
-        let size = self.size;
+        let size = self.mc_size;
         let dev = shape.devices[rank];
         let owner = shape.owner.as_str();
         let what = || format!("reserving {size} bytes of multicast address space for rank {rank}");
@@ -486,14 +579,23 @@ impl Parts {
             }
         }
         if shape.multicast {
-            self.build_multicast(ctx, shape, trim)?;
+            self.build_multicast(ctx, shape, None, trim)?;
         }
         Ok(())
     }
 
-    fn build_multicast(&mut self, ctx: &Context, shape: &Shape, trim: &mut dyn FnMut() -> u64) -> Result<()> {
+    /// Creates the multicast object, adds every device, binds every rank's memory (its handle
+    /// from offset 0, or with `addrs` the caller's pointers through `cuMulticastBindAddr`) and
+    /// maps the object on every device.
+    fn build_multicast(
+        &mut self,
+        ctx: &Context,
+        shape: &Shape,
+        addrs: Option<&[DevicePtr]>,
+        trim: &mut dyn FnMut() -> u64,
+    ) -> Result<()> {
         let driver = ctx.driver().clone();
-        let size = self.size;
+        let size = self.mc_size;
         let owner = shape.owner.as_str();
         let prop =
             MulticastProp { num_devices: shape.devices.len() as u32, size, handle_types: HandleTypes::NONE, flags: 0 };
@@ -514,12 +616,11 @@ impl Parts {
         for (rank, &dev) in shape.devices.iter().enumerate() {
             let mem = self.phys[rank].1.value;
             let what = || format!("binding rank {rank}'s memory (device {dev}) to the multicast object");
-            retry(ctx, &what, size as u64, trim, || {
-                if v2 {
-                    driver.multicast_bind_mem_v2(handle, dev, 0, mem, 0, size, 0)
-                } else {
-                    driver.multicast_bind_mem(handle, 0, mem, 0, size, 0)
-                }
+            retry(ctx, &what, size as u64, trim, || match (addrs, v2) {
+                (Some(a), true) => driver.multicast_bind_addr_v2(handle, dev, 0, a[rank], size, 0),
+                (Some(a), false) => driver.multicast_bind_addr(handle, 0, a[rank], size, 0),
+                (None, true) => driver.multicast_bind_mem_v2(handle, dev, 0, mem, 0, size, 0),
+                (None, false) => driver.multicast_bind_mem(handle, 0, mem, 0, size, 0),
             })?;
             let id = ctx.resources.track(ResourceKind::Binding, size as u64, Some(dev), owner);
             self.mc_mut().bound.push((dev, id));
@@ -543,6 +644,7 @@ impl Parts {
         let driver = ctx.driver().clone();
         let res = &ctx.resources;
         let size = self.size;
+        let mc_size = self.mc_size;
         let n = self.devices.len();
         let mut errors = Vec::new();
         let mut ok = |r: std::result::Result<(), DriverError>, what: &dyn Fn() -> String| match r {
@@ -556,7 +658,7 @@ impl Parts {
         if let Some(mc) = self.mc.as_mut() {
             for (rank, (va, map)) in mc.views.iter_mut().enumerate() {
                 if let Some(id) = *map {
-                    if ok(driver.mem_unmap(va.value, size), &|| format!("unmapping rank {rank}'s multicast range")) {
+                    if ok(driver.mem_unmap(va.value, mc_size), &|| format!("unmapping rank {rank}'s multicast range")) {
                         res.untrack(id);
                         *map = None;
                     }
@@ -564,7 +666,7 @@ impl Parts {
             }
             let handle = mc.handle.value;
             mc.bound.retain(|&(dev, id)| {
-                let done = ok(driver.multicast_unbind(handle, dev, 0, size), &|| {
+                let done = ok(driver.multicast_unbind(handle, dev, 0, mc_size), &|| {
                     format!("unbinding device {dev} from the multicast object")
                 });
                 if done {
@@ -605,7 +707,7 @@ impl Parts {
             self.views.retain(|v| !free(v, n * size));
         }
         if let Some(mc) = self.mc.as_mut() {
-            mc.views.retain(|(va, map)| map.is_some() || !free(va, size));
+            mc.views.retain(|(va, map)| map.is_some() || !free(va, mc_size));
             if mc.released && mc.views.is_empty() && mc.bound.is_empty() {
                 self.mc = None;
             }

@@ -5,19 +5,24 @@
 //! empty segment goes to a bounded cache (trimmed first when memory runs out) or is released.
 //! The team's barrier signal words live in the first [`SYNC_BYTES`] of its first segment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::config::{HandleTypeMode, MulticastMode};
 use super::context::Context;
-use super::error::{Error, Result};
+use super::error::{Error, ErrorKind, Result};
 use super::policy;
 use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
-use super::segment::{Segment, Shape};
+use super::segment::{External, Segment, Shape};
+use crate::driver::Stream;
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
+use crate::kernels::abi::{ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
+
+/// The color of a rank that joins no team in [`Team::split`] (`MCAST_SPLIT_NOCOLOR`).
+pub const SPLIT_NOCOLOR: i32 = -1;
 
 /// Alignment of every buffer inside its segment.
 pub const BUFFER_ALIGN: usize = 256;
@@ -54,13 +59,35 @@ pub struct Team {
     /// Multi-process team: the rendezvous (this process owns rank `comm.rank()` only).
     comm: Option<Arc<Comm>>,
     state: Mutex<State>,
+    /// Set by [`Team::abort`] (or when a peer's abort is noticed); never cleared.
+    aborted: AtomicBool,
+    /// Held (shared) while an abort writes the device state words, and exclusively while
+    /// destroy releases the memory that holds them; `false` once released.
+    sync_live: RwLock<bool>,
+    /// Serialises destroys.
+    destroying: Mutex<()>,
+    /// The streams of the collectives each rank issued last (see [`Team::claim_stream`]).
+    rounds: Mutex<Vec<Rounds>>,
 }
+
+/// One rank's collectives, for the one-stream check: how many it issued, and the device and
+/// stream of the most recent ones (`(round, stream)`).
+#[derive(Default)]
+struct Rounds {
+    issued: u64,
+    recent: std::collections::VecDeque<(u64, Stream)>,
+}
+
+/// How many of each rank's most recent collectives the one-stream check remembers.
+const ROUNDS_KEPT: usize = 64;
 
 struct SegmentSlot {
     seg: Arc<Segment>,
     /// Free ranges `(offset, len)`, sorted by offset, coalesced.
     free: Vec<(usize, usize)>,
     buffers: usize,
+    /// Registered memory: the bytes registered.
+    bytes: usize,
 }
 
 #[derive(Default)]
@@ -189,6 +216,10 @@ impl Team {
             error: Mutex::new(None),
             comm: None,
             state: Mutex::new(State::default()),
+            aborted: AtomicBool::new(false),
+            sync_live: RwLock::new(true),
+            destroying: Mutex::new(()),
+            rounds: Mutex::new((0..n).map(|_| Rounds::default()).collect()),
         });
         team.install_first_segment(seg, size, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
@@ -213,6 +244,7 @@ impl Team {
             free: if size > reserved { vec![(reserved, size - reserved)] } else { vec![] },
             seg: Arc::new(seg),
             buffers: 0,
+            bytes: 0,
         });
         self.ctx.add_team(self.clone());
     }
@@ -391,6 +423,10 @@ impl Team {
             error: Mutex::new(None),
             comm: Some(comm),
             state: Mutex::new(State::default()),
+            aborted: AtomicBool::new(false),
+            sync_live: RwLock::new(true),
+            destroying: Mutex::new(()),
+            rounds: Mutex::new((0..n).map(|_| Rounds::default()).collect()),
         });
         team.install_first_segment(seg, size, reserved);
         tracing::debug!(
@@ -398,6 +434,107 @@ impl Team {
             handle_type_label(handle_type)
         );
         Ok(team)
+    }
+
+    /// Splits the team (`mcast_team_split`, MPI_Comm_split semantics): the ranks with the same
+    /// color form a new team, ordered by key, then by rank in this team; [`SPLIT_NOCOLOR`]
+    /// joins none. `colors[i]` and `keys[i]` belong to the i-th rank this process holds (every
+    /// rank of a single-process team, the one rank of a multi-process team); the result has the
+    /// new team of each of them (`None` for no color), the same `Arc` for ranks of one color.
+    /// Each new team is made afresh (its own transport, memory, state words and, for processes,
+    /// its own rendezvous whose id the new rank 0 sends over this team's), so a failure of one
+    /// never reaches another or this one. Collective over every rank of the team.
+    pub fn split(self: &Arc<Self>, colors: &[i32], keys: &[i32]) -> Result<Vec<Option<Arc<Team>>>> {
+        let mine = match self.local_rank() {
+            Some(r) => vec![r],
+            None => (0..self.size()).collect(),
+        };
+        if colors.len() != mine.len() || keys.len() != mine.len() {
+            return Err(Error::internal("split: one color and one key per rank this process holds"));
+        }
+        let mut valid = self.check_usable("splitting the team");
+        for (i, &c) in colors.iter().enumerate() {
+            if c < 0 && c != SPLIT_NOCOLOR && valid.is_ok() {
+                valid = Err(Error::invalid_argument(format!(
+                    "colors[{i}] is {c}: a color is >= 0, or MCAST_SPLIT_NOCOLOR ({SPLIT_NOCOLOR})"
+                )));
+            }
+        }
+        // Every rank's (color, key): local, or gathered over the rendezvous (where a bad
+        // argument on one rank fails every rank).
+        let all: Vec<(i32, i32)> = match &self.comm {
+            None => {
+                valid?;
+                colors.iter().copied().zip(keys.iter().copied()).collect()
+            }
+            Some(comm) => {
+                let mut e = Enc::default();
+                e.u32(colors[0] as u32).u32(keys[0] as u32);
+                let parts = comm.exchange("split: colors and keys", valid, &e.0, &[])?;
+                let mut all = Vec::with_capacity(parts.len());
+                for p in &parts {
+                    let mut d = Dec(&p.bytes);
+                    all.push((d.u32()? as i32, d.u32()? as i32));
+                }
+                all
+            }
+        };
+        // Each color's members, in new-rank order.
+        let mut groups: std::collections::BTreeMap<i32, Vec<usize>> = Default::default();
+        for (r, &(c, _)) in all.iter().enumerate() {
+            if c != SPLIT_NOCOLOR {
+                groups.entry(c).or_default().push(r);
+            }
+        }
+        for members in groups.values_mut() {
+            members.sort_by_key(|&r| (all[r].1, r));
+        }
+        match &self.comm {
+            None => {
+                let mut made: Vec<(i32, Arc<Team>)> = Vec::new();
+                for (&c, members) in &groups {
+                    let devices: Vec<i32> = members.iter().map(|&r| self.devices[r]).collect();
+                    match Team::create(&self.ctx, &devices) {
+                        Ok(t) => made.push((c, t)),
+                        Err(e) => {
+                            for (_, t) in made {
+                                if let Err(undo) = t.destroy() {
+                                    tracing::error!("rolling back a split: {undo}");
+                                }
+                            }
+                            return Err(e.context(format!("making the team of color {c} (devices {devices:?})")));
+                        }
+                    }
+                }
+                Ok(all.iter().map(|&(c, _)| made.iter().find(|(mc, _)| *mc == c).map(|(_, t)| t.clone())).collect())
+            }
+            Some(comm) => {
+                let r = comm.rank();
+                let color = all[r].0;
+                let members = groups.get(&color);
+                let new_rank = members.and_then(|m| m.iter().position(|&q| q == r));
+                // The new rank 0 of each color makes its team's id; it travels over this team.
+                let id = if new_rank == Some(0) { Some(super::rendezvous::new_unique_id()) } else { None };
+                let mut e = Enc::default();
+                if let Some(Ok(id)) = &id {
+                    e.bytes(id);
+                } else {
+                    e.bytes(&[]);
+                }
+                let status = match &id {
+                    Some(Err(err)) => Err(err.clone()),
+                    _ => Ok(()),
+                };
+                let parts = comm.exchange("split: team ids", status, &e.0, &[])?;
+                let (Some(members), Some(new_rank)) = (members, new_rank) else { return Ok(vec![None]) };
+                let bytes = Dec(&parts[members[0]].bytes).bytes()?;
+                let id: [u8; ID_BYTES] =
+                    bytes.try_into().map_err(|_| Error::internal("split: a team id of the wrong size"))?;
+                let team = Team::init_rank(&self.ctx, &id, members.len() as i32, new_rank as i32, self.devices[r])
+                    .map_err(|e| e.context(format!("joining the team of color {color} as rank {new_rank}")))?;
+                Ok(vec![Some(team)])
+            }
+        }
     }
 
     fn peer_problem(ctx: &Context, devices: &[i32]) -> Result<Option<String>> {
@@ -525,6 +662,12 @@ impl Team {
         Ok(g)
     }
 
+    /// The granularity of the team's segments (allocation and, on the multicast transport,
+    /// multicast).
+    pub fn alloc_granularity(&self) -> usize {
+        self.granularity
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
@@ -589,14 +732,198 @@ impl Team {
         self.sync_mc[viewer]
     }
 
-    /// The sticky device error, if a collective of this team failed on the device.
+    /// The sticky error, if a collective of this team failed on the device or the team was
+    /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout). Cheap: it
+    /// reads only what this process already knows (see [`Team::async_error`] for more).
     pub fn error(&self) -> Option<Error> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Some(self.aborted_error());
+        }
         self.error.lock().clone()
     }
 
     /// Records the first device error; later calls report it until the team is destroyed.
     pub fn set_error(&self, e: Error) {
+        if e.kind == ErrorKind::Aborted {
+            self.mark_aborted(&e.message);
+            return;
+        }
         self.error.lock().get_or_insert(e);
+    }
+
+    /// Fails with the team's sticky error (aborted, or a device timeout); `what` names the call.
+    pub fn check_usable(&self, what: &str) -> Result<()> {
+        match self.error() {
+            Some(e) => Err(e.context(what)),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails with [`ErrorKind::Aborted`] once the team was aborted; `what` names the call.
+    pub fn check_not_aborted(&self, what: &str) -> Result<()> {
+        match self.error() {
+            Some(e) if e.kind == ErrorKind::Aborted => Err(e.context(what)),
+            _ => Ok(()),
+        }
+    }
+
+    /// True once the team was aborted (here, or noticed from a peer).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    fn aborted_error(&self) -> Error {
+        let msg = self.error.lock().as_ref().filter(|e| e.kind == ErrorKind::Aborted).map(|e| e.message.clone());
+        Error::aborted(msg.unwrap_or_else(|| "the team was aborted".to_string()))
+    }
+
+    /// Records an abort (sticky; wins over a timeout).
+    fn mark_aborted(&self, why: &str) {
+        let mut err = self.error.lock();
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            *err = Some(Error::aborted(format!(
+                "the team was aborted ({why}); every call on it returns MCAST_ERROR_ABORTED: destroy it and make a new \
+                 one"
+            )));
+        }
+    }
+
+    /// Aborts the team (`mcast_team_abort`): every wait on it ends promptly, on the device
+    /// (the state word of every rank, peers' through the peer mappings, is set and every
+    /// barrier spin reads it) and on the host (rendezvous waits poll the abort; peer processes
+    /// are told over the rendezvous connections); every later call on the team returns
+    /// [`ErrorKind::Aborted`]. Callable from any thread, while others are blocked on the team.
+    pub fn abort(&self) {
+        let who = match self.local_rank() {
+            Some(r) => format!("mcast_team_abort by rank {r}'s process"),
+            None => "mcast_team_abort in this process".to_string(),
+        };
+        self.mark_aborted(&who);
+        if let Some(c) = &self.comm {
+            c.abort(&who);
+        }
+        self.stop_device_waits(true);
+    }
+
+    /// Sets the device state word of this process's ranks (and, with `peers`, of every rank
+    /// through this rank's peer mappings) to aborted, so that every barrier spin ends.
+    /// Writes nothing once the team's memory was released.
+    fn stop_device_waits(&self, peers: bool) {
+        let live = self.sync_live.read();
+        if !*live {
+            return;
+        }
+        let driver = self.ctx.driver();
+        let n = self.devices.len();
+        let own: Vec<usize> = match self.local_rank() {
+            Some(r) => vec![r],
+            None => (0..n).collect(),
+        };
+        for &r in &own {
+            let targets: Vec<usize> = if peers && self.comm.is_some() { (0..n).collect() } else { vec![r] };
+            for q in targets {
+                let at = self.sync[r][q] + STATE_OFFSET as u64;
+                if let Err(e) = driver.poke_u32(self.devices[r], at, STATE_ABORTED) {
+                    tracing::warn!("aborting: writing rank {q}'s state word from rank {r}: {e}");
+                }
+            }
+        }
+    }
+
+    /// The team's asynchronous error without waiting (`mcast_team_get_error`): `None`,
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Aborted`]. Besides the host's sticky error it
+    /// reads this process's ranks' device words (a peer process's abort, a barrier timeout)
+    /// without waiting for any stream.
+    pub fn async_error(&self) -> Option<ErrorKind> {
+        if let Some(e) = self.error() {
+            return Some(e.kind);
+        }
+        // A peer process's abort message, not consumed (rendezvous waits see it too).
+        if let Some(why) = self.comm.as_ref().and_then(|c| c.aborted()) {
+            self.mark_aborted(&why);
+            return Some(ErrorKind::Aborted);
+        }
+        let live = self.sync_live.read();
+        if !*live {
+            return None;
+        }
+        let driver = self.ctx.driver();
+        let own: Vec<usize> = match self.local_rank() {
+            Some(r) => vec![r],
+            None => (0..self.devices.len()).collect(),
+        };
+        for r in own {
+            let (dev, base) = (self.devices[r], self.sync[r][r]);
+            if driver.peek_u32(dev, base + STATE_OFFSET as u64).is_ok_and(|w| w == STATE_ABORTED) {
+                drop(live);
+                self.mark_aborted("by a peer process: its rank wrote this rank's state word");
+                return Some(ErrorKind::Aborted);
+            }
+            match driver.peek_u32(dev, base + ERROR_WORD_OFFSET as u64) {
+                Ok(ERR_TIMEOUT) => {
+                    let timeout_ms = self.ctx.config().timeout_ms;
+                    self.set_error(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "rank {r}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms; the team \
+                             reports this error until it is destroyed"
+                        ),
+                    ));
+                    return Some(ErrorKind::Timeout);
+                }
+                Ok(ERR_ABORTED) => {
+                    drop(live);
+                    self.mark_aborted("seen on the device");
+                    return Some(ErrorKind::Aborted);
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The one-stream check (every collective form calls it before enqueuing): ranks of one
+    /// team on one device given the same stream for the same collective cannot make progress
+    /// (each waits in a barrier for the other, behind it on the stream). Records that rank `r`
+    /// issues its next collective on `stream`, or fails with `InvalidArgument` naming both ranks
+    /// when another rank on the same device issued the same collective (by count) on that
+    /// stream. The NULL stream is one stream per device. Returns the round to pass to
+    /// [`Team::unclaim_stream`] if the launch then fails.
+    pub fn claim_stream(&self, r: usize, stream: Stream) -> Result<u64> {
+        let mut rounds = self.rounds.lock();
+        let round = rounds[r].issued;
+        let dev = self.devices[r];
+        for (q, other) in rounds.iter().enumerate() {
+            if q == r || self.devices[q] != dev {
+                continue;
+            }
+            if other.recent.iter().any(|&(k, s)| k == round && s == stream) {
+                let name =
+                    if stream.0 == 0 { "the NULL stream".to_string() } else { format!("stream {:#x}", stream.0) };
+                return Err(Error::invalid_argument(format!(
+                    "ranks {q} and {r} are both on device {dev} and were given the same stream ({name}) for the same \
+                     collective: neither could make progress (each would wait for the other behind it on the \
+                     stream); give each rank on a device its own stream. Nothing was enqueued for rank {r}"
+                )));
+            }
+        }
+        let mine = &mut rounds[r];
+        mine.issued += 1;
+        mine.recent.push_back((round, stream));
+        if mine.recent.len() > ROUNDS_KEPT {
+            mine.recent.pop_front();
+        }
+        Ok(round)
+    }
+
+    /// Forgets rank `r`'s claim of `round` (its launch failed: nothing was enqueued).
+    pub fn unclaim_stream(&self, r: usize, round: u64) {
+        let mut rounds = self.rounds.lock();
+        let mine = &mut rounds[r];
+        if mine.issued == round + 1 {
+            mine.issued = round;
+            mine.recent.retain(|&(k, _)| k != round);
+        }
     }
 
     /// Waits for all work on every device of the team (as `cudaFree` does), so memory is not
@@ -629,7 +956,9 @@ impl Team {
         let (mut mc, mut bytes) = (0u64, 0u64);
         for s in segs {
             mc += u64::from(s.has_multicast());
-            bytes += s.size as u64;
+            if !s.is_registered() {
+                bytes += s.size as u64;
+            }
         }
         TeamInfo {
             size: self.devices.len(),
@@ -649,6 +978,7 @@ impl Team {
         let reserved = round_up(bytes, BUFFER_ALIGN)
             .filter(|r| round_up(*r, self.granularity).is_some())
             .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
+        self.check_not_aborted("allocating a buffer")?;
         let mut st = self.state.lock();
         if st.destroyed {
             return Err(Error::invalid_handle("the team was destroyed"));
@@ -659,7 +989,7 @@ impl Team {
         if let Some(i) = st.cache.iter().position(|s| s.size >= reserved) {
             let seg = st.cache.swap_remove(i);
             let size = seg.size;
-            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0 });
+            st.segments.push(SegmentSlot { seg, free: vec![(0, size)], buffers: 0, bytes: 0 });
             return Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"));
         }
         let size = round_up(reserved, self.granularity).expect("checked above");
@@ -681,8 +1011,38 @@ impl Team {
         st.cache = spare;
         let seg = created
             .map_err(|e| e.context(format!("allocating a buffer of {bytes} bytes on devices {:?}", self.devices)))?;
-        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0 });
+        st.segments.push(SegmentSlot { seg: Arc::new(seg), free: vec![(0, size)], buffers: 0, bytes: 0 });
         Ok(Self::carve(&mut st, bytes, reserved).expect("a fresh segment fits"))
+    }
+
+    /// Makes a buffer of memory the application owns (see [`Segment::register`]): a segment of
+    /// its own, released when the buffer is freed. Single-process teams.
+    pub fn register(&self, ext: Vec<External>, bytes: usize, size: usize, mc_size: usize) -> Result<Allocation> {
+        let mut st = self.state.lock();
+        if st.destroyed {
+            for e in ext {
+                let _ = self.ctx.driver().mem_release(e.handle);
+            }
+            return Err(Error::invalid_handle("the team was destroyed"));
+        }
+        let ctx = &self.ctx;
+        let mut trim = || ctx.trim_caches();
+        let seg = Arc::new(Segment::register(ctx, &self.shape, ext, size, mc_size, &mut trim)?);
+        st.segments.push(SegmentSlot { seg: seg.clone(), free: Vec::new(), buffers: 1, bytes });
+        st.buffers += 1;
+        Ok(Allocation { seg, offset: 0, bytes, reserved: 0 })
+    }
+
+    /// The registered buffer of this team holding `[ptr, ptr + len)` of rank `rank`'s own
+    /// memory, as an allocation, with the offset of `ptr` in it.
+    pub fn find_registered(&self, rank: usize, ptr: DevicePtr, len: usize) -> Option<(Allocation, usize)> {
+        let st = self.state.lock();
+        st.segments.iter().find_map(|slot| {
+            let base = slot.seg.user_ptr(rank)?;
+            let bytes = slot.bytes;
+            (ptr >= base && ptr.checked_add(len as u64)? <= base + bytes as u64)
+                .then(|| (Allocation { seg: slot.seg.clone(), offset: 0, bytes, reserved: 0 }, (ptr - base) as usize))
+        })
     }
 
     fn carve(st: &mut State, bytes: usize, reserved: usize) -> Option<Allocation> {
@@ -711,6 +1071,15 @@ impl Team {
             .iter()
             .position(|s| Arc::ptr_eq(&s.seg, &a.seg))
             .ok_or_else(|| Error::internal("a buffer's segment is not in its team"))?;
+        if st.segments[index].seg.is_registered() {
+            let seg = st.segments.remove(index).seg;
+            st.buffers -= 1;
+            let errors = self.release_segment(seg);
+            return match errors.into_iter().next() {
+                Some(e) => Err(e.context("unbinding and unmapping registered memory")),
+                None => Ok(()),
+            };
+        }
         let slot = &mut st.segments[index];
         let at = slot.free.partition_point(|&(off, _)| off < a.offset);
         slot.free.insert(at, (a.offset, a.reserved));
@@ -754,12 +1123,32 @@ impl Team {
         freed
     }
 
-    /// Destroys the team: refused while buffers live.
+    /// Destroys the team: refused while buffers live, unless the team was aborted (then they go
+    /// with it). After a failure (aborted, timed out) its device waits are ended first (this
+    /// process's state words), so the wait for work in flight never waits on peers. A second
+    /// destroy (racing threads) gets `InvalidHandle`.
     pub fn destroy(self: &Arc<Self>) -> Result<()> {
-        let waited = if self.live_buffers() == 0 { self.quiesce() } else { Ok(()) };
+        let _one = self.destroying.lock();
+        if self.state.lock().destroyed {
+            return Err(Error::invalid_handle("the team was destroyed (by another call)"));
+        }
+        // What the host knows (no driver call: a device timeout nobody synchronized on is
+        // found by mcast_team_get_error, which makes it known here).
+        let failed = self.error().is_some() || self.comm.as_ref().and_then(|c| c.aborted()).is_some();
+        // An aborted team goes with its buffers (they can no longer be freed one by one); a
+        // timed-out one frees them first, as a healthy one.
+        let aborted = self.is_aborted();
+        let waited = if failed {
+            self.stop_device_waits(false);
+            self.quiesce()
+        } else if self.live_buffers() == 0 {
+            self.quiesce()
+        } else {
+            Ok(())
+        };
         let errors = {
             let mut st = self.state.lock();
-            if st.buffers > 0 {
+            if st.buffers > 0 && !aborted {
                 return Err(Error::in_use(format!(
                     "the team still has {} live buffer(s); free them with mcast_buffer_free first",
                     st.buffers
@@ -770,12 +1159,17 @@ impl Team {
         self.ctx.remove_team(self);
         match errors.into_iter().next() {
             Some(e) => Err(e.context("destroying the team")),
+            // After a failure the wait's error is not news: the team's error was reported.
+            None if failed => Ok(()),
             None => waited,
         }
     }
 
     /// Releases every segment, live buffers or not; returns the teardown errors.
     pub fn release_all(&self) -> Vec<Error> {
+        if self.error().is_some() {
+            self.stop_device_waits(false);
+        }
         if let Err(e) = self.quiesce() {
             tracing::error!("releasing a team: {e}");
         }
@@ -783,6 +1177,7 @@ impl Team {
     }
 
     fn release_locked(&self, st: &mut State) -> Vec<Error> {
+        *self.sync_live.write() = false;
         st.destroyed = true;
         st.buffers = 0;
         let segments = st.segments.drain(..).map(|slot| slot.seg).chain(st.cache.drain(..));

@@ -20,6 +20,12 @@ pub const FUNCTION_NAMES: &[&str] = &[
     "cuMemSetAccess",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
+    "cuMemGetAddressRange",
+    "cuPointerGetAttribute",
+    "cuMemAlloc",
+    "cuMemFree",
     "cuMulticastGetGranularity",
     "cuMulticastCreate",
     "cuMulticastAddDevice",
@@ -44,6 +50,12 @@ pub const FUNCTION_NAMES: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuStreamBeginCapture",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
 ];
 
 /// What a faulted call does.

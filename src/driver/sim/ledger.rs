@@ -28,6 +28,12 @@ pub struct Ledger {
     pub streams: u64,
     /// Events not destroyed.
     pub events: u64,
+    /// Stream captures begun and not ended.
+    pub captures: u64,
+    /// Captured graphs not destroyed.
+    pub graphs: u64,
+    /// Executable graphs not destroyed.
+    pub graph_execs: u64,
 }
 
 impl Ledger {
@@ -42,6 +48,9 @@ impl Ledger {
             && self.modules == 0
             && self.streams == 0
             && self.events == 0
+            && self.captures == 0
+            && self.graphs == 0
+            && self.graph_execs == 0
     }
 }
 
@@ -65,6 +74,9 @@ impl fmt::Display for Ledger {
             (self.modules, "module(s)"),
             (self.streams, "stream(s)"),
             (self.events, "event(s)"),
+            (self.captures, "stream capture(s)"),
+            (self.graphs, "graph(s)"),
+            (self.graph_execs, "executable graph(s)"),
         ];
         for (n, what) in counts {
             if n > 0 {

@@ -3,6 +3,14 @@
 //! per-(device, stream) worker threads, memory and multicast-slot budgets, fault injection and a
 //! ledger of live resources.
 //!
+//! Stream capture and CUDA graphs: a stream between [`Driver::stream_begin_capture`] and
+//! [`Driver::stream_end_capture`] records its launches (and graph launches) instead of running
+//! them; an executable graph replays the recorded work in order on the stream it is launched
+//! on, after the work queued there before, as often as it is launched. A synchronization of a
+//! capturing stream fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
+//! capture; an event recorded on a capturing stream only orders the capture (no timing node),
+//! as `cuEventRecord` does in a capture.
+//!
 //! Device pointers are host addresses. A physical allocation is a sparse memfd; an address
 //! reservation is a `PROT_NONE` mapping; `cuMemMap` maps the memfd read-write over it. A multicast
 //! mapping stays `PROT_NONE` (an ordinary load or store there is undefined behaviour on hardware;
@@ -36,8 +44,9 @@ pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES
 pub use ledger::Ledger;
 
 use super::{
-    CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, Module, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
+    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use host::Memfd;
@@ -188,6 +197,17 @@ impl EventCell {
     }
 }
 
+/// Stream work that can run more than once: a launch recorded by a stream capture.
+type Node = Arc<dyn Fn() + Send + Sync>;
+
+/// A stream capture in progress.
+#[derive(Default)]
+struct Capture {
+    nodes: Vec<Node>,
+    /// Set by an illegal call during the capture; ending it then fails.
+    invalidated: bool,
+}
+
 #[derive(Default)]
 struct State {
     next_id: u64,
@@ -203,7 +223,19 @@ struct State {
     /// created stream -> device
     streams: HashMap<usize, Device>,
     events: HashMap<usize, (Device, Arc<EventCell>)>,
+    /// (device, stream) -> the capture in progress on it
+    captures: HashMap<(Device, usize), Capture>,
+    /// graph -> its recorded work
+    graphs: HashMap<usize, Arc<Vec<Node>>>,
+    /// executable graph -> (device it was instantiated on, its work)
+    graph_execs: HashMap<usize, (Device, Arc<Vec<Node>>)>,
+    /// `cuMemAlloc` memory (plain device memory, not a `cuMemCreate` allocation): start ->
+    /// (device, size).
+    plain: BTreeMap<u64, (Device, usize)>,
 }
+
+/// Alignment of simulated `cuMemAlloc` memory (the driver guarantees at least 256 bytes).
+const PLAIN_ALIGN: usize = 256;
 
 impl State {
     fn fresh_id(&mut self) -> u64 {
@@ -239,6 +271,12 @@ impl State {
         self.phys.get(&alloc.phys).ok_or(CuResult::ERROR_UNKNOWN)
     }
 
+    /// Device memory charged to `dev`: physical allocations and `cuMemAlloc` blocks.
+    fn used_bytes(&self, dev: Device) -> u64 {
+        let phys: u64 = self.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
+        phys + self.plain.values().filter(|p| p.0 == dev).map(|p| p.1 as u64).sum::<u64>()
+    }
+
     fn unref_phys(&mut self, id: u64) {
         if let Some(p) = self.phys.get_mut(&id) {
             p.refs -= 1;
@@ -260,6 +298,12 @@ impl State {
                 self.unref_phys(b.phys);
             }
         }
+    }
+
+    /// The `cuMemAlloc` block containing `addr`: (start, device, size).
+    fn plain_at(&self, addr: u64) -> Option<(u64, Device, usize)> {
+        let (&start, &(dev, size)) = self.plain.range(..=addr).next_back()?;
+        (addr < start + size as u64).then_some((start, dev, size))
     }
 
     /// The mapping containing `addr`.
@@ -337,12 +381,36 @@ impl SimDriver {
 
     /// Runs `work` on the worker of `(dev, stream)` after everything enqueued there before: the
     /// simulated kernel launch (counted, and faultable, as `cuLaunchKernel`). Any `stream` value
-    /// is accepted; `Stream(0)` is the legacy default stream of `dev`.
-    pub fn enqueue(&self, dev: Device, stream: Stream, work: Box<dyn FnOnce() + Send>) -> DResult<()> {
+    /// is accepted; `Stream(0)` is the legacy default stream of `dev`. On a capturing stream the
+    /// work is recorded into the capture instead (so it must be able to run more than once).
+    pub fn enqueue(&self, dev: Device, stream: Stream, work: impl Fn() + Send + Sync + 'static) -> DResult<()> {
         self.call("cuLaunchKernel", || {
             self.check_dev(dev)?;
-            self.workers.enqueue((dev, stream.0), work).map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+            self.submit(dev, stream, Arc::new(work))
         })
+    }
+
+    /// Queues `node` on `(dev, stream)`, or records it when that stream is capturing.
+    fn submit(&self, dev: Device, stream: Stream, node: Node) -> R<()> {
+        if let Some(capture) = self.state.lock().captures.get_mut(&(dev, stream.0)) {
+            capture.nodes.push(node);
+            return Ok(());
+        }
+        self.workers
+            .enqueue((dev, stream.0), Box::new(move || node()))
+            .map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+    }
+
+    /// True when `(dev, stream)` is capturing; the capture is then invalidated (what an illegal
+    /// call during a capture does).
+    fn invalidate_capture(&self, dev: Device, stream: Stream) -> bool {
+        match self.state.lock().captures.get_mut(&(dev, stream.0)) {
+            Some(capture) => {
+                capture.invalidated = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// For a range of a multicast mapping lying inside one binding region, the host address of
@@ -407,6 +475,10 @@ impl SimDriver {
             ledger.allocations[p.dev as usize] += 1;
             ledger.allocation_bytes[p.dev as usize] += p.size as u64;
         }
+        for &(dev, size) in st.plain.values() {
+            ledger.allocations[dev as usize] += 1;
+            ledger.allocation_bytes[dev as usize] += size as u64;
+        }
         ledger.allocation_handles = st.allocs.len() as u64;
         ledger.reservations = st.reservations.len() as u64;
         ledger.reserved_bytes = st.reservations.values().map(|&s| s as u64).sum();
@@ -416,6 +488,9 @@ impl SimDriver {
         ledger.modules = st.modules.len() as u64;
         ledger.streams = st.streams.len() as u64;
         ledger.events = st.events.len() as u64;
+        ledger.captures = st.captures.len() as u64;
+        ledger.graphs = st.graphs.len() as u64;
+        ledger.graph_execs = st.graph_execs.len() as u64;
         ledger
     }
 
@@ -724,6 +799,11 @@ impl Drop for SimDriver {
         }
         st.reservations.clear();
         st.mappings.clear();
+        for (&ptr, &(_, size)) in &st.plain {
+            // SAFETY: allocated by `mem_alloc` with this layout and not freed (still listed).
+            unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+        }
+        st.plain.clear();
         // Physical allocations unmap their shadows and close their memfds as they drop.
     }
 }
@@ -791,8 +871,7 @@ impl Driver for SimDriver {
                 return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
             let mut st = self.state.lock();
-            let used: u64 = st.phys.values().filter(|p| p.dev == dev).map(|p| p.size as u64).sum();
-            if used.saturating_add(size as u64) > self.config.device_memory {
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
             let tag = format!("mem:dev={dev}:types={}", handle_types.0);
@@ -1124,6 +1203,92 @@ impl Driver for SimDriver {
         })
     }
 
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
+        self.call("cuMemRetainAllocationHandle", || {
+            let mut st = self.state.lock();
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            let (phys, imported) = (alloc.phys, alloc.imported);
+            st.phys.get_mut(&phys).ok_or(CuResult::ERROR_UNKNOWN)?.refs += 1;
+            let handle = MemHandle(st.fresh_id());
+            st.allocs.insert(handle, Alloc { phys, imported, released: false, maps: 0 });
+            Ok(handle)
+        })
+    }
+
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
+        self.call("cuMemGetAllocationPropertiesFromHandle", || {
+            let st = self.state.lock();
+            let phys = st.phys_of(st.live_alloc(handle)?)?;
+            Ok(AllocationProps { dev: phys.dev, handle_types: phys.handle_types })
+        })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
+        self.call("cuMemGetAddressRange", || {
+            let st = self.state.lock();
+            if let Some((start, _, size)) = st.plain_at(ptr) {
+                return Ok((start, size));
+            }
+            let (start, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            Ok((start, m.size))
+        })
+    }
+
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
+        self.call("cuPointerGetAttribute", || {
+            let st = self.state.lock();
+            if let Some((_, dev, _)) = st.plain_at(ptr) {
+                return Ok(dev);
+            }
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            Ok(st.phys_of(alloc)?.dev)
+        })
+    }
+
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        self.call("cuMemAlloc", || {
+            self.check_dev(dev)?;
+            if size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let mut st = self.state.lock();
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(plain_layout(size)) };
+            if ptr.is_null() {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            st.plain.insert(ptr as u64, (dev, size));
+            Ok(ptr as u64)
+        })
+    }
+
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        self.call("cuMemFree", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let size = match st.plain.get(&ptr) {
+                Some(&(_, size)) => size,
+                None => return Err(INVALID_VALUE),
+            };
+            st.plain.remove(&ptr);
+            // SAFETY: allocated by `mem_alloc` with this layout; removed from the table first,
+            // so it is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+            Ok(())
+        })
+    }
+
     fn stream_create(&self, dev: Device) -> DResult<Stream> {
         self.call("cuStreamCreate", || {
             self.check_dev(dev)?;
@@ -1142,6 +1307,8 @@ impl Driver for SimDriver {
                 return Err(CuResult::ERROR_INVALID_HANDLE);
             }
             st.streams.remove(&stream.0);
+            // A capture still open on it ends with the stream.
+            st.captures.remove(&(dev, stream.0));
             drop(st);
             // Work already queued still runs, as on hardware.
             self.workers.retire((dev, stream.0));
@@ -1152,6 +1319,9 @@ impl Driver for SimDriver {
     fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
         self.call("cuStreamSynchronize", || {
             self.check_dev(dev)?;
+            if self.invalidate_capture(dev, stream) {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
             self.workers.synchronize((dev, stream.0));
             Ok(())
         })
@@ -1182,8 +1352,15 @@ impl Driver for SimDriver {
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
         self.call("cuEventRecord", || {
             self.check_dev(dev)?;
-            let cell = self.state.lock().events.get(&event.0).map(|(_, c)| c.clone());
-            let cell = cell.ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+            let cell = {
+                let st = self.state.lock();
+                let cell = st.events.get(&event.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+                if st.captures.contains_key(&(dev, stream.0)) {
+                    // In a capture an event only orders the captured work: no node, no time.
+                    return Ok(());
+                }
+                cell
+            };
             cell.state.lock().recorded += 1;
             let reach = cell.clone();
             let work: Box<dyn FnOnce() + Send> = Box::new(move || {
@@ -1226,6 +1403,76 @@ impl Driver for SimDriver {
         })
     }
 
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.call("cuStreamBeginCapture", || {
+            self.check_dev(dev)?;
+            if stream == Stream::DEFAULT {
+                // The legacy default stream cannot be captured.
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            let mut st = self.state.lock();
+            if st.captures.contains_key(&(dev, stream.0)) {
+                return Err(CuResult::ERROR_ILLEGAL_STATE);
+            }
+            st.captures.insert((dev, stream.0), Capture::default());
+            Ok(())
+        })
+    }
+
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
+        self.call("cuStreamEndCapture", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let capture = st.captures.remove(&(dev, stream.0)).ok_or(CuResult::ERROR_ILLEGAL_STATE)?;
+            if capture.invalidated {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+            }
+            let id = st.fresh_id() as usize;
+            st.graphs.insert(id, Arc::new(capture.nodes));
+            Ok(Graph(id))
+        })
+    }
+
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
+        self.call("cuGraphInstantiateWithFlags", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let nodes = st.graphs.get(&graph.0).cloned().ok_or(CuResult::ERROR_INVALID_VALUE)?;
+            let id = st.fresh_id() as usize;
+            st.graph_execs.insert(id, (dev, nodes));
+            Ok(GraphExec(id))
+        })
+    }
+
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
+        self.call("cuGraphLaunch", || {
+            self.check_dev(dev)?;
+            let nodes = match self.state.lock().graph_execs.get(&exec.0) {
+                Some((on, nodes)) if *on == dev => nodes.clone(),
+                Some(_) => return Err(CuResult::ERROR_INVALID_VALUE),
+                None => return Err(CuResult::ERROR_INVALID_HANDLE),
+            };
+            // One stream item runs the graph's work in the captured order; on a capturing
+            // stream it becomes one node (a child graph).
+            self.submit(dev, stream, Arc::new(move || nodes.iter().for_each(|node| node())))
+        })
+    }
+
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
+        self.call("cuGraphExecDestroy", || {
+            self.check_dev(dev)?;
+            // Replays already queued keep their work alive until they have run.
+            self.state.lock().graph_execs.remove(&exec.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
+        })
+    }
+
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
+        self.call("cuGraphDestroy", || {
+            self.check_dev(dev)?;
+            self.state.lock().graphs.remove(&graph.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
+        })
+    }
+
     fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
         self.call("cuMemcpyHtoD", || {
             self.check_dev(dev)?;
@@ -1247,6 +1494,35 @@ impl Driver for SimDriver {
             // a distinct host buffer borrowed mutably.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
             Ok(())
+        })
+    }
+
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        self.call("cuMemcpyHtoDAsync", || {
+            self.check_dev(dev)?;
+            if dst % 4 != 0 {
+                return Err(INVALID_VALUE);
+            }
+            let st = self.state.lock();
+            check_access(&st, dev, dst, 4)?;
+            // SAFETY: the word is mapped read-write and 4-byte aligned (checked above, lock
+            // held); kernels on the workers access such words atomically only.
+            unsafe { &*(dst as *const std::sync::atomic::AtomicU32) }
+                .store(value, std::sync::atomic::Ordering::Release);
+            Ok(())
+        })
+    }
+
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        self.call("cuMemcpyDtoHAsync", || {
+            self.check_dev(dev)?;
+            if src % 4 != 0 {
+                return Err(INVALID_VALUE);
+            }
+            let st = self.state.lock();
+            check_access(&st, dev, src, 4)?;
+            // SAFETY: as in `poke_u32`.
+            Ok(unsafe { &*(src as *const std::sync::atomic::AtomicU32) }.load(std::sync::atomic::Ordering::Acquire))
         })
     }
 
@@ -1334,10 +1610,20 @@ fn host_dup(fd: RawFd) -> R<OwnedFd> {
     borrowed.try_clone_to_owned().map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)
 }
 
-/// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap.
+/// The layout of a simulated `cuMemAlloc` block of `size` bytes.
+fn plain_layout(size: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(size.max(1), PLAIN_ALIGN).expect("a valid layout")
+}
+
+/// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap, or in one
+/// `cuMemAlloc` block of `dev`.
 fn check_access(st: &State, dev: Device, ptr: u64, len: usize) -> R<()> {
     if len == 0 {
         return Ok(());
+    }
+    if let Some((start, owner, size)) = st.plain_at(ptr) {
+        let end = ptr.checked_add(len as u64).ok_or(INVALID_VALUE)?;
+        return if owner == dev && end <= start + size as u64 { Ok(()) } else { Err(INVALID_VALUE) };
     }
     for start in st.covering(ptr, len)? {
         let m = st.mappings.get(&start).ok_or(INVALID_VALUE)?;

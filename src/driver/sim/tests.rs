@@ -326,6 +326,62 @@ fn bind_addr_needs_mapped_allocation() {
     s.multicast_bind_addr(mc, 0, p + G as u64, G, 0).unwrap();
 }
 
+/// "The memory must have been allocated via [cuMemCreate] or [cudaMallocAsync]." — plain
+/// `cuMemAlloc` memory (what `cudaMalloc` returns) is refused by BindAddr, and has no allocation
+/// handle to retain; it is still device memory of its device, charged to its budget and counted
+/// by the ledger until `cuMemFree`.
+#[test]
+fn bind_addr_refuses_cuda_malloc_memory() {
+    let s = sim();
+    let mc = team(&s, 2, 4 * G, HandleTypes::NONE);
+    let plain = s.mem_alloc(1, 2 * G).unwrap();
+    assert_eq!(plain % 256, 0);
+    assert_eq!(code(s.multicast_bind_addr(mc, 0, plain, G, 0)), IV);
+    assert_eq!(code(s.multicast_bind_addr_v2(mc, 1, 0, plain, G, 0)), IV);
+    assert_eq!(code(s.mem_retain_allocation_handle(plain)), IV);
+    assert_eq!(s.pointer_device(plain + 5).unwrap(), 1);
+    assert_eq!(s.mem_address_range(plain + 5).unwrap(), (plain, 2 * G));
+    s.memcpy_htod(1, plain + 8, &[1, 2, 3]).unwrap();
+    let mut back = [0u8; 3];
+    s.memcpy_dtoh(1, &mut back, plain + 8).unwrap();
+    assert_eq!(back, [1, 2, 3]);
+    assert_eq!(code(s.memcpy_htod(0, plain, &[1])), IV, "another device's memory");
+    assert_eq!(s.ledger().allocation_bytes[1], 2 * G as u64);
+    assert_eq!(code(s.mem_alloc(1, 64 * MIB)), CuResult::ERROR_OUT_OF_MEMORY, "the device budget");
+    assert_eq!(code(s.mem_free(1, plain + 8)), IV, "not the start");
+    s.mem_free(1, plain).unwrap();
+    assert_eq!(code(s.mem_free(1, plain)), IV, "freed twice");
+    assert_eq!(code(s.pointer_device(plain)), IV);
+    s.mem_release(mc).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
+/// `cuMemRetainAllocationHandle`, `cuMemGetAllocationPropertiesFromHandle`,
+/// `cuMemGetAddressRange`, `cuPointerGetAttribute` on a mapped cuMemCreate allocation: the
+/// retained handle names the same memory (it binds, and keeps the memory alive after the
+/// creator's handle is released) and must itself be released.
+#[test]
+fn retained_allocation_handles() {
+    let s = sim();
+    let (h, p) = mapped(&s, 2, 2 * G, HandleTypes::POSIX_FD);
+    let r = s.mem_retain_allocation_handle(p + G as u64 + 3).unwrap();
+    assert_ne!(r, h);
+    assert_eq!(s.mem_allocation_props(r).unwrap(), AllocationProps { dev: 2, handle_types: HandleTypes::POSIX_FD });
+    assert_eq!(s.mem_address_range(p + 7).unwrap(), (p, 2 * G));
+    assert_eq!(s.pointer_device(p + 7).unwrap(), 2);
+    let host = [0u8; 4];
+    assert_eq!(code(s.pointer_device(host.as_ptr() as u64)), IV, "host memory");
+    // The retained handle binds like the original (shareable memory, shareable object).
+    let mc = team(&s, 3, 2 * G, HandleTypes::POSIX_FD);
+    s.multicast_bind_mem(mc, 0, r, 0, G, 0).unwrap();
+    s.multicast_unbind(mc, 2, 0, G).unwrap();
+    s.mem_release(mc).unwrap();
+    unmapped_free(&s, h, p, 2 * G);
+    assert_eq!(s.ledger().allocations[2], 1, "the retained handle keeps the memory");
+    s.mem_release(r).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
 /// Simulator rule (brief): a second bind overlapping an existing binding of the same device is
 /// refused; other devices may bind the same range.
 #[test]
@@ -712,6 +768,120 @@ fn events_time_the_work_between_them() {
     assert_eq!(code(s.event_record(0, b, st)), CuResult::ERROR_INVALID_HANDLE);
 }
 
+// ---- stream capture and CUDA graphs ----
+
+/// DESIGN.md (sim): launches on a capturing stream are recorded, not run; `cuGraphLaunch` runs
+/// the recorded work in order, after the work queued on the stream before, once per launch.
+#[test]
+fn capture_records_launches_and_graph_launch_replays_them_in_order() {
+    let s = sim();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let push = |v: u32| {
+        let seen = seen.clone();
+        move || seen.lock().push(v)
+    };
+    let stream = s.stream_create(1).unwrap();
+    s.stream_begin_capture(1, stream).unwrap();
+    for v in 1..=3 {
+        s.enqueue(1, stream, push(v)).unwrap();
+    }
+    // Another stream of the same device is not captured.
+    s.enqueue(1, Stream(77), push(100)).unwrap();
+    s.stream_synchronize(1, Stream(77)).unwrap();
+    assert_eq!(*seen.lock(), vec![100], "captured launches must not run");
+    let graph = s.stream_end_capture(1, stream).unwrap();
+    assert_eq!(s.ledger().graphs, 1);
+    let exec = s.graph_instantiate(1, graph).unwrap();
+    // The executable graph outlives its graph.
+    s.graph_destroy(1, graph).unwrap();
+    seen.lock().clear();
+    s.enqueue(1, stream, push(0)).unwrap();
+    s.graph_launch(1, exec, stream).unwrap();
+    s.graph_launch(1, exec, stream).unwrap();
+    s.enqueue(1, stream, push(9)).unwrap();
+    s.stream_synchronize(1, stream).unwrap();
+    assert_eq!(*seen.lock(), vec![0, 1, 2, 3, 1, 2, 3, 9]);
+    // Launched on another stream, the graph runs there.
+    seen.lock().clear();
+    s.graph_launch(1, exec, Stream(5)).unwrap();
+    s.stream_synchronize(1, Stream(5)).unwrap();
+    assert_eq!(*seen.lock(), vec![1, 2, 3]);
+    // On another device it is not valid.
+    assert_eq!(code(s.graph_launch(0, exec, Stream(5))), IV);
+    s.graph_exec_destroy(1, exec).unwrap();
+    assert_eq!(code(s.graph_launch(1, exec, stream)), CuResult::ERROR_INVALID_HANDLE);
+    assert_eq!(code(s.graph_exec_destroy(1, exec)), IV);
+    assert_eq!(code(s.graph_destroy(1, graph)), IV);
+    assert_eq!(code(s.graph_instantiate(1, graph)), IV);
+    s.stream_destroy(1, stream).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
+}
+
+/// CUDA driver API: capture cannot begin on the legacy stream or on a stream already capturing,
+/// and ending needs a capture in progress; a synchronization of a capturing stream is illegal
+/// and invalidates the capture, whose end then fails.
+#[test]
+fn capture_rules() {
+    let s = sim();
+    let st = Stream(11);
+    assert_eq!(code(s.stream_begin_capture(0, Stream::DEFAULT)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_begin_capture(9, st)), ID);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_ILLEGAL_STATE, "not capturing");
+    s.stream_begin_capture(0, st).unwrap();
+    assert_eq!(code(s.stream_begin_capture(0, st)), CuResult::ERROR_ILLEGAL_STATE, "already capturing");
+    assert_eq!(s.ledger().captures, 1);
+    assert!(!s.ledger().is_empty(), "an open capture is live");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    s.enqueue(0, st, move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    // An event recorded in the capture only orders it: it never completes a timing.
+    let ev = s.event_create(0).unwrap();
+    s.event_record(0, ev, st).unwrap();
+    assert_eq!(code(s.stream_synchronize(0, st)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_eq!(s.ledger().captures, 0, "the invalidated capture has ended");
+    assert_eq!(s.ledger().graphs, 0);
+    // The stream works eagerly again; the captured launch never ran.
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    // A graph launched on a capturing stream becomes one node of the new capture.
+    s.stream_begin_capture(0, st).unwrap();
+    let r = ran.clone();
+    s.enqueue(0, st, move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let inner = s.graph_instantiate(0, s.stream_end_capture(0, st).unwrap()).unwrap();
+    s.stream_begin_capture(0, st).unwrap();
+    s.graph_launch(0, inner, st).unwrap();
+    s.graph_launch(0, inner, st).unwrap();
+    let outer = s.stream_end_capture(0, st).unwrap();
+    let outer_exec = s.graph_instantiate(0, outer).unwrap();
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran while capturing");
+    s.graph_launch(0, outer_exec, st).unwrap();
+    s.stream_synchronize(0, st).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    // Faults reach the new entry points like any other.
+    s.inject("cuGraphLaunch", CuResult::ERROR_LAUNCH_FAILED, 1, Some(1));
+    assert_eq!(code(s.graph_launch(0, outer_exec, st)), CuResult::ERROR_LAUNCH_FAILED);
+    s.clear_faults();
+    // Destroying a capturing stream ends its capture.
+    let st2 = s.stream_create(0).unwrap();
+    s.stream_begin_capture(0, st2).unwrap();
+    s.stream_destroy(0, st2).unwrap();
+    assert_eq!(s.ledger().captures, 0);
+    for e in [inner, outer_exec] {
+        s.graph_exec_destroy(0, e).unwrap();
+    }
+    let graphs = s.ledger().graphs;
+    assert_eq!(graphs, 2, "the two graphs ended without an error are live until destroyed");
+    s.event_destroy(0, ev).unwrap();
+}
+
 #[test]
 fn modules_and_launch() {
     let s = sim();
@@ -738,7 +908,7 @@ fn drop_runs_queued_work_and_joins_workers() {
         Box::new(move || {
             std::thread::sleep(Duration::from_millis(30));
             r.store(true, Ordering::SeqCst);
-            drop(t);
+            let _held = &t;
         }),
     )
     .unwrap();

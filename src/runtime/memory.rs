@@ -1,0 +1,269 @@
+//! Memory the application owns: `mcast_mem_alloc` / `mcast_mem_free` (device memory any team
+//! holding that device can register, like NCCL's `ncclMemAlloc`), and the context's list of live
+//! registrations (no two may overlap; registered memory cannot be freed).
+
+use std::collections::BTreeMap;
+
+use parking_lot::Mutex;
+
+use super::context::Context;
+use super::error::{Error, Result};
+use super::registry::{ResourceId, ResourceKind};
+use super::retry::retry;
+use crate::driver::{CuResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, MulticastProp};
+
+/// Owner name of `mcast_mem_alloc` memory in the leak report.
+const OWNER: &str = "mcast_mem_alloc";
+
+/// One `mcast_mem_alloc` allocation: the physical memory mapped read-write for its device.
+struct UserAlloc {
+    dev: Device,
+    handle: MemHandle,
+    size: usize,
+    /// Physical allocation, reservation, mapping: `None` once released.
+    ids: [Option<ResourceId>; 3],
+}
+
+/// A live registration: `[start, end)` on `dev`, made for buffer registration `serial`.
+#[derive(Clone, Copy, Debug)]
+struct Registration {
+    serial: u64,
+    dev: Device,
+    start: u64,
+    end: u64,
+}
+
+/// The application's memory in one context.
+#[derive(Default)]
+pub struct UserMemory {
+    /// `mcast_mem_alloc` allocations by address.
+    allocs: Mutex<BTreeMap<DevicePtr, UserAlloc>>,
+    /// Live registrations.
+    registrations: Mutex<Vec<Registration>>,
+    next_serial: Mutex<u64>,
+}
+
+impl UserMemory {
+    /// Records the ranges of one registration (every rank this process holds) unless one of them
+    /// overlaps a live registration; returns its serial.
+    pub fn register(&self, ranges: &[(Device, DevicePtr, usize)]) -> Result<u64> {
+        let mut regs = self.registrations.lock();
+        for (i, &(dev, start, len)) in ranges.iter().enumerate() {
+            let end = start + len as u64;
+            if let Some(r) = regs.iter().find(|r| r.start < end && start < r.end) {
+                return Err(Error::invalid_argument(format!(
+                    "ptrs[{i}] = {start:#x} + {len} bytes (device {dev}) overlaps a live registration ({:#x} + {} bytes on \
+                     device {}): free that buffer first",
+                    r.start,
+                    r.end - r.start,
+                    r.dev
+                )));
+            }
+            if let Some(j) = ranges[..i].iter().position(|&(_, s, l)| s < end && start < s + l as u64) {
+                return Err(Error::invalid_argument(format!(
+                    "ptrs[{i}] and ptrs[{j}] overlap: every rank registers its own memory"
+                )));
+            }
+        }
+        let mut next = self.next_serial.lock();
+        *next += 1;
+        let serial = *next;
+        regs.extend(ranges.iter().map(|&(dev, start, len)| Registration {
+            serial,
+            dev,
+            start,
+            end: start + len as u64,
+        }));
+        Ok(serial)
+    }
+
+    /// Forgets registration `serial`.
+    pub fn unregister(&self, serial: u64) {
+        self.registrations.lock().retain(|r| r.serial != serial);
+    }
+
+    /// Number of live registrations (one per registered buffer and rank).
+    pub fn registrations(&self) -> usize {
+        self.registrations.lock().len()
+    }
+
+    /// Allocates `bytes` on `dev`: physical memory with the shareable handle types the device
+    /// exports (POSIX file descriptors, plus fabric handles where supported), rounded up to the
+    /// allocation and multicast granularities, mapped read-write for `dev`. Retried on
+    /// out-of-memory; rolled back on failure.
+    pub fn alloc(&self, ctx: &Context, dev: i32, bytes: usize) -> Result<DevicePtr> {
+        let dev = ctx.check_device(dev, "device")?;
+        if bytes == 0 {
+            return Err(Error::invalid_argument("bytes is 0: an allocation needs at least one byte"));
+        }
+        let driver = ctx.driver().clone();
+        let props = ctx.props(dev)?;
+        let mut types = HandleTypes::NONE;
+        if props.posix_fd_supported {
+            types = HandleTypes(types.0 | HandleTypes::POSIX_FD.0);
+        }
+        let with_fabric = HandleTypes(types.0 | HandleTypes::FABRIC.0);
+        if props.fabric_supported {
+            types = with_fabric;
+        }
+        let mut g = driver
+            .mem_granularity(dev, Granularity::Minimum, types)
+            .map_err(|e| Error::driver(e, format_args!("asking the allocation granularity of device {dev}")))?
+            .max(1);
+        if driver.has_multicast_api() && props.multicast_supported {
+            let prop = MulticastProp { num_devices: 1, size: 0, handle_types: types, flags: 0 };
+            let m = driver
+                .multicast_granularity(&prop, Granularity::Minimum)
+                .map_err(|e| Error::driver(e, format_args!("asking the multicast granularity of device {dev}")))?
+                .max(1);
+            g = g / gcd(g, m) * m;
+        }
+        let size = bytes
+            .checked_next_multiple_of(g)
+            .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
+        let mut trim = || ctx.trim_caches();
+        let what = || format!("mcast_mem_alloc: allocating {size} bytes on device {dev}");
+        let handle = match retry(ctx, &what, size as u64, &mut trim, || driver.mem_create(dev, size, types)) {
+            // Fabric handles need an IMEX channel the system may lack: POSIX descriptors only.
+            Err(e)
+                if types.contains(HandleTypes::FABRIC)
+                    && e.driver.as_ref().map(|d| d.code) == Some(CuResult::ERROR_NOT_SUPPORTED) =>
+            {
+                types = HandleTypes(types.0 & !HandleTypes::FABRIC.0);
+                retry(ctx, &what, size as u64, &mut trim, || driver.mem_create(dev, size, types))?
+            }
+            r => r?,
+        };
+        let res = &ctx.resources;
+        let phys = res.track(ResourceKind::PhysicalAllocation, size as u64, Some(dev), OWNER);
+        let what = || format!("mcast_mem_alloc: reserving {size} bytes of address space");
+        let va = match retry(ctx, &what, 0, &mut trim, || driver.mem_address_reserve(size, g)) {
+            Ok(va) => va,
+            Err(e) => {
+                if let Err(u) = driver.mem_release(handle) {
+                    tracing::error!("mcast_mem_alloc: rolling back: {u}");
+                }
+                res.untrack(phys);
+                return Err(e);
+            }
+        };
+        let reservation = res.track(ResourceKind::Reservation, size as u64, None, OWNER);
+        let what = || format!("mcast_mem_alloc: mapping {size} bytes on device {dev}");
+        let mapped = retry(ctx, &what, 0, &mut trim, || driver.mem_map(va, size, 0, handle));
+        let mapping = mapped.as_ref().ok().map(|_| res.track(ResourceKind::Mapping, size as u64, Some(dev), OWNER));
+        let access = mapped.and_then(|_| {
+            let what = || format!("mcast_mem_alloc: giving device {dev} access to {size} bytes");
+            retry(ctx, &what, 0, &mut trim, || driver.mem_set_access(va, size, &[dev]))
+        });
+        if let Err(e) = access {
+            if let Some(id) = mapping {
+                match driver.mem_unmap(va, size) {
+                    Ok(()) => res.untrack(id),
+                    Err(u) => tracing::error!("mcast_mem_alloc: rolling back: {u}"),
+                }
+            }
+            for (r, id) in [(driver.mem_address_free(va, size), reservation), (driver.mem_release(handle), phys)] {
+                match r {
+                    Ok(()) => res.untrack(id),
+                    Err(u) => tracing::error!("mcast_mem_alloc: rolling back: {u}"),
+                }
+            }
+            return Err(e);
+        }
+        let ids = [Some(phys), Some(reservation), mapping];
+        self.allocs.lock().insert(va, UserAlloc { dev, handle, size, ids });
+        Ok(va)
+    }
+
+    /// Frees `mcast_mem_alloc` memory at `ptr` (0: nothing), after the work in flight on its
+    /// device. Refused while a registration lies in it.
+    pub fn free(&self, ctx: &Context, ptr: DevicePtr) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let mut allocs = self.allocs.lock();
+        let Some(a) = allocs.get(&ptr) else {
+            return Err(Error::invalid_argument(format!(
+                "ptr = {ptr:#x} is not memory from mcast_mem_alloc of this context, or was already freed"
+            )));
+        };
+        let end = ptr + a.size as u64;
+        if let Some(r) = self.registrations.lock().iter().find(|r| r.start < end && ptr < r.end) {
+            return Err(Error::in_use(format!(
+                "ptr = {ptr:#x} is registered ({:#x} + {} bytes): free the registered buffer with mcast_buffer_free \
+                 first",
+                r.start,
+                r.end - r.start
+            )));
+        }
+        let dev = a.dev;
+        let waited = ctx
+            .driver()
+            .device_synchronize(dev)
+            .map_err(|e| Error::driver(e, format_args!("waiting for work in flight on device {dev}")));
+        let mut a = allocs.remove(&ptr).expect("found above");
+        let released = a.release(ctx, ptr);
+        if released.is_err() {
+            // Kept (what is left of it) for a later free or the context's destroy to retry.
+            allocs.insert(ptr, a);
+        }
+        released.and(waited)
+    }
+
+    /// Frees every allocation still alive (context destroy); returns how many there were.
+    pub fn release_all(&self, ctx: &Context) -> usize {
+        let allocs = std::mem::take(&mut *self.allocs.lock());
+        self.registrations.lock().clear();
+        let n = allocs.len();
+        for (ptr, mut a) in allocs {
+            if let Err(e) = a.release(ctx, ptr) {
+                tracing::error!("releasing mcast_mem_alloc memory at context destroy: {e}");
+            }
+        }
+        n
+    }
+
+    /// Live `mcast_mem_alloc` allocations.
+    pub fn live(&self) -> usize {
+        self.allocs.lock().len()
+    }
+}
+
+/// One release step of an allocation.
+type Step<'a> = dyn Fn() -> crate::driver::DResult<()> + 'a;
+
+impl UserAlloc {
+    /// Unmaps, frees the reservation and releases the memory, skipping what an earlier call
+    /// released; stops at the first failure (what is left stays tracked, for a retry, and shows
+    /// in the leak report).
+    fn release(&mut self, ctx: &Context, va: DevicePtr) -> Result<()> {
+        let driver = ctx.driver();
+        let res = &ctx.resources;
+        let size = self.size;
+        let handle = self.handle;
+        let steps: [(usize, &str, &Step); 3] = [
+            (2, "unmapping", &|| driver.mem_unmap(va, size)),
+            (1, "freeing the address range", &|| driver.mem_address_free(va, size)),
+            (0, "releasing the memory", &|| driver.mem_release(handle)),
+        ];
+        for (i, what, step) in steps {
+            let Some(id) = self.ids[i] else { continue };
+            match step() {
+                Ok(()) => {}
+                Err(e) if e.code == CuResult::ERROR_DEINITIALIZED => {}
+                Err(e) => return Err(Error::driver(e, format_args!("mcast_mem_free: {what}"))),
+            }
+            res.untrack(id);
+            self.ids[i] = None;
+        }
+        Ok(())
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
