@@ -1,11 +1,15 @@
-/* The NCCL API over mcast with one process per rank, the way MPI programs use NCCL: the parent
- * makes the id with ncclGetUniqueId and forks N ranks; each calls ncclCommInitRank, allocates with
- * ncclMemAlloc, runs all four collectives in and out of place, checks them, and destroys.
+/* The NCCL API over mcast with one process per rank, the way MPI programs use NCCL: rank 0 makes
+ * the id with ncclGetUniqueId and hands it to the others (here through shared memory, where MPI
+ * programs use MPI_Bcast); each calls ncclCommInitRank, allocates with ncclMemAlloc, runs all
+ * four collectives in and out of place, checks them, and destroys. The parent only forks (before
+ * any bootstrap thread exists) and waits.
  *   nccl_mp N   (2 <= N <= 4; on the simulator rank r uses device r % devices) */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +18,16 @@
 
 static int32_t value(int r, size_t i) { return (int32_t)((i * 13 + (size_t)r * 7) % 101) - 50; }
 
-static int rank_main(ncclUniqueId id, int n, int r) {
+struct shared {
+  pthread_barrier_t id_ready;
+  ncclUniqueId id;
+};
+
+static int rank_main(struct shared *sh, int n, int r) {
+  if (r == 0) NCHECK_OK(ncclGetUniqueId(&sh->id));
+  int b = pthread_barrier_wait(&sh->id_ready);
+  NCHECK(b == 0 || b == PTHREAD_BARRIER_SERIAL_THREAD);
+  ncclUniqueId id = sh->id;
   ncclComm_t comm;
   NCHECK_OK(ncclCommInitRank(&comm, n, id, r));
   int got_n = 0, got_r = -1;
@@ -71,14 +84,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: nccl_mp N (2..4)\n");
     return 2;
   }
-  ncclUniqueId id;
-  NCHECK_OK(ncclGetUniqueId(&id));
+  struct shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  NCHECK(sh != MAP_FAILED);
+  pthread_barrierattr_t attr;
+  NCHECK(pthread_barrierattr_init(&attr) == 0);
+  NCHECK(pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) == 0);
+  NCHECK(pthread_barrier_init(&sh->id_ready, &attr, (unsigned)n) == 0);
   pid_t pids[4];
   for (int r = 0; r < n; r++) {
     fflush(NULL);
     pids[r] = fork();
     NCHECK(pids[r] >= 0);
-    if (pids[r] == 0) _exit(rank_main(id, n, r));
+    if (pids[r] == 0) _exit(rank_main(sh, n, r));
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {
