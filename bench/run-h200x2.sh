@@ -118,11 +118,16 @@ if [[ -n "${SKIP_PEERS:-}" ]]; then
 elif python3 -c 'import torch, torch.distributed' 2>/dev/null && command -v torchrun >/dev/null; then
   # The byte counts are plain numbers for peers.py.
   bytes() { python3 -c "import sys; v=sys.argv[1].upper(); m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(v[:-1])*m[v[-1]] if v[-1] in m else int(v))" "$1"; }
-  if PYTHONUNBUFFERED=1 torchrun --nproc_per_node=2 bench/peers.py --min "$(bytes "$min")" --max "$(bytes "$max")" \
+  if PYTHONUNBUFFERED=1 torchrun --nproc_per_node=2 bench/peers.py --min-bytes "$(bytes "$min")" --max-bytes "$(bytes "$max")" \
     --ops "$(echo $ops | tr ' ' ',')" --modes eager,graph --out "$out/peers.csv" 2>"$out/peers.err"; then
     peers_args=(--peers "$out/peers.csv")
   else
     note "bench/peers.py failed: $(tail -n 5 "$out/peers.err" | tr '\n' ' ')"
+    # It writes its CSV before tearing down; a failure after that leaves the measurements.
+    if [[ -s "$out/peers.csv" ]]; then
+      note "bench/peers.py wrote peers.csv before it failed: its rows are used"
+      peers_args=(--peers "$out/peers.csv")
+    fi
   fi
   grep 'peers: note' "$out/peers.err" >>"$out/notes.txt" 2>/dev/null || true
 else

@@ -1,5 +1,6 @@
-/* One process per rank (mcast_get_unique_id, mcast_team_init_rank): the parent makes the id,
- * forks N ranks before any context exists, and each rank joins the team and runs its part.
+/* One process per rank (mcast_get_unique_id, mcast_team_init_rank): the parent forks N ranks,
+ * rank 0 makes the id and shares it (shared memory, a process-shared barrier), and each rank
+ * joins the team and runs its part.
  *   mp_collectives N collectives   every collective checked on every rank
  *   mp_collectives N absent        rank N-1 exits without joining: the others get
  *                                  MCAST_ERROR_TIMEOUT within timeout_ms
@@ -8,13 +9,23 @@
  *                                  mcast_synchronize, and destroy everything without a leak
  *   mp_collectives N fault         rank 1 alone fails a buffer allocation (injected): every
  *                                  rank gets an error naming rank 1
+ *   mp_collectives N oob           as collectives, the team made with mcast_team_init_oob over
+ *                                  an allgather in shared memory (a process-shared barrier)
+ *   mp_collectives N cross-host    as collectives, on simulated hosts (MCAST_MP_HOSTS unset: 2);
+ *                                  where fabric handles are unavailable setup must fail on every
+ *                                  rank with MCAST_ERROR_NOT_SUPPORTED naming rank, host and
+ *                                  reason (MCAST_MP_EXPECT=not_supported demands that outcome)
+ * MCAST_MP_HOSTS=H puts rank r on simulated host "host<r % H>" (MCAST_HOST_ID).
  * The backend and multicast mode come from the environment (MCAST_BACKEND, MCAST_MULTICAST);
  * on CUDA, rank r uses device r % count, and without a device the test exits 77 (skipped). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -116,8 +127,54 @@ static void collectives(mcast_team_t team, int n, int r) {
   free(bytes);
 }
 
-static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
+/* The oob role's allgather: shared memory made before fork, a process-shared barrier. */
+struct shared_gather {
+  pthread_barrier_t barrier;
+  int n;
+  mcast_unique_id_t id; /* made by rank 0, read by the others after the barrier */
+  unsigned char data[72 * 1024];
+};
+static struct shared_gather *shared;
+static int my_rank;
+
+static int shm_allgather(const void *send, void *recv, size_t bytes, void *user) {
+  struct shared_gather *g = user;
+  if (bytes * 72 > sizeof g->data) return 1;
+  memcpy(g->data + (size_t)my_rank * bytes, send, bytes);
+  pthread_barrier_wait(&g->barrier);
+  memcpy(recv, g->data, bytes * (size_t)g->n);
+  pthread_barrier_wait(&g->barrier);
+  return 0;
+}
+
+static mcast_status_t join(const char *role, mcast_context_t ctx, mcast_unique_id_t id, int n, int r, int device,
+                           mcast_team_t *team) {
+  if (strcmp(role, "oob") != 0) return mcast_team_init_rank(ctx, id, n, r, device, team);
+  /* The allgather writes this rank's block, waits, copies all blocks out, waits again. */
+  mcast_oob_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.allgather = shm_allgather;
+  o.user = shared;
+  o.rank = r;
+  o.nranks = n;
+  return mcast_team_init_oob(ctx, &o, device, team);
+}
+
+static int rank_main(const char *role, int n, int r) {
+  /* Rank 0 makes the id (as with MPI: rank 0 makes it, MPI_Bcast moves it); the parent makes
+     none, so no process forks while the id's listener threads run. */
+  if (r == 0 && strcmp(role, "oob") != 0) CHECK_OK(mcast_get_unique_id(&shared->id));
+  pthread_barrier_wait(&shared->barrier);
+  mcast_unique_id_t id = shared->id;
   if (strcmp(role, "absent") == 0 && r == n - 1) _exit(3);
+  const char *hosts = getenv("MCAST_MP_HOSTS");
+  int nhosts = hosts ? atoi(hosts) : (strcmp(role, "cross-host") == 0 ? 2 : 0);
+  if (nhosts > 0) {
+    char host[32];
+    snprintf(host, sizeof host, "host%d", r % nhosts);
+    setenv("MCAST_HOST_ID", host, 1);
+  }
   if (strcmp(role, "fault") == 0 && r == 1) setenv("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@3", 1);
   mcast_context_t ctx = context();
   int count = 0;
@@ -131,8 +188,20 @@ static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
     no_leaks(ctx);
     return 0;
   }
-  CHECK_OK(mcast_team_init_rank(ctx, id, n, r, r % count, &team));
-  if (strcmp(role, "collectives") == 0) {
+  mcast_status_t joined = join(role, ctx, id, n, r, r % count, &team);
+  const char *expect = getenv("MCAST_MP_EXPECT");
+  if (strcmp(role, "cross-host") == 0 && (joined == MCAST_ERROR_NOT_SUPPORTED ||
+                                          (expect && strcmp(expect, "not_supported") == 0))) {
+    CHECK_STATUS(joined, MCAST_ERROR_NOT_SUPPORTED);
+    const char *msg = mcast_last_error();
+    CHECK(strstr(msg, "rank ") != NULL && strstr(msg, "host") != NULL && strstr(msg, "fabric") != NULL);
+    if (r == 0) printf("rank 0: team across hosts refused as expected: %s\n", msg);
+    CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
+    no_leaks(ctx);
+    return 0;
+  }
+  CHECK_OK(joined);
+  if (strcmp(role, "collectives") == 0 || strcmp(role, "oob") == 0 || strcmp(role, "cross-host") == 0) {
     collectives(team, n, r);
   } else if (strcmp(role, "killed") == 0) {
     mcast_buffer_t buf;
@@ -159,21 +228,27 @@ static int rank_main(const char *role, mcast_unique_id_t id, int n, int r) {
 
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s NRANKS collectives|absent|killed|fault\n", argv[0]);
+    fprintf(stderr, "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[1]);
   const char *role = argv[2];
-  mcast_unique_id_t id;
-  CHECK_OK(mcast_get_unique_id(&id));
-  pid_t pids[16];
-  CHECK(n >= 1 && n <= 16);
+  pid_t pids[72];
+  CHECK(n >= 1 && n <= 72);
+  shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  CHECK(shared != MAP_FAILED);
+  pthread_barrierattr_t attr;
+  CHECK(pthread_barrierattr_init(&attr) == 0);
+  CHECK(pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) == 0);
+  CHECK(pthread_barrier_init(&shared->barrier, &attr, (unsigned)n) == 0);
+  shared->n = n;
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
     CHECK(pids[r] >= 0);
     if (pids[r] == 0) {
       fflush(stdout);
-      _exit(rank_main(role, id, n, r));
+      my_rank = r;
+      _exit(rank_main(role, n, r));
     }
   }
   int failed = 0, skipped = 0;

@@ -472,6 +472,38 @@ typedef struct mcast_unique_id_t {
   char internal[128];
 } mcast_unique_id_t;
 
+/**
+ * The application's out-of-band allgather: gathers `bytes` bytes at `send` from every rank
+ * into `recv` (`nranks * bytes`, in rank order). Returns 0 on success.
+ */
+typedef int (*mcast_oob_allgather_fn)(const void *send, void *recv, size_t bytes, void *user);
+
+/**
+ * The application's allgather, for `mcast_team_init_oob`.
+ */
+typedef struct mcast_oob_t {
+  /**
+   * `sizeof(mcast_oob_t)`.
+   */
+  uint32_t struct_size;
+  /**
+   * The allgather (`MPI_Allgather`, a PMIx fence, a key-value store).
+   */
+  mcast_oob_allgather_fn allgather;
+  /**
+   * Passed to `allgather`.
+   */
+  void *user;
+  /**
+   * This process's rank.
+   */
+  int32_t rank;
+  /**
+   * The team size.
+   */
+  int32_t nranks;
+} mcast_oob_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1009,9 +1041,16 @@ mcast_status_t mcast_team_split(struct mcast_team_t team,
 mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
 
 /**
- * Writes a fresh unique id into `*id`: a version tag and random bytes (`getrandom`). One id
- * names one team; every process of that team passes the same bytes to
- * `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL. Thread-safe.
+ * Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
+ * (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
+ * interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
+ * interface that is up, else loopback; this process must stay alive until every rank has
+ * joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
+ * every process makes the same id (the secret derived from the address and
+ * `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.
+ * One id names one team; every process of that team passes the same bytes to
+ * `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL, `MCAST_BOOTSTRAP_ADDR`
+ * malformed, `MCAST_SOCKET_IFNAME` matching no interface. Thread-safe.
  *
  * # Safety
  * `id` must be NULL or valid for writes.
@@ -1022,8 +1061,11 @@ mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
  * One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
  * `device` of this process's context. Every process of the team calls it with the same `id`
  * and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
- * The processes meet over an abstract Unix-domain socket named by `id` (same host); memory
- * and multicast objects are exported as POSIX file descriptors and passed with `SCM_RIGHTS`.
+ * The processes meet over TCP through the listener `id` names (on one host or many; every
+ * connection proves the id's secret first); memory and multicast objects travel as POSIX
+ * file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
+ * hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
+ * naming the rank, its host and the reason.
  * The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
  * step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
  * rank (the message names the rank that failed), never a hang: a rank that does not arrive
@@ -1034,7 +1076,7 @@ mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
  * allocations and frees are collective: every rank makes them in the same order and sizes.
  * On failure nothing is left allocated and `*out` is untouched.
  * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
- * in use by a live team, `nranks` < 1 or above 16, `rank` or `device` out of range.
+ * from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range.
  * Thread-safe.
  *
  * # Safety
@@ -1046,6 +1088,31 @@ mcast_status_t mcast_team_init_rank(struct mcast_context_t ctx,
                                     int rank,
                                     int device,
                                     struct mcast_team_t *out);
+
+/**
+ * Like `mcast_team_init_rank`, bootstrapped by the caller's allgather instead of a unique id:
+ * every process calls it with its own `oob->rank`, the same `oob->nranks`, and an allgather
+ * over the same processes. `oob->allgather` is called only inside this call, on the calling
+ * thread, the same number of times on every rank (once; none when `nranks` is out of range,
+ * which every rank sees alike); afterwards the team talks over its own TCP connections, so a
+ * peer that dies later gives `MCAST_ERROR_TIMEOUT`, never a hang inside the caller's MPI.
+ * A rank that is out of range or a `device` out of range still takes part in the allgather,
+ * so every rank fails together with `MCAST_ERROR_INVALID_ARGUMENT`. A non-zero return of the
+ * callback fails the setup (`MCAST_ERROR_INVALID_ARGUMENT`, the value in the message); the
+ * ranks whose callback succeeded then learn it through the team's connections or time out
+ * within `timeout_ms`. `oob` is only read during the call. On failure nothing is left
+ * allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT` also: `oob` or `out`
+ * NULL, `oob->struct_size` not `sizeof(mcast_oob_t)`, `oob->allgather` NULL, `nranks` < 1 or
+ * above 72 (the callback is not called then). Thread-safe.
+ *
+ * # Safety
+ * `oob` must be NULL or point to a valid `mcast_oob_t`; `out` NULL or valid for writes; the
+ * callback must honour its contract.
+ */
+mcast_status_t mcast_team_init_oob(struct mcast_context_t ctx,
+                                   const struct mcast_oob_t *oob,
+                                   int device,
+                                   struct mcast_team_t *out);
 
 /**
  * Writes the version of the loaded library into the non-NULL pointers among `major`, `minor`

@@ -7,6 +7,7 @@
 //!   on the simulator;
 //! - [`driver`]: the CUDA driver subset, real ([`driver::cuda`]) or simulated ([`driver::sim`]).
 
+pub mod bootstrap;
 pub mod capi;
 pub mod driver;
 pub mod kernels;

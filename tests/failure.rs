@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use mcast::bootstrap::new_unique_id;
 use mcast::capi::status::mcast_status_t;
 use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_get_error, mcast_team_t};
 use mcast::driver::{Device, Stream};
@@ -21,7 +22,6 @@ use mcast::runtime::collective::{run, synchronize};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::handles;
-use mcast::runtime::rendezvous::new_unique_id;
 use mcast::runtime::team::{Team, SPLIT_NOCOLOR};
 use mcast::runtime::ErrorKind;
 

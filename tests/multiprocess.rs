@@ -7,13 +7,13 @@ use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mcast::bootstrap::new_unique_id;
 use mcast::driver::{HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
-use mcast::runtime::rendezvous::new_unique_id;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
 
@@ -23,6 +23,8 @@ const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
 /// The handle type a child expects its team to use: `fabric` or `posix`.
 const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
+/// Set: a killed peer must be reported within timeout_ms + 1 s.
+const TIGHT: &str = "MCAST_MP_TIGHT";
 
 fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
@@ -39,17 +41,42 @@ fn unhex(s: &str) -> [u8; 128] {
 /// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
 /// rank's exit status and how long the slowest took.
 fn spawn(n: usize, role: &str, multicast: bool, env: impl Fn(usize) -> Vec<(&'static str, String)>) -> Vec<ExitStatus> {
-    let id = hex(&new_unique_id().unwrap());
+    spawn_in(n, role, multicast, &new_unique_id().unwrap(), |_| Vec::new(), env)
+}
+
+/// [`spawn`] with a given id, each rank's command line prefixed by `wrap(rank)` (e.g. `ip netns
+/// exec NAME`).
+fn spawn_in(
+    n: usize,
+    role: &str,
+    multicast: bool,
+    id: &[u8],
+    wrap: impl Fn(usize) -> Vec<String>,
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<ExitStatus> {
+    let id = hex(id);
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..n)
         .map(|r| {
-            let mut c = Command::new(&exe);
+            let prefix = wrap(r);
+            let mut c = match prefix.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(&exe);
+                    c
+                }
+                None => Command::new(&exe),
+            };
             c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
                 .env(ROLE, format!("{role}:{n}:{r}:{}:{id}", u8::from(multicast)))
                 .env_remove("MCAST_SIM_FAULTS")
                 .env_remove("MCAST_HANDLE_TYPE")
                 .env_remove("MCAST_SIM_FABRIC")
-                .env_remove(EXPECT_HT);
+                .env_remove(EXPECT_HT)
+                .env_remove("MCAST_HOST_ID")
+                .env_remove("MCAST_BOOTSTRAP_ADDR")
+                .env_remove("MCAST_BOOTSTRAP_SECRET")
+                .env_remove(TIGHT);
             for (k, v) in env(r) {
                 c.env(k, v);
             }
@@ -189,6 +216,171 @@ fn a_rank_killed_mid_collective_gives_the_others_a_timeout() {
     }
 }
 
+/// Two simulated hosts of two ranks each (`MCAST_HOST_ID`): descriptors cannot cross hosts
+/// (the simulator refuses them), so the team shares memory through fabric handles, and every
+/// collective is checked on both transports, with a clean teardown and an empty ledger.
+#[test]
+fn collectives_across_two_hosts_of_two_ranks() {
+    for multicast in MODES {
+        all_ok(&spawn(4, "collectives", multicast, |r| {
+            let mut v = expect("fabric");
+            v.push(("MCAST_HOST_ID", format!("host{}", r / 2)));
+            v
+        }));
+    }
+}
+
+/// `MCAST_HANDLE_TYPE=posix` across hosts: `NOT_SUPPORTED` on every rank, naming the rank and
+/// its host.
+#[test]
+fn posix_descriptors_across_hosts_are_not_supported() {
+    all_ok(&spawn(3, "cross-host-posix", false, |r| {
+        vec![("MCAST_HOST_ID", format!("host{}", r.min(1))), ("MCAST_HANDLE_TYPE", "posix".into())]
+    }));
+}
+
+/// A rank on the second host cannot use fabric handles (no IMEX channel on a real system):
+/// `NOT_SUPPORTED` on every rank naming rank, host and reason.
+#[test]
+fn no_fabric_handles_across_hosts_is_not_supported() {
+    for multicast in MODES {
+        all_ok(&spawn(2, "cross-host-no-fabric", multicast, |r| {
+            let mut v = vec![("MCAST_HOST_ID", format!("host{r}"))];
+            if r == 1 {
+                v.push(("MCAST_SIM_FABRIC", "0".into()));
+            }
+            v
+        }));
+    }
+}
+
+/// A peer killed during setup and during a collective, the team on two hosts: the others get
+/// `TIMEOUT` (or the clean stale-handle error) within `timeout_ms` + 1 s, with an empty ledger.
+#[test]
+fn a_rank_killed_on_another_host_during_setup_and_collective() {
+    for multicast in MODES {
+        let hosts = |r: usize| vec![("MCAST_HOST_ID", format!("host{}", r / 2)), (TIGHT, "1".into())];
+        let st = spawn(3, "die-setup", multicast, |r| {
+            let mut v = hosts(r);
+            if r == 2 {
+                v.push(("MCAST_SIM_FAULTS", "cuMemImportFromShareableHandle=PANIC@1".into()));
+            }
+            v
+        });
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+        let st = spawn(3, "die-collective", multicast, hosts);
+        assert!(st[0].success() && st[1].success(), "{st:?}");
+        assert!(!st[2].success(), "rank 2 was to die: {st:?}");
+    }
+}
+
+/// Two network namespaces joined by a veth pair, created here and deleted on every path.
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip").args(args).status().is_ok_and(|s| s.success())
+    }
+
+    /// `None` (with the reason) where this process lacks the privilege or the `ip` tool.
+    fn create(tag: &str) -> Result<Netns, String> {
+        let pid = std::process::id() % 100_000;
+        let ns = Netns { names: [format!("mcast-{tag}-{pid}-a"), format!("mcast-{tag}-{pid}-b")] };
+        let (va, vb) = (format!("mc{pid}{tag}a"), format!("mc{pid}{tag}b"));
+        let (a, b) = (ns.names[0].as_str(), ns.names[1].as_str());
+        if !Self::ip(&["netns", "add", a]) {
+            return Err("cannot create a network namespace (needs root / CAP_SYS_ADMIN and iproute2)".into());
+        }
+        let x = pid % 200 + 20;
+        let ok = Self::ip(&["netns", "add", b])
+            && Self::ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && Self::ip(&["link", "set", &va, "netns", a])
+            && Self::ip(&["link", "set", &vb, "netns", b])
+            && Self::ip(&["-n", a, "addr", "add", &format!("10.213.{x}.1/24"), "dev", &va])
+            && Self::ip(&["-n", b, "addr", "add", &format!("10.213.{x}.2/24"), "dev", &vb])
+            && Self::ip(&["-n", a, "addr", "add", &format!("fd6d:6373:{x}::1/64"), "dev", &va, "nodad"])
+            && Self::ip(&["-n", b, "addr", "add", &format!("fd6d:6373:{x}::2/64"), "dev", &vb, "nodad"])
+            && Self::ip(&["-n", a, "link", "set", &va, "up"])
+            && Self::ip(&["-n", b, "link", "set", &vb, "up"])
+            && Self::ip(&["-n", a, "link", "set", "lo", "up"])
+            && Self::ip(&["-n", b, "link", "set", "lo", "up"]);
+        if !ok {
+            return Err("cannot create and address the veth pair".into());
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and so the pair.
+        for n in &self.names {
+            Netns::ip(&["netns", "del", n]);
+        }
+    }
+}
+
+/// Two processes in different network namespaces joined by a veth pair: different hosts by
+/// identity (netns inode), TCP over the veth (IPv4, then IPv6), interface chosen with
+/// `MCAST_SOCKET_IFNAME`, rank 0 listening at the id's address; every collective checked.
+#[test]
+fn two_network_namespaces_over_a_veth_pair() {
+    let ns = match Netns::create("t") {
+        Ok(ns) => ns,
+        Err(why) => {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root: the namespace test must run there: {why}");
+            eprintln!("SKIPPED two_network_namespaces_over_a_veth_pair: {why}");
+            return;
+        }
+    };
+    let pid = std::process::id() % 100_000;
+    let x = pid % 200 + 20;
+    for addr in [format!("10.213.{x}.1:29517"), format!("[fd6d:6373:{x}::1]:29518")] {
+        let id = mcast::bootstrap::UniqueId { addr: addr.parse().unwrap(), secret: [0x5a; 32], rank0_listens: true };
+        for multicast in MODES {
+            let st = spawn_in(
+                2,
+                "collectives",
+                multicast,
+                &id.encode(),
+                |r| vec!["ip".into(), "netns".into(), "exec".into(), ns.names[r].clone()],
+                |r| {
+                    let mut v = expect("fabric");
+                    v.push(("MCAST_SOCKET_IFNAME", format!("mc{pid}t{}", if r == 0 { 'a' } else { 'b' })));
+                    v
+                },
+            );
+            all_ok(&st);
+        }
+    }
+}
+
+/// torchrun-style: no id is moved; every process exports the same `MCAST_BOOTSTRAP_ADDR` (and
+/// `MCAST_BOOTSTRAP_SECRET`) and makes the id itself; rank 0 listens there.
+#[test]
+fn every_process_makes_the_id_from_the_environment() {
+    let port = 20_000 + std::process::id() % 20_000;
+    all_ok(&spawn(3, "env-id", false, |_| {
+        let mut v = expect("fabric");
+        v.push(("MCAST_BOOTSTRAP_ADDR", format!("127.0.0.1:{port}")));
+        v.push(("MCAST_BOOTSTRAP_SECRET", "job-4711".into()));
+        v
+    }));
+}
+
+/// Team formation time of multi-process teams (reported with --nocapture).
+#[test]
+fn team_formation_time_of_processes() {
+    for n in [2, 4, 8] {
+        let t = Instant::now();
+        all_ok(&spawn(n, "form", false, |r| vec![("MCAST_HOST_ID", format!("host{}", r % 2))]));
+        eprintln!("{n} processes on 2 simulated hosts: spawn + init_rank + destroy in {:?}", t.elapsed());
+    }
+}
+
 // ---- the ranks ----
 
 const TIMEOUT_MS: u32 = 3000;
@@ -313,7 +505,11 @@ fn child() {
     let rank = r as i32;
     let ctx = context(multicast);
     let start = Instant::now();
-    let bound = Duration::from_millis(u64::from(TIMEOUT_MS) * 2 + 2000);
+    let bound = if std::env::var_os(TIGHT).is_some() {
+        Duration::from_millis(u64::from(TIMEOUT_MS) + 1000)
+    } else {
+        Duration::from_millis(u64::from(TIMEOUT_MS) * 2 + 2000)
+    };
     match role {
         "collectives" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();
@@ -346,6 +542,25 @@ fn child() {
             assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
             assert!(e.message.contains("rank 1") && e.message.contains("fabric"), "rank {r}: {}", e.message);
             assert!(start.elapsed() < bound);
+        }
+        "cross-host-posix" | "cross-host-no-fabric" => {
+            let e = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).err().expect("setup fails");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+            let why = if role == "cross-host-posix" { "MCAST_HANDLE_TYPE=posix" } else { "fabric handle support" };
+            assert!(e.message.contains("host1") && e.message.contains(why), "rank {r}: {}", e.message);
+            assert!(e.message.contains(if role == "cross-host-posix" { "rank 0" } else { "rank 1" }), "{}", e.message);
+            assert!(start.elapsed() < bound);
+        }
+        "env-id" => {
+            let mine = new_unique_id().unwrap();
+            assert_eq!(mine, new_unique_id().unwrap(), "the id is a function of the environment");
+            let team = Team::init_rank(&ctx, &mine, n as i32, rank, r as i32).unwrap();
+            check_collectives(&team, n, r);
+            team.destroy().unwrap();
+        }
+        "form" => {
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, (r % 4) as i32).unwrap();
+            team.destroy().unwrap();
         }
         "oom" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();

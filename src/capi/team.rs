@@ -1,14 +1,15 @@
 //! `mcast_team_t`: an ordered list of ranks, rank `i` on `devices[i]`.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
 use std::sync::Arc;
 
 use super::context::mcast_context_t;
 use super::{copy_str, guard, mcast_status_t, out_ptr, status_of};
+use crate::bootstrap;
+use crate::runtime::handles;
 use crate::runtime::team::{Team, Transport, SPLIT_NOCOLOR};
 use crate::runtime::Error;
-use crate::runtime::{handles, rendezvous};
 
 /// A team. Passed by value; id 0 is never valid.
 #[repr(C)]
@@ -248,9 +249,16 @@ pub struct mcast_unique_id_t {
     pub internal: [c_char; 128],
 }
 
-/// Writes a fresh unique id into `*id`: a version tag and random bytes (`getrandom`). One id
-/// names one team; every process of that team passes the same bytes to
-/// `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL. Thread-safe.
+/// Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
+/// (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
+/// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
+/// interface that is up, else loopback; this process must stay alive until every rank has
+/// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
+/// every process makes the same id (the secret derived from the address and
+/// `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.
+/// One id names one team; every process of that team passes the same bytes to
+/// `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL, `MCAST_BOOTSTRAP_ADDR`
+/// malformed, `MCAST_SOCKET_IFNAME` matching no interface. Thread-safe.
 ///
 /// # Safety
 /// `id` must be NULL or valid for writes.
@@ -259,7 +267,7 @@ pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcas
     guard("mcast_get_unique_id", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(id, "id") }?;
-        let bytes = rendezvous::new_unique_id()?;
+        let bytes = bootstrap::new_unique_id()?;
         let mut v = mcast_unique_id_t { internal: [0; 128] };
         for (d, s) in v.internal.iter_mut().zip(bytes) {
             *d = s as c_char;
@@ -272,8 +280,11 @@ pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcas
 /// One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
 /// `device` of this process's context. Every process of the team calls it with the same `id`
 /// and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
-/// The processes meet over an abstract Unix-domain socket named by `id` (same host); memory
-/// and multicast objects are exported as POSIX file descriptors and passed with `SCM_RIGHTS`.
+/// The processes meet over TCP through the listener `id` names (on one host or many; every
+/// connection proves the id's secret first); memory and multicast objects travel as POSIX
+/// file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
+/// hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
+/// naming the rank, its host and the reason.
 /// The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
 /// step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
 /// rank (the message names the rank that failed), never a hang: a rank that does not arrive
@@ -284,7 +295,7 @@ pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcas
 /// allocations and frees are collective: every rank makes them in the same order and sizes.
 /// On failure nothing is left allocated and `*out` is untouched.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
-/// in use by a live team, `nranks` < 1 or above 16, `rank` or `device` out of range.
+/// from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range.
 /// Thread-safe.
 ///
 /// # Safety
@@ -302,11 +313,92 @@ pub unsafe extern "C" fn mcast_team_init_rank(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
         let context = handles::context(ctx.id)?;
-        let mut bytes = [0u8; rendezvous::ID_BYTES];
+        let mut bytes = [0u8; bootstrap::ID_BYTES];
         for (d, s) in bytes.iter_mut().zip(id.internal) {
             *d = s as u8;
         }
         let team = Team::init_rank(&context, &bytes, nranks, rank, device)?;
+        *out = mcast_team_t { id: handles::insert_team(team) };
+        Ok(())
+    })
+}
+
+/// The application's out-of-band allgather: gathers `bytes` bytes at `send` from every rank
+/// into `recv` (`nranks * bytes`, in rank order). Returns 0 on success.
+pub type mcast_oob_allgather_fn =
+    Option<unsafe extern "C" fn(send: *const c_void, recv: *mut c_void, bytes: usize, user: *mut c_void) -> c_int>;
+
+/// The application's allgather, for `mcast_team_init_oob`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mcast_oob_t {
+    /// `sizeof(mcast_oob_t)`.
+    pub struct_size: u32,
+    /// The allgather (`MPI_Allgather`, a PMIx fence, a key-value store).
+    pub allgather: mcast_oob_allgather_fn,
+    /// Passed to `allgather`.
+    pub user: *mut c_void,
+    /// This process's rank.
+    pub rank: i32,
+    /// The team size.
+    pub nranks: i32,
+}
+
+/// Like `mcast_team_init_rank`, bootstrapped by the caller's allgather instead of a unique id:
+/// every process calls it with its own `oob->rank`, the same `oob->nranks`, and an allgather
+/// over the same processes. `oob->allgather` is called only inside this call, on the calling
+/// thread, the same number of times on every rank (once; none when `nranks` is out of range,
+/// which every rank sees alike); afterwards the team talks over its own TCP connections, so a
+/// peer that dies later gives `MCAST_ERROR_TIMEOUT`, never a hang inside the caller's MPI.
+/// A rank that is out of range or a `device` out of range still takes part in the allgather,
+/// so every rank fails together with `MCAST_ERROR_INVALID_ARGUMENT`. A non-zero return of the
+/// callback fails the setup (`MCAST_ERROR_INVALID_ARGUMENT`, the value in the message); the
+/// ranks whose callback succeeded then learn it through the team's connections or time out
+/// within `timeout_ms`. `oob` is only read during the call. On failure nothing is left
+/// allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT` also: `oob` or `out`
+/// NULL, `oob->struct_size` not `sizeof(mcast_oob_t)`, `oob->allgather` NULL, `nranks` < 1 or
+/// above 72 (the callback is not called then). Thread-safe.
+///
+/// # Safety
+/// `oob` must be NULL or point to a valid `mcast_oob_t`; `out` NULL or valid for writes; the
+/// callback must honour its contract.
+#[no_mangle]
+pub unsafe extern "C" fn mcast_team_init_oob(
+    ctx: mcast_context_t,
+    oob: *const mcast_oob_t,
+    device: c_int,
+    out: *mut mcast_team_t,
+) -> mcast_status_t {
+    guard("mcast_team_init_oob", || {
+        // SAFETY: the caller passes NULL or a valid pointer.
+        let out = unsafe { out_ptr(out, "out") }?;
+        if oob.is_null() {
+            return Err(Error::invalid_argument("oob is NULL"));
+        }
+        // SAFETY: non-NULL; the struct_size field comes first and is read alone.
+        let size = unsafe { std::ptr::addr_of!((*oob).struct_size).read() };
+        if size as usize != size_of::<mcast_oob_t>() {
+            return Err(Error::invalid_argument(format!(
+                "oob->struct_size is {size}, expected sizeof(mcast_oob_t) = {}",
+                size_of::<mcast_oob_t>()
+            )));
+        }
+        // SAFETY: a full mcast_oob_t, as its struct_size says.
+        let o = unsafe { *oob };
+        let Some(f) = o.allgather else {
+            return Err(Error::invalid_argument("oob->allgather is NULL"));
+        };
+        let context = handles::context(ctx.id)?;
+        let mut gather = |send: &[u8], recv: &mut [u8]| -> std::result::Result<(), String> {
+            // SAFETY: the caller's allgather over buffers of the sizes it is told.
+            let rc = unsafe { f(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), o.user) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(format!("the application's allgather (oob->allgather) returned {rc}"))
+            }
+        };
+        let team = Team::init_oob(&context, &mut gather, o.nranks, o.rank, device)?;
         *out = mcast_team_t { id: handles::insert_team(team) };
         Ok(())
     })

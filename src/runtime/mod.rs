@@ -3,6 +3,7 @@
 
 pub mod buffer;
 pub mod collective;
+pub mod comm;
 pub mod config;
 pub mod context;
 pub mod error;
@@ -11,7 +12,6 @@ pub mod logging;
 pub mod memory;
 pub mod policy;
 pub mod registry;
-pub mod rendezvous;
 pub mod retry;
 pub mod segment;
 pub mod team;

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use super::comm::Comm;
 use super::context::Context;
 use super::error::{Error, Result};
-use super::rendezvous::Comm;
 use crate::driver::{CuResult, DResult, DriverError};
 
 /// Runs `step` under the retry policy of `ctx`. `what` describes the step for messages, `bytes`

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::comm::{Comm, Part};
 use super::context::Context;
 use super::error::{Error, Result};
 use super::registry::{ResourceId, ResourceKind};
-use super::rendezvous::{Comm, Part};
 use super::retry::{lockstep, retry};
 use crate::driver::{
     CuResult, DResult, Device, DevicePtr, Driver, DriverError, HandleTypes, MemHandle, MulticastProp,

@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::comm::{Comm, Dec, Enc, ID_BYTES};
 use super::config::{HandleTypeMode, MulticastMode};
 use super::context::Context;
 use super::error::{Error, ErrorKind, Result};
 use super::policy;
-use super::rendezvous::{Comm, Dec, Enc, ID_BYTES};
 use super::segment::{External, Segment, Shape};
+use crate::bootstrap::{host, Bootstrap};
 use crate::driver::Stream;
 use crate::driver::{Device, DevicePtr, Granularity, HandleTypes, MulticastProp};
 use crate::kernels::abi::{ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET};
@@ -56,7 +57,7 @@ pub struct Team {
     max_blocks: u32,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     error: Mutex<Option<Error>>,
-    /// Multi-process team: the rendezvous (this process owns rank `comm.rank()` only).
+    /// Multi-process team: its connections (this process owns rank `comm.rank()` only).
     comm: Option<Arc<Comm>>,
     state: Mutex<State>,
     /// Set by [`Team::abort`] (or when a peer's abort is noticed); never cleared.
@@ -267,12 +268,12 @@ impl Team {
         self.max_blocks
     }
 
-    /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet over the
-    /// rendezvous named by `id` (see [`super::rendezvous`]), agree on the transport from every
-    /// rank's capabilities and on how memory travels between them (fabric handles where every
-    /// rank can use them, else POSIX file descriptors: see [`Team::handle_type`]), and build
-    /// the first segment together. Every step ends with a vote, so a failure on one rank is an
-    /// error on every rank; every wait is bounded by `timeout_ms`.
+    /// Joins a multi-process team as `rank` of `nranks` on `device`: the processes meet through
+    /// the unique id `id` (see [`crate::bootstrap`]: TCP, on one host or many), agree on the
+    /// transport from every rank's capabilities and on how memory travels between them (see
+    /// [`Team::handle_type`]), and build the first segment together. Every step ends with a
+    /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
+    /// `timeout_ms`.
     pub fn init_rank(
         ctx: &Arc<Context>,
         id: &[u8; ID_BYTES],
@@ -280,16 +281,47 @@ impl Team {
         rank: i32,
         device: i32,
     ) -> Result<Arc<Team>> {
+        let boot = Bootstrap::init_id(
+            id,
+            i64::from(nranks),
+            i64::from(rank),
+            MAX_RANKS,
+            ctx.config().timeout_ms,
+            host::host_id(),
+        )?;
+        Self::init_with(ctx, Arc::new(Comm::new(boot)), device)
+    }
+
+    /// Like [`Team::init_rank`], but the processes meet through the caller's allgather
+    /// (`allgather(send, recv)` gathers `send` from every rank into `recv` in rank order),
+    /// called exactly once on every rank whatever fails locally (a local failure travels in
+    /// the record, so every rank fails together); afterwards only the team's own connections
+    /// are used.
+    pub fn init_oob(
+        ctx: &Arc<Context>,
+        allgather: crate::bootstrap::oob::Allgather<'_>,
+        nranks: i32,
+        rank: i32,
+        device: i32,
+    ) -> Result<Arc<Team>> {
+        let problem = ctx.check_device(device, "device").err().map(|e| e.message);
+        let boot = Bootstrap::init_oob(
+            allgather,
+            i64::from(nranks),
+            i64::from(rank),
+            MAX_RANKS,
+            ctx.config().timeout_ms,
+            host::host_id(),
+            problem,
+        )?;
+        Self::init_with(ctx, Arc::new(Comm::new(boot)), device)
+    }
+
+    /// The rest of [`Team::init_rank`] once the ranks are connected.
+    fn init_with(ctx: &Arc<Context>, comm: Arc<Comm>, device: i32) -> Result<Arc<Team>> {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
-        if nranks < 1 || nranks as usize > MAX_RANKS {
-            return Err(Error::invalid_argument(format!("nranks is {nranks}; a team has 1 to {MAX_RANKS} ranks")));
-        }
-        if rank < 0 || rank >= nranks {
-            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks = {nranks}")));
-        }
-        ctx.check_device(device, "device")?;
-        let (n, r) = (nranks as usize, rank as usize);
-        let comm = Arc::new(Comm::connect(id, n, r, ctx.config().timeout_ms)?);
+        let (n, r) = (comm.nranks(), comm.rank());
+        comm.vote("arguments", ctx.check_device(device, "device").map(|_| ()))?;
         // Capabilities: every rank's device, why it cannot use multicast, and its mode.
         let reason = ctx.multicast_reason(device);
         let require = ctx.config().multicast == MulticastMode::Require;
@@ -514,7 +546,11 @@ impl Team {
                 let members = groups.get(&color);
                 let new_rank = members.and_then(|m| m.iter().position(|&q| q == r));
                 // The new rank 0 of each color makes its team's id; it travels over this team.
-                let id = if new_rank == Some(0) { Some(super::rendezvous::new_unique_id()) } else { None };
+                let id = if new_rank == Some(0) {
+                    Some(crate::bootstrap::new_unique_id().map_err(Error::from))
+                } else {
+                    None
+                };
                 let mut e = Enc::default();
                 if let Some(Ok(id)) = &id {
                     e.bytes(id);
@@ -553,7 +589,10 @@ impl Team {
     /// multicast object) and how `MCAST_HANDLE_TYPE` is set on it; every rank decides the same:
     /// fabric handles when every rank can and none asks for POSIX descriptors; POSIX
     /// descriptors otherwise, unless a rank asks for fabric handles, which is an error naming
-    /// the ranks that cannot use them.
+    /// the ranks that cannot use them. Ranks on different hosts (see
+    /// [`crate::bootstrap::host`]) cannot pass descriptors, so a team that spans hosts uses
+    /// fabric handles for every rank, or fails with `NotSupported` naming the rank, its host
+    /// and the reason (also when a rank forces `MCAST_HANDLE_TYPE=posix`).
     fn agree_handle_type(
         ctx: &Context,
         comm: &Comm,
@@ -584,6 +623,8 @@ impl Team {
         };
         let parts = comm.exchange("handle type", Ok(()), &e.0, &[])?;
         let (mut cannot, mut posix, mut fabric) = (Vec::new(), None, None);
+        let hosts = comm.bootstrap().hosts();
+        let mut cannot_hosted = Vec::new();
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             match d.u32()? {
@@ -592,8 +633,30 @@ impl Team {
                 _ => {}
             }
             if d.u32()? == 0 {
-                cannot.push(format!("rank {q}: {}", d.str()?));
+                let why = d.str()?;
+                cannot_hosted.push(format!("rank {q} on host {}: {why}", hosts[q]));
+                cannot.push(format!("rank {q}: {why}"));
             }
+        }
+        // Ranks on different hosts cannot pass descriptors: fabric handles or nothing.
+        if let Some(q) = (1..hosts.len()).find(|&q| hosts[q] != hosts[0]) {
+            let span = format!("the team spans hosts (rank 0 on host {}, rank {q} on host {})", hosts[0], hosts[q]);
+            if let Some(p) = posix {
+                return Err(Error::not_supported(format!(
+                    "rank {p} on host {} forces MCAST_HANDLE_TYPE=posix, but POSIX file descriptors only travel \
+                     between ranks of one host and {span}; use MCAST_HANDLE_TYPE=auto or fabric",
+                    hosts[p]
+                )));
+            }
+            if !cannot_hosted.is_empty() {
+                return Err(Error::not_supported(format!(
+                    "{span}, so memory must travel as fabric handles, but {}; a multi-node NVLink system needs the \
+                     fabric manager and an IMEX channel (/dev/nvidia-caps-imex-channels/channel0, IMEX daemon \
+                     running) on every node",
+                    cannot_hosted.join("; ")
+                )));
+            }
+            return Ok(HandleTypes::FABRIC);
         }
         match (fabric, posix) {
             (Some(q), _) if !cannot.is_empty() => Err(Error::not_supported(format!(

@@ -26,10 +26,12 @@ unsafe impl Sync for Memfd {}
 
 impl Memfd {
     /// A zero-filled, sparse memfd of `size` bytes (no memory is used until a page is touched),
-    /// named `mcast-sim:<tag>` so that another process importing the descriptor can tell what
-    /// it is (see [`memfd_tag`]).
+    /// named `mcast-sim:<tag>@<host tag>` so that another process importing the descriptor can
+    /// tell what it is and which host made it (see [`memfd_tag`], [`memfd_host`]).
     pub(super) fn create(size: usize, tag: &str) -> io::Result<Memfd> {
-        let name = std::ffi::CString::new(format!("mcast-sim:{tag}")).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let host = crate::bootstrap::host::host_tag();
+        let name =
+            std::ffi::CString::new(format!("mcast-sim:{tag}@{host}")).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: the name is a valid NUL-terminated string; the result is checked.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
@@ -95,6 +97,7 @@ pub(super) fn memfd_tag(fd: RawFd) -> Option<(String, usize)> {
     let link = link.to_string_lossy();
     let tag = link.strip_prefix("/memfd:mcast-sim:")?;
     let tag = tag.strip_suffix(" (deleted)").unwrap_or(tag);
+    let tag = tag.rsplit_once('@').map_or(tag, |(t, _)| t);
     // SAFETY: `stat` is plain old data; fstat fills it or fails.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
@@ -102,6 +105,16 @@ pub(super) fn memfd_tag(fd: RawFd) -> Option<(String, usize)> {
         return None;
     }
     Some((tag.to_string(), usize::try_from(st.st_size).ok()?))
+}
+
+/// The host tag ([`crate::bootstrap::host::host_tag`]) of the process that made a memfd of
+/// [`Memfd::create`]; `None` when the descriptor is not such a memfd.
+pub(super) fn memfd_host(fd: RawFd) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let link = link.to_string_lossy();
+    let tag = link.strip_prefix("/memfd:mcast-sim:")?;
+    let tag = tag.strip_suffix(" (deleted)").unwrap_or(tag);
+    tag.rsplit_once('@').map(|(_, h)| h.to_string())
 }
 
 /// `(st_dev, st_ino)` of an open descriptor.

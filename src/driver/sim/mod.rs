@@ -1023,7 +1023,21 @@ impl Driver for SimDriver {
     }
 
     fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle> {
-        self.call("cuMemImportFromShareableHandle", || self.import_fd(fd, HandleTypes::POSIX_FD))
+        self.call("cuMemImportFromShareableHandle", || {
+            // Descriptors cannot cross hosts: a simulated host is a host identity, and a
+            // descriptor made under another one means the runtime routed a handle wrongly.
+            if let Some(theirs) = host::memfd_host(fd) {
+                let ours = crate::bootstrap::host::host_tag();
+                if theirs != ours {
+                    tracing::error!(
+                        "simulator: a POSIX descriptor made on host {theirs} imported on host {ours}: descriptors \
+                         only travel between processes of one host"
+                    );
+                    return Err(INVALID_VALUE);
+                }
+            }
+            self.import_fd(fd, HandleTypes::POSIX_FD)
+        })
     }
 
     fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {

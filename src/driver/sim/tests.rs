@@ -652,6 +652,30 @@ fn export_and_import_share_memory() {
     assert_eq!(code(s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&stranger))), IV);
 }
 
+/// DESIGN.md "Processes and hosts": the simulator models hosts by their identity; a POSIX
+/// descriptor made under another host identity is refused (a wrongly routed handle), while the
+/// same memory made on this host imports.
+#[test]
+fn posix_descriptors_do_not_cross_hosts() {
+    let s = sim();
+    let make = |host: &str| {
+        let name = std::ffi::CString::new(format!("mcast-sim:mem:dev=0:types=1@{host}")).unwrap();
+        // SAFETY: a valid name; checked.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        // SAFETY: a valid memfd.
+        assert_eq!(unsafe { libc::ftruncate(raw, G as libc::off_t) }, 0);
+        fd
+    };
+    let other = make(&crate::bootstrap::host::tag_of("another host"));
+    assert_eq!(code(s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&other))), IV);
+    let here = make(crate::bootstrap::host::host_tag());
+    let h = s.mem_import_fd(std::os::fd::AsRawFd::as_raw_fd(&here)).unwrap();
+    s.mem_release(h).unwrap();
+}
+
 // ---- multimem translation ----
 
 /// DESIGN.md: "Multimem semantics: a multicast address maps to every bound rank's memory; a

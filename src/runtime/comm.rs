@@ -1,0 +1,100 @@
+//! The runtime's view of a multi-process team's [`Bootstrap`]: exchanges whose statuses are
+//! runtime errors. The runtime never knows how the bytes and descriptors travel.
+
+use std::os::fd::RawFd;
+
+use super::error::{Error, ErrorKind, Result};
+use crate::bootstrap::{BootError, Bootstrap, Kind};
+pub use crate::bootstrap::{Dec, Enc, Part, ID_BYTES};
+
+const KINDS: [ErrorKind; 11] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::InvalidHandle,
+    ErrorKind::OutOfMemory,
+    ErrorKind::NotSupported,
+    ErrorKind::DriverUnavailable,
+    ErrorKind::Driver,
+    ErrorKind::SystemNotReady,
+    ErrorKind::InUse,
+    ErrorKind::Timeout,
+    ErrorKind::Internal,
+    ErrorKind::Aborted,
+];
+
+fn code_of(k: ErrorKind) -> u32 {
+    KINDS.iter().position(|&x| x == k).unwrap_or(9) as u32
+}
+
+impl From<BootError> for Error {
+    fn from(e: BootError) -> Error {
+        let kind = match e.kind {
+            Kind::InvalidArgument => ErrorKind::InvalidArgument,
+            Kind::NotSupported => ErrorKind::NotSupported,
+            Kind::Timeout => ErrorKind::Timeout,
+            Kind::Aborted => ErrorKind::Aborted,
+            Kind::Internal => ErrorKind::Internal,
+            Kind::Failed(c) => KINDS.get(c as usize).copied().unwrap_or(ErrorKind::Internal),
+        };
+        Error::new(kind, e.message)
+    }
+}
+
+/// A multi-process team's connections.
+#[derive(Debug)]
+pub struct Comm {
+    boot: Bootstrap,
+}
+
+impl Comm {
+    /// Wraps a formed bootstrap.
+    pub fn new(boot: Bootstrap) -> Comm {
+        Comm { boot }
+    }
+
+    /// The bootstrap (abort, host identities).
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.boot
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.boot.rank()
+    }
+
+    /// Ranks in the team.
+    pub fn nranks(&self) -> usize {
+        self.boot.nranks()
+    }
+
+    /// [`Bootstrap::allgather`] with a runtime status: this rank's own failure comes back as
+    /// it is, another rank's with its kind and a message naming it.
+    pub fn exchange(&self, label: &str, status: Result<()>, bytes: &[u8], fds: &[RawFd]) -> Result<Vec<Part>> {
+        let wire = status.as_ref().map(|_| ()).map_err(|e| (code_of(e.kind), e.message.clone()));
+        match self.boot.allgather(label, wire, bytes, fds) {
+            Ok(parts) => Ok(parts),
+            Err(e) => match status {
+                Err(own) if e.kind != Kind::Aborted => Err(own),
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    /// Every rank reports `status`; all succeed together or all fail with the first failure.
+    pub fn vote(&self, label: &str, status: Result<()>) -> Result<()> {
+        self.exchange(label, status, &[], &[]).map(|_| ())
+    }
+}
+
+impl Comm {
+    /// Aborts the team's connections: every peer process is told (through rank 0), and every
+    /// wait, here or there, ends with [`ErrorKind::Aborted`] within milliseconds. `reason` says
+    /// who aborted. Idempotent.
+    pub fn abort(&self, reason: &str) {
+        self.boot.abort(reason);
+    }
+
+    /// `Some(reason)` once the team was aborted, here or by a peer; never blocks.
+    pub fn aborted(&self) -> Option<String> {
+        self.boot.aborted().then(|| self.boot.abort_reason())
+    }
+}
