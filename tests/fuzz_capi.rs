@@ -439,12 +439,12 @@ impl Fuzzer {
         let devices = i.map_or(4, |i| self.m.ctxs[i].as_ref().unwrap().devices);
         let n = match self.rng.below(20) {
             0 => 0,
-            1 => 17,
+            1 => 73,
             2 => -1,
             _ => 1 + self.rng.below(devices.max(1) as u64 + 1) as i32,
         };
         let distinct = self.rng.pct(70);
-        let list: Vec<c_int> = (0..n.clamp(0, 17))
+        let list: Vec<c_int> = (0..n.clamp(0, 73))
             .map(|r| {
                 if self.rng.pct(3) {
                     self.rng.pick(&[-1, devices, 99])
@@ -460,7 +460,7 @@ impl Fuzzer {
         let null_out = self.rng.pct(3);
         let dp = if null_devices { std::ptr::null() } else { list.as_ptr() };
         let op = if null_out { std::ptr::null_mut() } else { &mut out as *mut _ };
-        // SAFETY: `dp` is NULL or points to list.len() >= n.clamp(0, 17) ints; n = 17 with 17
+        // SAFETY: `dp` is NULL or points to list.len() >= n.clamp(0, 73) ints; n = 73 with 73
         // entries; negative n is rejected before reading.
         let s = unsafe { mcast_team_create(h, dp, n, op) };
         let s = self.status(|| format!("mcast_team_create({:#x}, {list:?}, {n})", h.id), s);

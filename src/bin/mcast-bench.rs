@@ -426,15 +426,15 @@ impl RunInfo {
     }
 }
 
-/// Half-width of the check values for a team of `nranks`: 8 up to 16 ranks, smaller above, so
+/// Half-width of the check values for a team of `nranks`: 8 up to 32 ranks, smaller above, so
 /// that a sum over every rank stays within 256, bf16's exact integer range.
 fn amplitude(nranks: usize) -> i64 {
     (256 / nranks.max(1) as i64).clamp(1, 8)
 }
 
 /// Small integers in [-a, a] ([0, 2a] unsigned), a = [`amplitude`]: exact in every dtype, and
-/// their sums over the team are exact too (|sum| <= nranks * a <= 256). Up to 16 ranks every
-/// rank's value differs from rank 0's at every index (above, every rank within 2a + 1 of it).
+/// their sums over the team are exact too (|sum| <= nranks * a <= 256). Ranks 1..=2a (all of
+/// them up to 16 ranks) differ from rank 0 at every index.
 fn value(d: DType, nranks: usize, rank: usize, j: usize) -> i64 {
     let a = amplitude(nranks);
     let v = ((j * 7 + rank) % (2 * a as usize + 1)) as i64;

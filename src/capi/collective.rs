@@ -290,8 +290,9 @@ fn run_ptr(
 /// `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
 /// registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
 /// `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
-/// (`cudaMalloc`) is `MCAST_ERROR_NOT_SUPPORTED` for now (register it, or see
-/// `mcast_team_all_reduce`). `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// (`cudaMalloc`) goes through the team's symmetric staging area (1 MiB per rank), in chunks:
+/// each chunk is copied in on `stream` (`cuMemcpyDtoDAsync`), broadcast, and copied out; any
+/// size, any alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the handle, rank and root are checked.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
 /// is not device memory of the rank's device, partial overlap of `send` and `recv`.
 /// Thread-safe.
@@ -317,10 +318,11 @@ pub extern "C" fn mcast_team_broadcast(
 /// NCCL's `ncclAllReduce` on device pointers of rank `rank`'s device (`cudaMalloc` memory, a
 /// framework's allocator): every rank's `recv` `[0, count * esize)` receives the element-wise
 /// reduction over all ranks of `send` (`send == recv` in place). Registered memory of the team
-/// runs zero-copy (every rank must then pass registered memory); plain memory runs the push
-/// one-shot kernel in chunks through the team's bounded scratch, the copy-in fused into the
-/// kernel (teams of up to 4 ranks, 16-byte aligned pointers; else
-/// `MCAST_ERROR_NOT_SUPPORTED`, naming the rule). `count` 0 is a no-op once the handle and rank
+/// runs zero-copy (every rank must then pass registered memory). Plain memory of a team of up
+/// to 4 ranks runs the push one-shot kernel in chunks, the copy-in fused into the kernel (a
+/// pointer that is not 16-byte aligned is staged through the team's staging area); larger
+/// teams go through the staging area (1 MiB per rank, chunked: copy in on `stream`, the
+/// in-place kernel of the team's transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle and rank
 /// are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
 /// `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
 /// is not device memory of the rank's device, partial overlap. Thread-safe.
@@ -345,7 +347,8 @@ pub extern "C" fn mcast_team_all_reduce(
 /// NCCL's `ncclReduceScatter` on device pointers: `send` holds N blocks of `count` elements;
 /// rank r's `recv` receives the reduction of block r (`recv == send + r * count * esize` in
 /// place). Registered memory of the team runs zero-copy as `mcast_reduce_scatter_into`; plain
-/// device memory is `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as
+/// device memory goes through the team's staging area in chunks (as `mcast_team_broadcast`;
+/// a chunk of a message larger than the staging area copies its N blocks one by one). Other rules as
 /// `mcast_team_all_reduce`. Thread-safe.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -367,8 +370,8 @@ pub extern "C" fn mcast_team_reduce_scatter(
 
 /// NCCL's `ncclAllGather` on device pointers: each rank's `send` `[0, bytes)` becomes block r
 /// of every rank's `recv` `[0, N * bytes)` (`send == recv + r * bytes` in place). Registered
-/// memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory is
-/// `MCAST_ERROR_NOT_SUPPORTED` for now. Other rules as `mcast_team_broadcast`. Thread-safe.
+/// memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory goes
+/// through the team's staging area in chunks (as `mcast_team_broadcast`). Other rules as `mcast_team_broadcast`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_team_all_gather(
     team: mcast_team_t,

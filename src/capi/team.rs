@@ -61,7 +61,7 @@ pub struct mcast_team_info_t {
 /// team that cannot use multicast fails with `MCAST_ERROR_NOT_SUPPORTED` naming the reason.
 /// On success `*out` holds the team, destroyed with `mcast_team_destroy`; on failure nothing
 /// is left allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` or
-/// `devices` NULL, `ndevices` < 1 or above 16, a device out of range. Thread-safe.
+/// `devices` NULL, `ndevices` < 1 or above 72, a device out of range. Thread-safe.
 ///
 /// # Safety
 /// `devices` must be NULL or point to `ndevices` ints; `out` NULL or valid for writes.

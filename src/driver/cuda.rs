@@ -182,6 +182,7 @@ driver_api! {
         cuMemFree_v2(cu::CUdeviceptr);
         cuMemcpyHtoDAsync_v2(cu::CUdeviceptr, *const c_void, usize, cu::CUstream);
         cuMemcpyDtoHAsync_v2(*mut c_void, cu::CUdeviceptr, usize, cu::CUstream);
+        cuMemcpyDtoDAsync_v2(cu::CUdeviceptr, cu::CUdeviceptr, usize, cu::CUstream);
         cuModuleLoadData(*mut cu::CUmodule, *const c_void);
         cuModuleUnload(cu::CUmodule);
         cuModuleGetFunction(*mut cu::CUfunction, cu::CUmodule, *const c_char);
@@ -1032,6 +1033,22 @@ impl Driver for CudaDriver {
             unsafe { (api.cuMemcpyDtoHAsync_v2)(bytes.as_mut_ptr().cast(), src, 4, stream) }
         })?;
         Ok(u32::from_ne_bytes(bytes))
+    }
+
+    fn memcpy_dtod_async(
+        &self,
+        dev: Device,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> DResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain values; the driver validates both ranges and the stream.
+        check("cuMemcpyDtoDAsync", unsafe { (self.api.cuMemcpyDtoDAsync_v2)(dst, src, bytes, stream_ptr(stream)) })
     }
 
     /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for

@@ -451,6 +451,18 @@ pub trait Driver: Send + Sync + 'static {
     /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream).
     fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32>;
 
+    /// `cuMemcpyDtoDAsync`: enqueues a copy of `bytes` bytes from `src` to `dst` (both memory
+    /// `dev` can access; they must not overlap) on `stream`, ordered with the stream's other
+    /// work (and recorded when the stream is capturing). Returns once enqueued.
+    fn memcpy_dtod_async(
+        &self,
+        dev: Device,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> DResult<()>;
+
     /// Synchronous `cuMemsetD8`.
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()>;
 

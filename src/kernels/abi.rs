@@ -85,10 +85,21 @@ pub fn scratch_bytes(nranks: u32) -> usize {
     }
 }
 
-/// Bytes a team reserves per rank at the start of its first segment: the sync region, then the
-/// scratch.
-pub fn team_reserved_bytes(nranks: u32) -> usize {
+/// Bytes per rank of a team's staging area: where the pointer form (`mcast_team_*`) copies the
+/// caller's plain device memory before running the in-place kernels on it, in chunks of at most
+/// this size. 1 MiB keeps the first segment within the same multiple of a 2 MiB granularity for
+/// every team size.
+pub const STAGE_BYTES: usize = 1 << 20;
+
+/// Offset of the staging area from a rank's sync region: after the push scratch.
+pub fn stage_offset(nranks: u32) -> usize {
     SCRATCH_OFFSET + scratch_bytes(nranks)
+}
+
+/// Bytes a team reserves per rank at the start of its first segment: the sync region, the push
+/// scratch, then the staging area.
+pub fn team_reserved_bytes(nranks: u32) -> usize {
+    stage_offset(nranks) + STAGE_BYTES
 }
 
 /// Error word value: no error.
@@ -628,7 +639,8 @@ mod tests {
         big_team.sync = vec![0x3000_0000; 5];
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
-        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 2 * 2 * 16384 * 64);
+        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 2 * 2 * 16384 * 64 + STAGE_BYTES);
+        assert_eq!(stage_offset(5) % 16, 0);
         let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pTwoShot);
         assert_eq!(p.blocks, GRID_MAX_BLOCKS);

@@ -152,16 +152,18 @@ pub fn run_into(
         Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), None)
+    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), None, None)
 }
 
 /// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
 /// pointer `send` to `recv` (the layouts of [`run_into`]; `send == recv` and NCCL's other
 /// in-place forms work in place). Where both ranges lie in registered buffers of the team it
-/// runs zero-copy as [`run_into`]; otherwise an all-reduce runs the push one-shot kernel in
-/// chunks through the team's bounded scratch (each chunk one launch that copies this rank's part
-/// of `send` into every peer's scratch, crosses one barrier and reduces into `recv`: the copy-in
-/// is fused into the kernel). Every rank must take the same route (all registered or none).
+/// runs zero-copy as [`run_into`]. Otherwise an all-reduce of a team of at most
+/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push one-shot kernel in
+/// chunks (each chunk one launch that copies this rank's part of `send` into every peer's
+/// scratch, crosses one barrier and reduces into `recv`: the copy-in is fused into the kernel;
+/// a side that is not 16-byte aligned is staged), and every other case goes through the team's
+/// staging area ([`run_staged`]). Every rank must take the same route (all registered or none).
 #[allow(clippy::too_many_arguments)]
 pub fn run_ptr(
     team: &Arc<Team>,
@@ -200,6 +202,11 @@ pub fn run_ptr(
         if p.checked_add(len as u64).is_none() {
             return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
         }
+        // In place (`recv == send`, the same length): send's answers hold for recv, so the
+        // driver is asked once, not twice.
+        if what == "recv" && p == send && len == send_len {
+            continue;
+        }
         match driver.pointer_device(p) {
             Ok(d) if d == dev => {}
             Ok(d) => {
@@ -213,6 +220,21 @@ pub fn run_ptr(
                 )))
             }
             Err(e) => return Err(Error::driver(e, format_args!("asking which device {what} belongs to"))),
+        }
+        // The whole range in one allocation: checked on the simulator, where a copy or kernel
+        // past the end would otherwise fail in the driver (on CUDA it costs one more driver
+        // call per pointer and call, left to the caller as NCCL does).
+        if driver.as_sim().is_some() {
+            match driver.mem_address_range(p) {
+                Ok((base, size)) if p + len as u64 <= base + size as u64 => {}
+                Ok((base, size)) => {
+                    return Err(Error::invalid_argument(format!(
+                        "{what} = {p:#x} + {len} bytes is not device memory: it runs past the end of its allocation \
+                         [{base:#x}, +{size})"
+                    )))
+                }
+                Err(e) => return Err(Error::driver(e, format_args!("asking where {what}'s allocation ends"))),
+            }
         }
     }
     let in_place = match collective {
@@ -238,39 +260,128 @@ pub fn run_ptr(
         let rv = Buffer::view(team, ra);
         return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
     }
-    let Collective::AllReduce { .. } = collective else {
-        return Err(Error::not_supported(format!(
-            "{collective:?} on device pointers outside the team's registered buffers is not implemented yet: register \
-             the memory with mcast_buffer_register (zero-copy), or use mcast_buffer_alloc buffers"
-        )));
-    };
-    if n as u32 > crate::kernels::abi::PUSH_MAX_RANKS {
-        return Err(Error::not_supported(format!(
-            "an all-reduce on unregistered device pointers needs the team's scratch, kept for teams of up to {} \
-             ranks (this one has {n}): register the memory with mcast_buffer_register",
-            crate::kernels::abi::PUSH_MAX_RANKS
-        )));
+    // The push one-shot reads nothing but this rank's own memory (peers see only their scratch
+    // rows): an all-reduce of a team it serves runs it in chunks, the copy-in fused into the
+    // kernel. The route and the chunks depend only on values equal on every rank (collective,
+    // team size, count); a rank whose send or recv is not 16-byte aligned stages that side
+    // through its own staging area, which its peers never see.
+    let push = matches!(collective, Collective::AllReduce { .. }) && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
+    if !push {
+        return run_staged(team, r, send, recv, collective, stream, block, in_place);
     }
-    if (send | recv) % 16 != 0 {
-        return Err(Error::not_supported(format!(
-            "an all-reduce on unregistered device pointers needs 16-byte aligned send and recv (send {send:#x}, recv \
-             {recv:#x}): register the memory with mcast_buffer_register"
-        )));
-    }
-    // Chunks that the push kernel takes in one launch: every block's part within one scratch
-    // row, the whole within the one-shot limit. The same on every rank.
     let cap = u64::from(crate::kernels::abi::GRID_MAX_BLOCKS.min(team.max_blocks().max(1)));
     let chunk = (crate::kernels::abi::one_shot_max_bytes(n as u32).min(cap * crate::kernels::abi::PUSH_CHUNK) / 16 * 16)
         as usize;
+    const _: () = assert!(crate::kernels::abi::STAGE_BYTES as u64 >= 1 << 20);
+    let dev = team.devices()[r];
+    let stage = team.sync_base(r, r) + crate::kernels::abi::stage_offset(n as u32) as u64;
+    let (stage_in, stage_out) = (send % 16 != 0, recv % 16 != 0);
+    let copy = |dst: DevicePtr, src: DevicePtr, len: usize| -> Result<()> {
+        driver.memcpy_dtod_async(dev, dst, src, len, stream).map_err(|e| {
+            Error::driver(e, format_args!("copying rank {rank}'s unaligned all-reduce chunk through the staging area"))
+        })
+    };
     let mut done = 0usize;
     while done < send_len {
         let len = chunk.min(send_len - done);
         let mut data = vec![0; n];
         let mut out = vec![0; n];
-        data[r] = send + done as u64;
-        out[r] = recv + done as u64;
-        launch_with(team, r, len / esize, collective, stream, data, None, Some((out, None)), Some(Path::P2P))?;
+        data[r] = if stage_in { stage } else { send + done as u64 };
+        out[r] = if stage_out { stage } else { recv + done as u64 };
+        let copy_in = || if stage_in { copy(stage, send + done as u64, len) } else { Ok(()) };
+        launch_with(
+            team,
+            r,
+            len / esize,
+            collective,
+            stream,
+            data,
+            None,
+            Some((out, None)),
+            Some(Path::P2P),
+            Some(&copy_in),
+        )?;
+        if stage_out {
+            copy(recv + done as u64, stage, len)?;
+        }
         done += len;
+    }
+    Ok(())
+}
+
+/// The pointer form through the team's staging area (see [`crate::kernels::abi::STAGE_BYTES`]):
+/// per chunk, this rank's part of `send` is copied into its own staging slot
+/// (`cuMemcpyDtoDAsync` on `stream`, enqueued after the one-stream check), the in-place kernel
+/// runs on the staging area of every rank (any algorithm and transport, multicast included:
+/// the staging area is symmetric), and this rank's result is copied to `recv`. Every kernel
+/// ends with a barrier that every peer crosses only after its last access to this rank's
+/// staging area, so the next chunk's copy-in (stream-ordered after this rank's kernel) never
+/// overwrites bytes a peer may still read. `block` is the per-rank block in bytes (the whole
+/// message for broadcast and all-reduce).
+#[allow(clippy::too_many_arguments)]
+fn run_staged(
+    team: &Arc<Team>,
+    r: usize,
+    send: DevicePtr,
+    recv: DevicePtr,
+    collective: Collective,
+    stream: Stream,
+    block: usize,
+    in_place: bool,
+) -> Result<()> {
+    use crate::kernels::abi::{stage_offset, STAGE_BYTES};
+    let n = team.size();
+    let dev = team.devices()[r];
+    let driver = team.context().driver().clone();
+    let off = stage_offset(n as u32) as u64;
+    let stage: Vec<DevicePtr> = team.sync_bases(r).iter().map(|b| b + off).collect();
+    let stage_mc = team.sync_multicast(r).map(|b| b + off);
+    let me = stage[r];
+    let esize = match collective {
+        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => dtype.size(),
+        _ => 1,
+    };
+    // Bytes of one block's chunk: the whole staging area for one block, a 16-byte multiple of
+    // 1/N of it for N blocks (16 is a multiple of every element size).
+    let blocks = match collective {
+        Collective::AllGather | Collective::ReduceScatter { .. } => n,
+        _ => 1,
+    };
+    let chunk = (STAGE_BYTES / blocks) / 16 * 16;
+    debug_assert!(chunk >= 16);
+    let copy = |dst: DevicePtr, src: DevicePtr, len: usize, what: &str| -> Result<()> {
+        driver
+            .memcpy_dtod_async(dev, dst, src, len, stream)
+            .map_err(|e| Error::driver(e, format_args!("copying rank {r}'s {what} through the team's staging area")))
+    };
+    let mut o = 0usize;
+    while o < block {
+        let len = chunk.min(block - o);
+        let whole = len == block;
+        let copy_in = || -> Result<()> {
+            match collective {
+                Collective::AllReduce { .. } => copy(me, send + o as u64, len, "send chunk"),
+                Collective::Broadcast { root } if root as usize == r => copy(me, send + o as u64, len, "send chunk"),
+                Collective::Broadcast { .. } => Ok(()),
+                Collective::AllGather => copy(me + (r * len) as u64, send + o as u64, len, "send chunk"),
+                Collective::ReduceScatter { .. } if whole => copy(me, send, n * block, "send"),
+                Collective::ReduceScatter { .. } => (0..n)
+                    .try_for_each(|q| copy(me + (q * len) as u64, send + (q * block + o) as u64, len, "send block")),
+            }
+        };
+        let data = stage.clone();
+        launch_with(team, r, len / esize, collective, stream, data, stage_mc, None, None, Some(&copy_in))?;
+        match collective {
+            Collective::AllReduce { .. } => copy(recv + o as u64, me, len, "result")?,
+            Collective::Broadcast { root } if root as usize == r && in_place => {}
+            Collective::Broadcast { .. } => copy(recv + o as u64, me, len, "result")?,
+            Collective::ReduceScatter { .. } => copy(recv + o as u64, me + (r * len) as u64, len, "result")?,
+            Collective::AllGather if whole => copy(recv, me, n * block, "result")?,
+            Collective::AllGather => (0..n)
+                .filter(|&q| !(in_place && q == r))
+                .try_for_each(|q| copy(recv + (q * block + o) as u64, me + (q * len) as u64, len, "result block"))?,
+        }
+        o += len;
     }
     Ok(())
 }
@@ -292,7 +403,7 @@ fn launch(
         Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, None, None)
+    launch_with(team, r, count, collective, stream, data, data_mc, None, None, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -306,6 +417,7 @@ fn launch_with(
     data_mc: Option<DevicePtr>,
     out: Option<(Vec<DevicePtr>, Option<DevicePtr>)>,
     path: Option<Path>,
+    before: Option<&dyn Fn() -> Result<()>>,
 ) -> Result<()> {
     let n = team.size();
     let forced = path;
@@ -349,6 +461,14 @@ fn launch_with(
         }
     }
     let round = admit(team, r, stream)?;
+    // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
+    // only once the launch is admitted.
+    if let Some(before) = before {
+        if let Err(e) = before() {
+            team.unclaim_stream(r, round);
+            return Err(e);
+        }
+    }
     let driver = team.context().driver();
     let result = match driver.as_sim() {
         Some(sim) => kernels::sim::launch(sim, &launch),

@@ -124,10 +124,15 @@ impl UserMemory {
         let mut trim = || ctx.trim_caches();
         let what = || format!("mcast_mem_alloc: allocating {size} bytes on device {dev}");
         let handle = match retry(ctx, &what, size as u64, &mut trim, || driver.mem_create(dev, size, types)) {
-            // Fabric handles need an IMEX channel the system may lack: POSIX descriptors only.
+            // Fabric handles need an IMEX channel the system may lack (a device that reports
+            // fabric support then refuses with NOT_PERMITTED, seen on 2 x H200): POSIX
+            // descriptors only.
             Err(e)
                 if types.contains(HandleTypes::FABRIC)
-                    && e.driver.as_ref().map(|d| d.code) == Some(CuResult::ERROR_NOT_SUPPORTED) =>
+                    && matches!(
+                        e.driver.as_ref().map(|d| d.code),
+                        Some(CuResult::ERROR_NOT_SUPPORTED | CuResult::ERROR_NOT_PERMITTED)
+                    ) =>
             {
                 types = HandleTypes(types.0 & !HandleTypes::FABRIC.0);
                 retry(ctx, &what, size as u64, &mut trim, || driver.mem_create(dev, size, types))?

@@ -1540,6 +1540,38 @@ impl Driver for SimDriver {
         })
     }
 
+    fn memcpy_dtod_async(
+        &self,
+        dev: Device,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> DResult<()> {
+        self.call("cuMemcpyDtoDAsync", || {
+            self.check_dev(dev)?;
+            if bytes == 0 {
+                return Ok(());
+            }
+            {
+                let st = self.state.lock();
+                check_access(&st, dev, dst, bytes)?;
+                check_access(&st, dev, src, bytes)?;
+            }
+            if dst < src.saturating_add(bytes as u64) && src < dst.saturating_add(bytes as u64) {
+                return Err(INVALID_VALUE);
+            }
+            let (d, s) = (dst as usize, src as usize);
+            // SAFETY: both ranges were mapped for `dev` when the copy was enqueued and do not
+            // overlap; the memory outlives work in flight (frees wait for streams), as on a GPU.
+            self.submit(
+                dev,
+                stream,
+                Arc::new(move || unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) }),
+            )
+        })
+    }
+
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
         self.call("cuMemsetD8", || {
             self.check_dev(dev)?;
