@@ -5,6 +5,7 @@
  * any bootstrap thread exists) and waits.
  *   nccl_mp N   (2 <= N <= 4; on the simulator rank r uses device r % devices) */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
 #include <pthread.h>
 #include <stdint.h>
