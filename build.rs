@@ -1,9 +1,7 @@
-//! Gives the shared library its SONAME, `libmcast.so.<major>`.
+//! Nothing to do at build time: the shared library's SONAME (`libmcast.so.<major>`) is set by
+//! `scripts/install`, which links the installed library with it. (A `rustc-cdylib-link-arg`
+//! here would also be passed by cargo to the cdylib of every crate depending on this one, giving
+//! `libmcast_nccl.so` this library's SONAME.)
 fn main() {
-    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets the version");
-    let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
-    if target_os == "linux" {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmcast.so.{major}");
-    }
     println!("cargo:rerun-if-changed=build.rs");
 }

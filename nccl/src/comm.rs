@@ -1,0 +1,471 @@
+//! Communicators: one rank of an mcast team each, in one mcast context per process.
+//!
+//! An `ncclComm_t` is the address of an [`Comm`] held in a table of live communicators, so a
+//! destroyed or foreign communicator is an error value (`ncclInvalidArgument`), never a dangling
+//! pointer. Every communicator is a team made with `mcast_team_init_rank` holding this one rank
+//! (also for `ncclCommInitAll`, whose ranks all live in this process): each rank then calls the
+//! mcast API for itself, as NCCL's ranks do.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use mcast::capi::buffer::{
+    mcast_buffer_alloc, mcast_buffer_free, mcast_buffer_read, mcast_buffer_register, mcast_buffer_t, mcast_buffer_write,
+};
+use mcast::capi::collective::{mcast_broadcast, mcast_stream_t, mcast_synchronize};
+use mcast::capi::config::{mcast_config_init, mcast_config_t};
+use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_context_t};
+use mcast::capi::mcast_status_t;
+use mcast::capi::status::mcast_last_error;
+use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_init_rank, mcast_team_t, mcast_unique_id_t};
+use parking_lot::Mutex;
+
+use crate::fallback;
+use crate::types::{self, ncclResult_t, ncclUniqueId};
+
+/// A failed call: the result and the message `ncclGetLastError` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The result returned.
+    pub code: ncclResult_t,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code`.
+    pub fn new(code: ncclResult_t, message: impl Into<String>) -> Failure {
+        Failure { code, message: message.into() }
+    }
+}
+
+/// What a call returns internally.
+pub type Outcome<T = ()> = Result<T, Failure>;
+
+/// Turns an mcast status into an outcome, with `mcast_last_error` as the message.
+pub fn check(status: mcast_status_t, what: &str) -> Outcome {
+    if status.0 == 0 {
+        return Ok(());
+    }
+    // SAFETY: mcast_last_error never returns NULL; the text is NUL-terminated.
+    let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
+    let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
+    Err(Failure::new(types::result_of(status), message))
+}
+
+/// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
+/// allocation, destroyed when the last of them goes.
+struct Process {
+    ctx: mcast_context_t,
+    users: usize,
+    sim: bool,
+    devices: c_int,
+}
+
+static PROCESS: Mutex<Option<Process>> = Mutex::new(None);
+
+/// What a user of the process context learns.
+#[derive(Clone, Copy, Debug)]
+pub struct ContextRef {
+    /// The context.
+    pub ctx: mcast_context_t,
+    /// Whether it runs on the simulator.
+    pub sim: bool,
+    /// Its devices.
+    pub devices: c_int,
+}
+
+/// Takes a reference to the process context, creating it (from the `MCAST_*` environment) on
+/// first use.
+pub fn acquire_context() -> Outcome<ContextRef> {
+    let mut p = PROCESS.lock();
+    if p.is_none() {
+        let mut config = std::mem::MaybeUninit::<mcast_config_t>::zeroed();
+        // SAFETY: a valid pointer to a config to fill.
+        unsafe { mcast_config_init(config.as_mut_ptr()) };
+        // SAFETY: filled above.
+        let config = unsafe { config.assume_init() };
+        let mut ctx = mcast_context_t { id: 0 };
+        // SAFETY: valid pointers.
+        check(unsafe { mcast_context_create(&config, &mut ctx) }, "creating the mcast context")?;
+        let (sim, devices) = match mcast::runtime::handles::context(ctx.id) {
+            Ok(c) => (c.driver().backend_name() == "sim", c.device_count() as c_int),
+            Err(e) => {
+                mcast_context_destroy(ctx);
+                return Err(Failure::new(types::INTERNAL_ERROR, e.message));
+            }
+        };
+        *p = Some(Process { ctx, users: 0, sim, devices });
+    }
+    let proc = p.as_mut().expect("made above");
+    proc.users += 1;
+    Ok(ContextRef { ctx: proc.ctx, sim: proc.sim, devices: proc.devices })
+}
+
+/// Drops a reference taken with [`acquire_context`]; the last one destroys the context.
+pub fn release_context() {
+    let mut p = PROCESS.lock();
+    let last = match p.as_mut() {
+        Some(proc) => {
+            proc.users = proc.users.saturating_sub(1);
+            proc.users == 0
+        }
+        None => false,
+    };
+    if last {
+        let proc = p.take().expect("checked");
+        let st = mcast_context_destroy(proc.ctx);
+        if st.0 != 0 {
+            tracing::warn!("mcast_nccl: destroying the mcast context: status {}", st.0);
+        }
+    }
+}
+
+/// The device a new rank uses: the calling thread's current CUDA device; on the simulator
+/// `MCAST_SIM_DEVICE` if set, else `rank` modulo the simulated devices.
+pub fn current_device(ctx: &ContextRef, rank: c_int) -> Outcome<c_int> {
+    if ctx.sim {
+        if let Some(v) = std::env::var("MCAST_SIM_DEVICE").ok().filter(|v| !v.is_empty()) {
+            return v.trim().parse::<c_int>().map_err(|_| {
+                Failure::new(types::INVALID_ARGUMENT, format!("MCAST_SIM_DEVICE={v:?} is not a device number"))
+            });
+        }
+        return Ok(rank.rem_euclid(ctx.devices.max(1)));
+    }
+    cuda_current_device()
+}
+
+/// `cuCtxGetDevice` of the calling thread, looked up in the libcuda mcast already loaded.
+fn cuda_current_device() -> Outcome<c_int> {
+    type GetDevice = unsafe extern "C" fn(*mut c_int) -> c_int;
+    static SYMBOL: OnceLock<Option<GetDevice>> = OnceLock::new();
+    let f = SYMBOL.get_or_init(|| {
+        // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds an already loaded library.
+        let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if lib.is_null() {
+            return None;
+        }
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(lib, c"cuCtxGetDevice".as_ptr()) };
+        // SAFETY: cuCtxGetDevice has this signature (CUresult (*)(CUdevice *)).
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, GetDevice>(p) })
+    });
+    let Some(f) = f else {
+        return Err(Failure::new(types::UNHANDLED_CUDA_ERROR, "cuCtxGetDevice is not available in libcuda.so.1"));
+    };
+    let mut dev: c_int = 0;
+    // SAFETY: a valid out-pointer.
+    match unsafe { f(&mut dev) } {
+        0 => Ok(dev),
+        // CUDA_ERROR_INVALID_CONTEXT: no current context yet: the runtime's default device.
+        201 => Ok(0),
+        code => Err(Failure::new(types::UNHANDLED_CUDA_ERROR, format!("cuCtxGetDevice failed with CUresult {code}"))),
+    }
+}
+
+/// What a communicator holds once its team exists.
+pub struct Ready {
+    /// The mcast team (this process holds one rank of it).
+    pub team: mcast_team_t,
+    /// The fallback NCCL communicator, when `MCAST_NCCL_FALLBACK` is set.
+    pub fallback: Option<usize>,
+}
+
+/// A buffer registered with `ncclCommRegister`, bound to the team.
+pub struct Registration {
+    /// Start of the caller's memory.
+    pub ptr: usize,
+    /// Its length.
+    pub bytes: usize,
+    /// The mcast buffer over it.
+    pub buffer: mcast_buffer_t,
+}
+
+/// One rank of a team.
+pub struct Comm {
+    /// This rank.
+    pub rank: c_int,
+    /// Ranks in the team.
+    pub nranks: c_int,
+    /// The device of this rank.
+    pub device: c_int,
+    /// The process context.
+    pub ctx: ContextRef,
+    /// Set once creation finished (at once for blocking communicators, later for
+    /// non-blocking ones).
+    ready: OnceLock<Result<Ready, Failure>>,
+    /// Whether the communicator was created non-blocking.
+    pub nonblocking: bool,
+    /// Streams the communicator's collectives ran on, synchronized by finalize and destroy.
+    streams: Mutex<Vec<usize>>,
+    /// Registrations made with `ncclCommRegister`, by handle.
+    pub registrations: Mutex<HashMap<usize, Registration>>,
+    /// Collectives served by mcast.
+    pub served: AtomicU64,
+    /// Calls forwarded to the fallback NCCL.
+    pub forwarded: AtomicU64,
+    /// Set by `ncclCommAbort`.
+    pub aborted: AtomicBool,
+    released: AtomicBool,
+}
+
+static COMMS: Mutex<Option<HashMap<usize, Arc<Comm>>>> = Mutex::new(None);
+
+impl Comm {
+    /// A communicator whose team is being made.
+    pub fn new(ctx: ContextRef, rank: c_int, nranks: c_int, device: c_int, nonblocking: bool) -> Arc<Comm> {
+        Arc::new(Comm {
+            rank,
+            nranks,
+            device,
+            ctx,
+            ready: OnceLock::new(),
+            nonblocking,
+            streams: Mutex::new(Vec::new()),
+            registrations: Mutex::new(HashMap::new()),
+            served: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes the team (and the fallback communicator) and records the outcome.
+    pub fn finish_init(&self, id: &ncclUniqueId) -> Outcome {
+        let outcome = self.make_team(id);
+        let result = match &outcome {
+            Ok(r) => Ok(Ready { team: r.team, fallback: r.fallback }),
+            Err(f) => Err(f.clone()),
+        };
+        if self.ready.set(result).is_err() {
+            return Err(Failure::new(types::INTERNAL_ERROR, "a communicator was initialised twice"));
+        }
+        outcome.map(drop)
+    }
+
+    fn make_team(&self, id: &ncclUniqueId) -> Outcome<Ready> {
+        let mut mid = mcast_unique_id_t { internal: [0; 128] };
+        mid.internal.copy_from_slice(&id.internal);
+        let mut team = mcast_team_t { id: 0 };
+        // SAFETY: a valid out-pointer.
+        check(
+            unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
+            &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
+        )?;
+        let fallback = match fallback::library() {
+            None => None,
+            Some(Err(e)) => {
+                tracing::warn!("mcast_nccl: {e}; calls mcast does not serve will fail with ncclInvalidUsage");
+                None
+            }
+            Some(Ok(lib)) => match self.fallback_comm(lib, team) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let _ = mcast_team_destroy(team);
+                    return Err(e);
+                }
+            },
+        };
+        Ok(Ready { team, fallback })
+    }
+
+    /// Creates the fallback NCCL communicator beside `team`: rank 0 makes its unique id and
+    /// the team broadcasts it (an mcast broadcast of 128 bytes).
+    fn fallback_comm(&self, lib: &fallback::Nccl, team: mcast_team_t) -> Outcome<usize> {
+        type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
+        type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
+        let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
+        // SAFETY: the types are NCCL's documented signatures.
+        let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
+        // SAFETY: as above.
+        let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
+        if !self.ctx.sim {
+            // NCCL uses the calling thread's current device.
+            if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
+                c.driver()
+                    .bind_thread(self.device)
+                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+            }
+        }
+        let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
+        if self.rank == 0 {
+            // SAFETY: a valid out-pointer.
+            let r = unsafe { get_id(&mut fid) };
+            if r != types::SUCCESS {
+                return Err(Failure::new(r, "the fallback NCCL's ncclGetUniqueId failed"));
+            }
+        }
+        self.broadcast_id(team, &mut fid)?;
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
+        let r = unsafe { init(&mut comm, self.nranks, fid, self.rank) };
+        if r != types::SUCCESS {
+            return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
+        }
+        Ok(comm as usize)
+    }
+
+    /// Rank 0's `id` to every rank, through an mcast buffer of the team.
+    fn broadcast_id(&self, team: mcast_team_t, id: &mut ncclUniqueId) -> Outcome {
+        let n = types::UNIQUE_ID_BYTES;
+        let mut buf = mcast_buffer_t { id: 0 };
+        // SAFETY: a valid out-pointer.
+        check(unsafe { mcast_buffer_alloc(team, n, &mut buf) }, "allocating the id exchange buffer")?;
+        let stream: mcast_stream_t = std::ptr::null_mut();
+        let mut steps = || -> Outcome {
+            if self.rank == 0 {
+                // SAFETY: `id` holds n readable bytes.
+                check(unsafe { mcast_buffer_write(buf, 0, 0, id.internal.as_ptr().cast(), n) }, "writing the id")?;
+            }
+            check(mcast_broadcast(buf, self.rank, 0, 0, n, stream), "broadcasting the fallback id")?;
+            check(mcast_synchronize(team, self.rank, stream), "broadcasting the fallback id")?;
+            // SAFETY: `id` holds n writable bytes.
+            check(unsafe { mcast_buffer_read(buf, self.rank, 0, id.internal.as_mut_ptr().cast(), n) }, "reading the id")
+        };
+        let outcome = steps();
+        let freed = check(mcast_buffer_free(buf), "freeing the id exchange buffer");
+        outcome.and(freed)
+    }
+
+    /// Takes `team` (made by a split) and `fallback` as this communicator's.
+    pub fn adopt(&self, team: mcast_team_t, fallback: Option<usize>) {
+        let _ = self.ready.set(Ok(Ready { team, fallback }));
+    }
+
+    /// The team, once creation succeeded.
+    pub fn ready(&self) -> Outcome<&Ready> {
+        match self.ready.get() {
+            None => Err(Failure::new(
+                types::INVALID_USAGE,
+                "the communicator is still being created (non-blocking): poll ncclCommGetAsyncError until it \
+                 returns ncclSuccess",
+            )),
+            Some(Err(f)) => Err(Failure::new(f.code, format!("the communicator's creation failed: {}", f.message))),
+            Some(Ok(r)) => Ok(r),
+        }
+    }
+
+    /// `ncclInProgress` while being created, the creation's failure, or success.
+    pub fn init_state(&self) -> ncclResult_t {
+        match self.ready.get() {
+            None => types::IN_PROGRESS,
+            Some(Err(f)) => f.code,
+            Some(Ok(_)) => types::SUCCESS,
+        }
+    }
+
+    /// Remembers `stream` for finalize and destroy.
+    pub fn used_stream(&self, stream: mcast_stream_t) {
+        let s = stream as usize;
+        let mut v = self.streams.lock();
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+
+    /// Waits for the work of this rank on every stream it used.
+    pub fn finalize(&self) -> Outcome {
+        let Ok(ready) = self.ready() else { return Ok(()) };
+        let streams: Vec<usize> = self.streams.lock().clone();
+        for s in streams {
+            check(mcast_synchronize(ready.team, self.rank, s as mcast_stream_t), "ncclCommFinalize")?;
+        }
+        Ok(())
+    }
+
+    /// Releases the registrations, the fallback communicator and the team (once).
+    pub fn release(&self, abort: bool) -> Outcome {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut first: Outcome = Ok(());
+        if let Some(Ok(ready)) = self.ready.get() {
+            if abort {
+                self.aborted.store(true, Ordering::SeqCst);
+                let _ = mcast_team_abort(ready.team);
+            }
+            for (_, reg) in self.registrations.lock().drain() {
+                let r = check(mcast_buffer_free(reg.buffer), "releasing a registration");
+                first = first.and(r);
+            }
+            if let (Some(fc), Some(Ok(lib))) = (ready.fallback, fallback::library()) {
+                type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+                let name = if abort { "ncclCommAbort" } else { "ncclCommDestroy" };
+                // SAFETY: NCCL's signature of both functions.
+                if let Ok(f) = unsafe { lib.function::<Destroy>(name) } {
+                    // SAFETY: the fallback communicator made at init, released once.
+                    let r = unsafe { f(fc as *mut c_void) };
+                    if r != types::SUCCESS && first.is_ok() {
+                        first = Err(Failure::new(r, format!("the fallback NCCL's {name} failed")));
+                    }
+                }
+            }
+            let r = check(mcast_team_destroy(ready.team), "destroying the team");
+            first = first.and(r);
+        }
+        let (served, forwarded) = (self.served.load(Ordering::Relaxed), self.forwarded.load(Ordering::Relaxed));
+        tracing::info!(
+            "mcast_nccl: rank {} of {} on device {}: {served} collective(s) served by mcast, {forwarded} call(s) \
+             forwarded to the fallback NCCL",
+            self.rank,
+            self.nranks,
+            self.device
+        );
+        release_context();
+        first
+    }
+
+    /// Registers `[ptr, ptr + bytes)` with the team (collective over the team's ranks).
+    pub fn register(&self, ptr: usize, bytes: usize) -> Outcome<usize> {
+        let ready = self.ready()?;
+        let mut buffer = mcast_buffer_t { id: 0 };
+        let ptrs = [ptr as *mut c_void];
+        // SAFETY: one pointer for the one rank this process holds; a valid out-pointer.
+        check(unsafe { mcast_buffer_register(ready.team, ptrs.as_ptr(), bytes, &mut buffer) }, "ncclCommRegister")?;
+        let handle = Box::into_raw(Box::new(0u8)) as usize;
+        self.registrations.lock().insert(handle, Registration { ptr, bytes, buffer });
+        Ok(handle)
+    }
+
+    /// Releases a registration made by [`Comm::register`].
+    pub fn deregister(&self, handle: usize) -> Outcome {
+        let reg = self.registrations.lock().remove(&handle).ok_or_else(|| {
+            Failure::new(
+                types::INVALID_ARGUMENT,
+                format!("handle {handle:#x} is not a registration of this communicator"),
+            )
+        })?;
+        // SAFETY: made by Box::into_raw in register, removed from the table once.
+        drop(unsafe { Box::from_raw(handle as *mut u8) });
+        check(mcast_buffer_free(reg.buffer), "ncclCommDeregister")
+    }
+}
+
+/// Adds `comm` to the live table; returns its `ncclComm_t` value.
+pub fn publish(comm: Arc<Comm>) -> usize {
+    let key = Arc::as_ptr(&comm) as usize;
+    COMMS.lock().get_or_insert_with(HashMap::new).insert(key, comm);
+    key
+}
+
+/// The live communicator behind `ptr`.
+pub fn lookup(ptr: *const c_void) -> Outcome<Arc<Comm>> {
+    if ptr.is_null() {
+        return Err(Failure::new(types::INVALID_ARGUMENT, "comm is NULL"));
+    }
+    COMMS.lock().as_ref().and_then(|m| m.get(&(ptr as usize)).cloned()).ok_or_else(|| {
+        Failure::new(
+            types::INVALID_ARGUMENT,
+            format!("comm {ptr:p} is not a live communicator (destroyed, aborted, or not made by this library)"),
+        )
+    })
+}
+
+/// Removes `ptr` from the live table; returns the communicator.
+pub fn unpublish(ptr: *const c_void) -> Outcome<Arc<Comm>> {
+    let comm = lookup(ptr)?;
+    COMMS.lock().as_mut().and_then(|m| m.remove(&(ptr as usize)));
+    Ok(comm)
+}

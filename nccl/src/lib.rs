@@ -1,0 +1,24 @@
+//! `libmcast_nccl`: the NCCL API over mcast.
+//!
+//! A program written for NCCL links this library instead of `libnccl` (or puts it in front with
+//! `LD_PRELOAD`) and runs its collectives on mcast teams, unchanged. The header is
+//! `include/mcast/nccl.h`, written from NCCL's documented API.
+//!
+//! - [`api`]: the exported `nccl*` functions: argument checks, the panic boundary, the status.
+//! - [`comm`]: a communicator = one rank of an mcast team (`mcast_team_init_rank`), the
+//!   process-wide mcast context, registrations, counters.
+//! - [`group`]: `ncclGroupStart`/`End`: calls of a group are queued on the calling thread and
+//!   run at the end, every communicator's calls on a thread of their own when one of them waits
+//!   for its peers (creation, split, registration), so one thread can drive many ranks.
+//! - [`fallback`]: what mcast does not serve goes to the NCCL named by `MCAST_NCCL_FALLBACK`
+//!   through a communicator created beside the mcast team.
+//! - [`types`]: NCCL's enums and their mapping onto mcast's.
+//!
+//! It calls mcast only through its C API (`mcast::capi`), the contract every C program uses.
+#![allow(non_camel_case_types)]
+
+pub mod api;
+pub mod comm;
+pub mod fallback;
+pub mod group;
+pub mod types;
