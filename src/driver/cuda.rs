@@ -409,6 +409,22 @@ impl CudaDriver {
 
     /// Makes sure some context is current (the caller's, else device 0's primary context),
     /// best effort: when that fails the guard does nothing and the call reports its own error.
+    /// The device ordinal of `ptr` (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`), or `None` when the
+    /// driver does not know the pointer.
+    fn pointer_ordinal(&self, ptr: DevicePtr) -> Option<Device> {
+        let _ctx = self.enter_any();
+        let mut ordinal: c_int = -1;
+        // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one `int` into the local.
+        let r = unsafe {
+            (self.api.cuPointerGetAttribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        (check("cuPointerGetAttribute", r).is_ok() && ordinal >= 0).then_some(ordinal)
+    }
+
     fn enter_any(&self) -> CtxGuard<'_> {
         let mut current: cu::CUcontext = ptr::null_mut();
         // SAFETY: the out-pointer is a local.
@@ -613,7 +629,11 @@ impl Driver for CudaDriver {
     }
 
     fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
-        let _ctx = self.enter_any();
+        // In the context of the pointer's device, as for cuMemGetAddressRange.
+        let _ctx = match self.pointer_ordinal(ptr) {
+            Some(dev) => self.enter(dev)?,
+            None => self.enter_any(),
+        };
         let mut handle: cu::CUmemGenericAllocationHandle = 0;
         // SAFETY: the out-pointer is a local; the address is only looked up by the driver.
         check("cuMemRetainAllocationHandle", unsafe {
@@ -637,7 +657,13 @@ impl Driver for CudaDriver {
     }
 
     fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
-        let _ctx = self.enter_any();
+        // A VMM mapping is found only from the context of a device with access to it (from
+        // another device's context the driver answers NOT_FOUND: seen on 2 x H200), so the
+        // query runs in the context of the pointer's own device.
+        let _ctx = match self.pointer_ordinal(ptr) {
+            Some(dev) => self.enter(dev)?,
+            None => self.enter_any(),
+        };
         let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
         // SAFETY: the out-pointers are locals.
         check("cuMemGetAddressRange", unsafe { (self.api.cuMemGetAddressRange_v2)(&mut base, &mut size, ptr) })?;
