@@ -41,6 +41,9 @@ pub struct UserMemory {
     /// Live registrations.
     registrations: Mutex<Vec<Registration>>,
     next_serial: Mutex<u64>,
+    /// Devices whose fabric allocations the driver refused (no IMEX channel): later
+    /// allocations there ask for POSIX descriptors only, without a failing call each time.
+    no_fabric: Mutex<Vec<Device>>,
 }
 
 impl UserMemory {
@@ -89,7 +92,8 @@ impl UserMemory {
 
     /// Allocates `bytes` on `dev`: physical memory with the shareable handle types the device
     /// exports (POSIX file descriptors, plus fabric handles where supported), rounded up to the
-    /// allocation and multicast granularities, mapped read-write for `dev`. Retried on
+    /// allocation and multicast granularities, mapped read-write for `dev` and for every device
+    /// that can access `dev`'s memory peer to peer (as `ncclMemAlloc` does). Retried on
     /// out-of-memory; rolled back on failure.
     pub fn alloc(&self, ctx: &Context, dev: i32, bytes: usize) -> Result<DevicePtr> {
         let dev = ctx.check_device(dev, "device")?;
@@ -103,7 +107,7 @@ impl UserMemory {
             types = HandleTypes(types.0 | HandleTypes::POSIX_FD.0);
         }
         let with_fabric = HandleTypes(types.0 | HandleTypes::FABRIC.0);
-        if props.fabric_supported {
+        if props.fabric_supported && !self.no_fabric.lock().contains(&dev) {
             types = with_fabric;
         }
         let mut g = driver
@@ -134,6 +138,7 @@ impl UserMemory {
                         Some(CuResult::ERROR_NOT_SUPPORTED | CuResult::ERROR_NOT_PERMITTED)
                     ) =>
             {
+                self.no_fabric.lock().push(dev);
                 types = HandleTypes(types.0 & !HandleTypes::FABRIC.0);
                 retry(ctx, &what, size as u64, &mut trim, || driver.mem_create(dev, size, types))?
             }
@@ -157,8 +162,14 @@ impl UserMemory {
         let mapped = retry(ctx, &what, 0, &mut trim, || driver.mem_map(va, size, 0, handle));
         let mapping = mapped.as_ref().ok().map(|_| res.track(ResourceKind::Mapping, size as u64, Some(dev), OWNER));
         let access = mapped.and_then(|_| {
-            let what = || format!("mcast_mem_alloc: giving device {dev} access to {size} bytes");
-            retry(ctx, &what, 0, &mut trim, || driver.mem_set_access(va, size, &[dev]))
+            let mut devices = vec![dev];
+            for peer in 0..ctx.device_count() as Device {
+                if peer != dev && matches!(ctx.can_access_peer(peer, dev), Ok(true)) {
+                    devices.push(peer);
+                }
+            }
+            let what = || format!("mcast_mem_alloc: giving devices {devices:?} access to {size} bytes");
+            retry(ctx, &what, 0, &mut trim, || driver.mem_set_access(va, size, &devices))
         });
         if let Err(e) = access {
             if let Some(id) = mapping {
