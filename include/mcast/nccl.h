@@ -21,6 +21,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Like NCCL's header, bring in the CUDA runtime's types (cudaStream_t, half, __nv_bfloat16)
+ * where the CUDA headers can be found, since NCCL programs rely on it; nothing below needs
+ * them, so the header also compiles where CUDA is not installed. */
+#if defined(__has_include)
+#if __has_include(<cuda_runtime.h>)
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#if __has_include(<cuda_bf16.h>)
+#include <cuda_bf16.h>
+#endif
+#define MCAST_NCCL_HAVE_CUDA_RUNTIME 1
+#endif
+#endif
+
 #define NCCL_MAJOR 2
 #define NCCL_MINOR 27
 #define NCCL_PATCH 7
@@ -56,7 +70,9 @@ extern "C" {
 
 /* The stream type of the CUDA runtime and driver (cudaStream_t, CUstream): callers pass their
  * streams unchanged without this header including CUDA's. */
+#ifndef MCAST_NCCL_HAVE_CUDA_RUNTIME
 typedef struct CUstream_st *cudaStream_t;
+#endif
 
 /* A communicator: one rank of a team. Opaque. */
 typedef struct ncclComm *ncclComm_t;
