@@ -102,6 +102,14 @@ impl UserMemory {
         }
         let driver = ctx.driver().clone();
         let props = ctx.props(dev)?;
+        // The devices that will reach the memory: `dev` and every device that can access its
+        // memory peer to peer (asked before anything is created: nothing to roll back).
+        let mut devices = vec![dev];
+        for peer in 0..ctx.device_count() as Device {
+            if peer != dev && ctx.can_access_peer(peer, dev)? {
+                devices.push(peer);
+            }
+        }
         let mut types = HandleTypes::NONE;
         if props.posix_fd_supported {
             types = HandleTypes(types.0 | HandleTypes::POSIX_FD.0);
@@ -162,12 +170,6 @@ impl UserMemory {
         let mapped = retry(ctx, &what, 0, &mut trim, || driver.mem_map(va, size, 0, handle));
         let mapping = mapped.as_ref().ok().map(|_| res.track(ResourceKind::Mapping, size as u64, Some(dev), OWNER));
         let access = mapped.and_then(|_| {
-            let mut devices = vec![dev];
-            for peer in 0..ctx.device_count() as Device {
-                if peer != dev && matches!(ctx.can_access_peer(peer, dev), Ok(true)) {
-                    devices.push(peer);
-                }
-            }
             let what = || format!("mcast_mem_alloc: giving devices {devices:?} access to {size} bytes");
             retry(ctx, &what, 0, &mut trim, || driver.mem_set_access(va, size, &devices))
         });
