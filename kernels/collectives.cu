@@ -30,7 +30,8 @@
 // [4096, 8192): local state, written only by this rank's kernels:
 //   MCAST_ERROR_OFFSET       u32 error code (0 = none), first error wins (atomic CAS);
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
-//   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b.
+//   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
+//   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b.
 // [8192, 8256): team state: MCAST_STATE_OFFSET u32 (MCAST_STATE_OK, or nonzero once the team
 //   was aborted), written by the host (mcast_team_abort, in every rank's region, peers' included)
 //   and read by every barrier spin: an abort ends device waits within microseconds.
@@ -46,11 +47,22 @@
 #define MCAST_ERR_ABORTED 2
 #define MCAST_STATE_OFFSET 8192
 #define MCAST_STATE_OK 0
-// Push one-shot scratch: after the sync region, per block slot b and parity h (0/1), one row of
-// MCAST_PUSH_CHUNK bytes per rank q at SCRATCH + ((b * 2 + h) * nranks + q) * MCAST_PUSH_CHUNK.
+// Push all-reduce scratch: after the sync region, per block slot b and slot s (0..PUSH_SLOTS-1),
+// one row per writer other than the owner (see push_slot_row): MCAST_PUSH_CHUNK bytes for teams of
+// two, MCAST_PUSH_CHUNK_WIDE for three or four.
+// Its flags: the u32 at signal slot b + MCAST_PUSH_FLAG_OFFSET + 4 * writer holds the last push
+// sequence number that writer published to this rank (words 1..4 of the slot's 64 bytes; word 0
+// is the barrier counter). MCAST_PUSH_SEQ_OFFSET + 4b (local state): push sequence numbers this
+// rank has completed on slot b.
 #define MCAST_SCRATCH_OFFSET 65536
-#define MCAST_PUSH_CHUNK 16384
+#define MCAST_PUSH_CHUNK 65536
+#define MCAST_PUSH_CHUNK_WIDE 32768
 #define MCAST_PUSH_MAX_RANKS 4
+#define MCAST_PUSH_SLOTS 3
+#define MCAST_PUSH_UNROLL 8      // vectors in flight per thread when pushing
+#define MCAST_PUSH_RED_UNROLL 4  // per rank when reducing (registers: ranks x this x 16 bytes)
+#define MCAST_PUSH_FLAG_OFFSET 4
+#define MCAST_PUSH_SEQ_OFFSET 4608
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -69,7 +81,7 @@ struct McastArgs {
   u32 rank;                   // 1184
   u32 nranks;                 // 1188
   u32 root;                   // 1192: broadcast root
-  u32 reserved;               // 1196
+  u32 push_row;               // 1196: push all-reduce: bytes per block and step (<= the row)
   u64 out[MCAST_MAX_RANKS];   // 48 + 16 * MCAST_MAX_RANKS (1200): results, the layout of data (in place: out == data)
   u64 out_mc;                 // 48 + 24 * MCAST_MAX_RANKS (1776): multicast address of out (emulated: out[rank])
 };
@@ -308,6 +320,39 @@ __device__ __forceinline__ u64 sync_local(const McastArgs& a, u32 off) { return 
 
 __device__ void mc_red_signal(const McastArgs& a, u64 mc_addr);  // defined with the mc_* functions
 
+// Records error `code` with its detail (block slot, barrier index) unless an error came first.
+__device__ __forceinline__ void record_error(const McastArgs& a, u32 code, u32 slot, u32 index) {
+  if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, code) == MCAST_ERR_NONE)
+    *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+}
+
+// One thread waits until the counter at `flag` reaches `target` (wrap-safe: counters only grow
+// and no rank runs more than a few arrivals ahead). The acquire load orders the peers' writes
+// before the block's later accesses (the other threads through a __syncthreads after this). An
+// abort (the team's state word, from the host here or in a peer process) or the timeout ends the
+// wait: the error is recorded and the result is false.
+__device__ bool wait_count(const McastArgs& a, u64 flag, u32 target, u32 slot, u32 index) {
+  u64 start = 0;
+  u32 spins = 0;
+  while ((int)(ld_acquire_sys(flag) - target) < 0) {
+    if ((++spins & 63u) != 0) continue;
+    if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+      record_error(a, MCAST_ERR_ABORTED, slot, index);
+      return false;
+    }
+    if (a.timeout_ns != 0) {
+      const u64 now = globaltimer();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > a.timeout_ns) {
+        record_error(a, MCAST_ERR_TIMEOUT, slot, index);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 template <bool MC>
 __device__ bool barrier(const McastArgs& a, u32 index) {
   __shared__ int s_live, s_ok;
@@ -324,8 +369,7 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     s_live = index != 0 || *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
     // An aborted team: record it and end the kernel before signalling anyone.
     if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
-        *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+      record_error(a, MCAST_ERR_ABORTED, slot, index);
       s_live = 0;
     }
   }
@@ -339,37 +383,7 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
   } else if (threadIdx.x < a.nranks) {
     red_release_sys_add(a.sync[threadIdx.x] + soff, 1);
   }
-  if (threadIdx.x == 0) {
-    const u32 target = k * a.nranks;
-    const u64 flag = sync_local(a, soff);
-    int ok = 1;
-    u64 start = 0;
-    u32 spins = 0;
-    // The acquire load orders the peers' writes before this block's later accesses (the
-    // other threads through the __syncthreads below).
-    while ((int)(ld_acquire_sys(flag) - target) < 0) {
-      if ((++spins & 63u) != 0) continue;
-      // The team's state word: an abort (from the host, here or in a peer process) ends the wait.
-      if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-        if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_ABORTED) == MCAST_ERR_NONE)
-          *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
-        ok = 0;
-        break;
-      }
-      if (a.timeout_ns != 0) {
-        const u64 now = globaltimer();
-        if (start == 0) {
-          start = now;
-        } else if (now - start > a.timeout_ns) {
-          if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, MCAST_ERR_TIMEOUT) == MCAST_ERR_NONE)
-            *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
-          ok = 0;
-          break;
-        }
-      }
-    }
-    s_ok = ok;
-  }
+  if (threadIdx.x == 0) s_ok = wait_count(a, sync_local(a, soff), k * a.nranks, slot, index);
   __syncthreads();
 #if !defined(MCAST_EMULATE_MULTIMEM)
   if (MC) asm volatile("fence.proxy.alias;" ::: "memory");
@@ -559,60 +573,155 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
   }
 }
 
-// Push one-shot all-reduce (nranks <= MCAST_PUSH_MAX_RANKS; the host checks every block's part
-// fits a scratch row and that the copies are 16-byte aligned). Block b owns bytes [b*C, b*C + C)
-// of the message, C = ceil(S / blocks) rounded up to 16. It writes that part of this rank's
-// input into row `rank` of every rank's scratch (slot b, the parity of slot b's next barrier),
-// crosses ONE barrier, then reduces the nranks rows of its own scratch (all local memory) in
-// rank order into its own copy. No rank reads another's buffer, so no second barrier is
-// needed before the in-place store. Reuse of a scratch half is safe: the collective right
-// before this one on slot b flipped the parity; any older one on slot b has finished on every
-// peer, because this rank passed a barrier of the kernel in between, which every peer entered
-// only after finishing the older kernel (stream order).
-__device__ __forceinline__ u64 push_row(const McastArgs& a, u32 p, u32 slot, u32 parity, u32 row) {
-  return a.sync[p] + MCAST_SCRATCH_OFFSET + (((u64)slot * 2 + parity) * a.nranks + row) * MCAST_PUSH_CHUNK;
+// Push all-reduce (nranks <= MCAST_PUSH_MAX_RANKS): reads nothing but this rank's own data, so
+// it serves the pointer form on memory no peer can map, at any size, in one launch.
+// The message is cut into steps of gridDim.x parts of at most a.push_row bytes (the host's choice,
+// within a scratch row); in step j block b owns [j*G*R + b*Cj, +Cj) with Cj the step's bytes
+// split evenly (16-byte multiples).
+// Per step a block copies its part of this rank's data into its row of every peer's scratch
+// (slot (push sequence) % MCAST_PUSH_SLOTS), publishes the step's sequence number in its flag word
+// of every peer's sync region (st.release), waits until every peer's flag in its own region
+// reaches that number (acquire), and reduces the peers' rows and its own data, in rank order,
+// into its out. Pipelined: step j + 1 is stored before step j is awaited and reduced, and
+// published after.
+// Scratch reuse: a rank publishes sequence y only after it reduced sequence y - 1 (the first
+// step of a kernel after finishing every earlier push kernel), and it stores into slot
+// y % MCAST_PUSH_SLOTS (last used by y - 3 or earlier) only after seeing every peer's flag at
+// y - 2 or later, which that peer published after reducing y - 3. Flags are per writer (not a
+// sum), so they are exact however far apart ranks run. The push sequence lives in the rank's local state (MCAST_PUSH_SEQ_OFFSET), apart
+// from the barrier epochs; no barrier kernel touches the scratch.
+__device__ __forceinline__ u64 push_slot_row(const McastArgs& a, u32 p, u32 slot, u32 s, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;  // rows of the nranks - 1 writers other than p
+  const u64 row = a.nranks <= 2 ? MCAST_PUSH_CHUNK : MCAST_PUSH_CHUNK_WIDE;
+  return a.sync[p] + MCAST_SCRATCH_OFFSET + (((u64)slot * MCAST_PUSH_SLOTS + s) * (a.nranks - 1) + w) * row;
+}
+__device__ __forceinline__ u64 push_flag(const McastArgs& a, u32 p, u32 slot, u32 writer) {
+  return a.sync[p] + MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE + MCAST_PUSH_FLAG_OFFSET + 4 * writer;
+}
+__device__ __forceinline__ void st_release_sys(u64 addr, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
+
+// Block blockIdx.x's part [lo, hi) of step j of a message of S bytes, steps of `row` bytes per block.
+__device__ __forceinline__ void push_part(u64 S, u64 row, u32 j, u64* lo, u64* hi) {
+  const u64 per_step = (u64)gridDim.x * row;
+  const u64 base = (u64)j * per_step;
+  const u64 len = S - base < per_step ? S - base : per_step;
+  const u64 C = ((len + gridDim.x - 1) / gridDim.x + 15) & ~(u64)15;
+  const u64 l = (u64)blockIdx.x * C < len ? (u64)blockIdx.x * C : len;
+  *lo = base + l;
+  *hi = base + (l + C < len ? l + C : len);
 }
 
 template <int D, int O>
 __device__ void all_reduce_p2p_push(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   typedef typename Ty<D>::A A;
-  __shared__ u32 s_parity, s_live;
+  __shared__ u32 s_seq, s_live, s_ok;
+  const u32 slot = blockIdx.x, me = a.rank;
   const u64 S = a.count * sizeof(E);
-  const u64 C = ((S + gridDim.x - 1) / gridDim.x + 15) & ~(u64)15;
-  const u64 lo = (u64)blockIdx.x * C < S ? (u64)blockIdx.x * C : S;
-  const u64 hi = lo + C < S ? lo + C : S;
-  const u64 len = hi - lo, nv = len / 16;
+  const u64 per_step = (u64)gridDim.x * a.push_row;
+  const u32 steps = (u32)((S + per_step - 1) / per_step);
+  const u64 src = a.data[me], dst = a.out[me];
+  // Vectors where both of this rank's sides are 16-byte aligned (rows always are); elements
+  // otherwise. The choice is this rank's alone: peers only see its rows.
+  const bool vec = ((src | dst) & 15) == 0;
   if (threadIdx.x == 0) {
-    s_parity = (*(volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * blockIdx.x) + 1) & 1;
+    s_seq = *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot);
     s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE &&
              *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) == MCAST_STATE_OK;
   }
   __syncthreads();
   if (!s_live) return;
-  const u32 par = s_parity;
-  const u64 src = a.data[a.rank] + lo;
-  for (u64 j = threadIdx.x; j < nv; j += blockDim.x) {
-    const V16 v = ld16(src + j * 16);
-    for (u32 p = 0; p < a.nranks; ++p) st16(push_row(a, p, blockIdx.x, par, a.rank) + j * 16, v);
+  const u32 seq0 = s_seq;
+  // Store this rank's part of step j (sequence seq0 + j + 1) into its row of every peer's scratch.
+  auto push = [&](u32 j) {
+    const u32 s = (seq0 + j + 1) % MCAST_PUSH_SLOTS;
+    u64 lo, hi;
+    push_part(S, a.push_row, j, &lo, &hi);
+    const u64 nv = vec ? (hi - lo) / 16 : 0;
+    // Loads first, then stores: the compiler cannot move a load past a store that may alias it.
+    for (u64 v0 = threadIdx.x; v0 < nv; v0 += (u64)blockDim.x * MCAST_PUSH_UNROLL) {
+      V16 x[MCAST_PUSH_UNROLL];
+#pragma unroll
+      for (int u = 0; u < MCAST_PUSH_UNROLL; ++u) {
+        const u64 v = v0 + (u64)u * blockDim.x;
+        if (v < nv) x[u] = ld16(src + lo + v * 16);
+      }
+      for (u32 p = 0; p < a.nranks; ++p) {
+        if (p == me) continue;
+        const u64 row = push_slot_row(a, p, slot, s, me);
+#pragma unroll
+        for (int u = 0; u < MCAST_PUSH_UNROLL; ++u) {
+          const u64 v = v0 + (u64)u * blockDim.x;
+          if (v < nv) st16(row + v * 16, x[u]);
+        }
+      }
+    }
+    for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < (hi - lo) / sizeof(E); e += blockDim.x) {
+      const E x = ((const E*)(src + lo))[e];
+      for (u32 p = 0; p < a.nranks; ++p)
+        if (p != me) ((E*)push_slot_row(a, p, slot, s, me))[e] = x;
+    }
+  };
+  // Publish step j to every peer: __syncthreads makes the block's stores visible to the
+  // publishing threads, and their release stores are cumulative.
+  auto publish = [&](u32 j) {
+    __syncthreads();
+    if (threadIdx.x < a.nranks && threadIdx.x != me) st_release_sys(push_flag(a, threadIdx.x, slot, me), seq0 + j + 1);
+  };
+  push(0);
+  publish(0);
+  for (u32 j = 0; j < steps; ++j) {
+    // Step j + 1's stores drain while step j is awaited and reduced; they are published after.
+    if (j + 1 < steps) push(j + 1);
+    const u32 y = seq0 + j + 1, s = y % MCAST_PUSH_SLOTS;
+    if (threadIdx.x == 0) {
+      u32 ok = 1;
+      for (u32 p = 0; p < a.nranks && ok; ++p)
+        if (p != me) ok = wait_count(a, push_flag(a, me, slot, p), y, slot, j);
+      s_ok = ok;
+    }
+    __syncthreads();
+    if (!s_ok) return;
+    u64 lo, hi;
+    push_part(S, a.push_row, j, &lo, &hi);
+    const u64 nv = vec ? (hi - lo) / 16 : 0;
+    for (u64 v0 = threadIdx.x; v0 < nv; v0 += (u64)blockDim.x * MCAST_PUSH_RED_UNROLL) {
+      V16 x[MCAST_PUSH_MAX_RANKS][MCAST_PUSH_RED_UNROLL];
+#pragma unroll
+      for (u32 q = 0; q < MCAST_PUSH_MAX_RANKS; ++q) {
+        if (q >= a.nranks) break;
+        const u64 base = q == me ? src + lo : push_slot_row(a, me, slot, s, q);
+#pragma unroll
+        for (int u = 0; u < MCAST_PUSH_RED_UNROLL; ++u) {
+          const u64 v = v0 + (u64)u * blockDim.x;
+          if (v < nv) x[q][u] = ld16(base + v * 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < MCAST_PUSH_RED_UNROLL; ++u) {
+        const u64 v = v0 + (u64)u * blockDim.x;
+        if (v >= nv) break;
+        Vec<D> acc;
+        acc.load(x[0][u]);
+#pragma unroll
+        for (u32 q = 1; q < MCAST_PUSH_MAX_RANKS; ++q)
+          if (q < a.nranks) acc.template reduce<O>(x[q][u]);
+        st16(dst + lo + v * 16, acc.pack());
+      }
+    }
+    for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < (hi - lo) / sizeof(E); e += blockDim.x) {
+      A acc = A();
+      for (u32 q = 0; q < a.nranks; ++q) {
+        const E x = q == me ? ((const E*)(src + lo))[e] : ((const E*)push_slot_row(a, me, slot, s, q))[e];
+        acc = q == 0 ? Ty<D>::up(x) : Op<O>::f(acc, Ty<D>::up(x));
+      }
+      ((E*)(dst + lo))[e] = Ty<D>::down(acc);
+    }
+    if (j + 1 < steps) publish(j + 1);
   }
-  for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < len / sizeof(E); e += blockDim.x) {
-    const E v = ((const E*)src)[e];
-    for (u32 p = 0; p < a.nranks; ++p) ((E*)push_row(a, p, blockIdx.x, par, a.rank))[e] = v;
-  }
-  if (!barrier<false>(a, 0)) return;
-  const u64 dst = a.out[a.rank] + lo;
-  for (u64 j = threadIdx.x; j < nv; j += blockDim.x) {
-    Vec<D> acc;
-    acc.load(ld16(push_row(a, a.rank, blockIdx.x, par, 0) + j * 16));
-    for (u32 q = 1; q < a.nranks; ++q) acc.template reduce<O>(ld16(push_row(a, a.rank, blockIdx.x, par, q) + j * 16));
-    st16(dst + j * 16, acc.pack());
-  }
-  for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < len / sizeof(E); e += blockDim.x) {
-    A acc = Ty<D>::up(((const E*)push_row(a, a.rank, blockIdx.x, par, 0))[e]);
-    for (u32 q = 1; q < a.nranks; ++q) acc = Op<O>::f(acc, Ty<D>::up(((const E*)push_row(a, a.rank, blockIdx.x, par, q))[e]));
-    ((E*)dst)[e] = Ty<D>::down(acc);
-  }
+  if (threadIdx.x == 0) *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot) = seq0 + steps;
 }
 
 // Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),

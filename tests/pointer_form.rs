@@ -261,6 +261,9 @@ fn matrix(multicast: bool) {
         // Chunk-crossing sizes: all-reduce and broadcast past STAGE_BYTES, the per-rank blocks
         // of reduce-scatter and all-gather past STAGE_BYTES / n.
         let big_ar = STAGE_BYTES / 4 + 1001;
+        // Five and more push steps of 64 rows (teams of up to 4): every scratch slot reused
+        // within one launch, and again by the launches after it.
+        let huge_ar = if n <= 4 { 5 * STAGE_BYTES / 4 + 4099 } else { 1 };
         let big_block = STAGE_BYTES / n + 333;
         let rs = |dtype, op| Collective::ReduceScatter { dtype, op };
         let mut cases = Vec::new();
@@ -269,6 +272,7 @@ fn matrix(multicast: bool) {
                 (f32sum, 1),
                 (f32sum, 1003),
                 (f32sum, big_ar),
+                (f32sum, huge_ar),
                 (Collective::AllReduce { dtype: DType::BF16, op: RedOp::Max }, 777),
                 (rs(DType::I32, RedOp::Sum), 5),
                 (rs(DType::F32, RedOp::Min), big_block / 4),
@@ -297,7 +301,8 @@ fn every_collective_on_plain_memory_p2p_teams() {
 }
 
 /// Every dtype with one operator, every operator with one dtype, all-reduce and reduce-scatter,
-/// odd counts, misaligned pointers, on a team of 3 (staged) and 2 (push one-shot) per transport.
+/// odd counts, misaligned pointers, on teams of 2 and 3 (all-reduce pushed, reduce-scatter staged)
+/// per transport.
 #[test]
 fn every_dtype_and_operator_on_plain_memory() {
     for multicast in [true, false] {

@@ -319,11 +319,12 @@ pub extern "C" fn mcast_team_broadcast(
 /// framework's allocator): every rank's `recv` `[0, count * esize)` receives the element-wise
 /// reduction over all ranks of `send` (`send == recv` in place). Registered memory of the team
 /// runs zero-copy (every rank must then pass registered memory). Plain memory of a team of up
-/// to 4 ranks runs the push one-shot kernel in chunks, the copy-in fused into the kernel (a
-/// pointer that is not 16-byte aligned is staged through the team's staging area); larger
-/// teams go through the staging area (1 MiB per rank, chunked: copy in on `stream`, the
-/// in-place kernel of the team's transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle and rank
-/// are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
+/// to 4 ranks runs the push all-reduce kernel in one launch at any size and alignment (each
+/// rank stores its `send` into its peers' scratch step by step and reduces what they stored
+/// into its `recv`: the copy-in is fused into the kernel); larger teams go through the staging
+/// area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
+/// transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
+/// and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
 /// `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
 /// is not device memory of the rank's device, partial overlap. Thread-safe.
 #[no_mangle]

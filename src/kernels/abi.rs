@@ -67,19 +67,66 @@ pub const EPOCH_OFFSET: usize = 4352;
 pub const STATE_OFFSET: usize = 8192;
 /// End of the used part of the sync region; the rest is reserved.
 pub const SYNC_USED_BYTES: usize = 8256;
-/// Start of the push one-shot scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
+/// Start of the push all-reduce scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
-/// Bytes of one scratch row: the most one block of a push one-shot moves (`MCAST_PUSH_CHUNK`).
-pub const PUSH_CHUNK: u64 = 16384;
-/// Most ranks the push one-shot serves (`MCAST_PUSH_MAX_RANKS`): its scratch grows with the team.
-pub const PUSH_MAX_RANKS: u32 = 4;
+/// Bytes of one scratch row of a team of two: the most one block of the push all-reduce moves per
+/// step (`MCAST_PUSH_CHUNK`). Large, because each block waits once per step for its stores to
+/// reach the peer: measured on 2 x H200 (pointer form, bf16, CUDA graph), 16/32/64 KiB rows took
+/// 366/278/239 us at 64 MiB (before the loads were batched; after, 32/64 KiB: 219/214 us).
+pub const PUSH_CHUNK: u64 = 65536;
+/// Bytes of one scratch row of a team of three or four (`MCAST_PUSH_CHUNK_WIDE`): its scratch
+/// holds a row per peer.
+pub const PUSH_CHUNK_WIDE: u64 = 32768;
 
-/// Bytes of a team's scratch per rank: two halves of one row per rank for every block slot, for
-/// teams the push one-shot serves; none otherwise.
+/// Bytes of one push scratch row for a team of `nranks`.
+pub fn push_row_capacity(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        PUSH_CHUNK
+    } else {
+        PUSH_CHUNK_WIDE
+    }
+}
+
+/// Bytes per block and step of the push all-reduce for a message of `bytes` on `blocks` blocks
+/// (`KernelArgs::push_row`): a multiple of 16 within a scratch row.
+pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
+    // A full row per block once the message fills the grid's rows; below that the message split
+    // evenly over the blocks in one step.
+    let cap = push_row_capacity(nranks);
+    bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
+}
+/// Most ranks the push all-reduce serves (`MCAST_PUSH_MAX_RANKS`): its scratch grows with the team.
+pub const PUSH_MAX_RANKS: u32 = 4;
+/// Scratch slots per block slot (`MCAST_PUSH_SLOTS`): a rank stores step y + 1 while a peer may
+/// still reduce step y - 1, so three slots keep every row untouched until its reader is done.
+pub const PUSH_SLOTS: usize = 3;
+/// Offset, within a block slot's signal words, of the push flags: the `u32` at
+/// `SIGNAL_OFFSET + b * SIGNAL_STRIDE + PUSH_FLAG_OFFSET + 4 * writer` is the last push step
+/// `writer` published to this rank (`MCAST_PUSH_FLAG_OFFSET`).
+pub const PUSH_FLAG_OFFSET: usize = 4;
+/// `u32` per block slot `b` at `PUSH_SEQ_OFFSET + 4 * b` (local state): push steps this rank has
+/// completed on slot `b` (`MCAST_PUSH_SEQ_OFFSET`).
+pub const PUSH_SEQ_OFFSET: usize = 4608;
+
+/// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when
+/// [`push_fits`]). With two ranks push moves the same bytes as two-shot, at the push rate and with
+/// no barrier: measured on 2 x H200 (bf16, CUDA graph, us) 12.2 vs 16.3 at 2 MiB, 19.2 vs 22.2
+/// at 4 MiB, 35.2 vs 34.2 at 8 MiB. With more ranks push moves (N-1) x the message, so it stops
+/// where one-shot does.
+pub fn push_max_bytes(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        4 << 20
+    } else {
+        one_shot_max_bytes(nranks)
+    }
+}
+
+/// Bytes of a team's scratch per rank: [`PUSH_SLOTS`] slots of one row per peer for every block
+/// slot, for teams the push all-reduce serves; none otherwise.
 pub fn scratch_bytes(nranks: u32) -> usize {
-    if nranks <= PUSH_MAX_RANKS {
-        2 * nranks as usize * PUSH_CHUNK as usize * MAX_BLOCKS as usize
+    if (2..=PUSH_MAX_RANKS).contains(&nranks) {
+        PUSH_SLOTS * (nranks as usize - 1) * push_row_capacity(nranks) as usize * MAX_BLOCKS as usize
     } else {
         0
     }
@@ -114,7 +161,9 @@ pub const STATE_OK: u32 = 0;
 /// State word value: the team was aborted; every barrier returns at once.
 pub const STATE_ABORTED: u32 = 2;
 
-const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= PUSH_SEQ_OFFSET);
+const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(PUSH_FLAG_OFFSET >= 4 && PUSH_FLAG_OFFSET + 4 * PUSH_MAX_RANKS as usize <= SIGNAL_STRIDE);
 const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
@@ -143,8 +192,8 @@ pub struct KernelArgs {
     pub nranks: u32,
     /// Broadcast root (0 otherwise).
     pub root: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The push all-reduce's bytes per block and step ([`Plan::push_row`]); 0 otherwise.
+    pub push_row: u32,
     /// Per rank: where the results for that rank's `data` go, in the layout of `data` (in place:
     /// equal to `data`).
     pub out: [u64; MAX_RANKS],
@@ -303,6 +352,8 @@ pub struct Plan {
     pub blocks: u32,
     /// Why a multicast request runs a P2P kernel, when it does.
     pub fallback: Option<&'static str>,
+    /// The push all-reduce's bytes per block and step ([`push_row_bytes`]); 0 for other kernels.
+    pub push_row: u32,
 }
 
 /// The grid cap of a launch (the same on every rank).
@@ -310,12 +361,11 @@ fn block_cap(l: &Launch) -> u64 {
     GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64
 }
 
-/// True when the push one-shot can run `bytes` at address `me`: a team it keeps scratch for, a
-/// 16-byte aligned message, and every block's part within one scratch row.
-fn push_fits(l: &Launch, bytes: u64, me: u64) -> bool {
-    let blocks = bytes.div_ceil(ONE_SHOT_BYTES_PER_BLOCK).clamp(1, block_cap(l));
-    let chunk = bytes.div_ceil(blocks).div_ceil(16) * 16;
-    l.nranks <= PUSH_MAX_RANKS && me % 16 == 0 && chunk <= PUSH_CHUNK
+/// True when the push all-reduce serves a message at address `me` (this rank's data and out
+/// or-ed) in the buffer forms: a team it keeps scratch for and 16-byte aligned vectors (it
+/// would run element by element otherwise, where the pulling one-shot runs vectors).
+fn push_fits(l: &Launch, me: u64) -> bool {
+    l.nranks <= PUSH_MAX_RANKS && me % 16 == 0
 }
 
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
@@ -335,6 +385,12 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             l.data.len(),
             l.out.len(),
             l.sync.len()
+        ));
+    }
+    if l.local_only && !(matches!(l.collective, Collective::AllReduce { .. }) && l.nranks <= PUSH_MAX_RANKS) {
+        return Err(format!(
+            "{:?} of {} ranks needs the peers' memory, which this launch cannot address",
+            l.collective, l.nranks
         ));
     }
     if l.count == 0 {
@@ -419,10 +475,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 None
             };
             let kind = match (rs, mc && fb.is_none()) {
+                (false, _) if l.local_only => KernelKind::AllReduceP2pPush,
                 (true, true) => KernelKind::ReduceScatterMc,
                 (true, false) => KernelKind::ReduceScatterP2p,
                 (false, true) => KernelKind::AllReduceMc,
-                (false, false) if bytes <= one_shot_max_bytes(l.nranks) && push_fits(l, bytes, me | out_me) => {
+                (false, false) if bytes <= push_max_bytes(l.nranks) && push_fits(l, me | out_me) => {
                     KernelKind::AllReduceP2pPush
                 }
                 (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
@@ -436,7 +493,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         _ => BYTES_PER_BLOCK,
     };
     let blocks = bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32;
-    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback }))
+    let push_row = match kind {
+        KernelKind::AllReduceP2pPush => push_row_bytes(bytes, blocks.into(), l.nranks),
+        _ => 0,
+    };
+    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback, push_row }))
 }
 
 /// The argument struct for `l` built for `variant` (no allocation).
@@ -454,7 +515,7 @@ pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
             Collective::Broadcast { root } => root,
             _ => 0,
         },
-        reserved: 0,
+        push_row: 0,
         out: [0; MAX_RANKS],
         out_mc: 0,
     };
@@ -502,7 +563,11 @@ mod tests {
         assert_eq!(define("MCAST_SIGNAL_STRIDE"), SIGNAL_STRIDE as u64);
         assert_eq!(define("MCAST_SCRATCH_OFFSET"), SCRATCH_OFFSET as u64);
         assert_eq!(define("MCAST_PUSH_CHUNK"), PUSH_CHUNK);
+        assert_eq!(define("MCAST_PUSH_CHUNK_WIDE"), PUSH_CHUNK_WIDE);
         assert_eq!(define("MCAST_PUSH_MAX_RANKS"), PUSH_MAX_RANKS as u64);
+        assert_eq!(define("MCAST_PUSH_SLOTS"), PUSH_SLOTS as u64);
+        assert_eq!(define("MCAST_PUSH_FLAG_OFFSET"), PUSH_FLAG_OFFSET as u64);
+        assert_eq!(define("MCAST_PUSH_SEQ_OFFSET"), PUSH_SEQ_OFFSET as u64);
         assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
         assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
         assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
@@ -528,7 +593,7 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, rank), 1184);
         assert_eq!(offset_of!(KernelArgs, nranks), 1188);
         assert_eq!(offset_of!(KernelArgs, root), 1192);
-        assert_eq!(offset_of!(KernelArgs, reserved), 1196);
+        assert_eq!(offset_of!(KernelArgs, push_row), 1196);
         assert_eq!(offset_of!(KernelArgs, out), 48 + 16 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, out_mc), 48 + 24 * MAX_RANKS);
         // CUDA's kernel parameter limit (4 KiB before 12.1's large-argument support).
@@ -616,6 +681,7 @@ mod tests {
             count,
             timeout_ns: 5,
             max_blocks: GRID_MAX_BLOCKS,
+            local_only: false,
         }
     }
 
@@ -625,25 +691,44 @@ mod tests {
         let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000)).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         assert_eq!(p.blocks, 1);
-        // Push needs a 16-byte aligned message, a team of at most PUSH_MAX_RANKS, and every
-        // block's part within a scratch row; otherwise the pulling one-shot runs.
+        // The buffer forms push a 16-byte aligned message of a team of at most PUSH_MAX_RANKS;
+        // otherwise the pulling one-shot runs.
         let mut unaligned = launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000);
         unaligned.data = unaligned.data.iter().map(|a| a + 4).collect();
         assert_eq!(plan(&unaligned).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
-        let mut crowded = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 65536);
-        crowded.max_blocks = 4;
-        assert_eq!(plan(&crowded).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        // The pointer form (local_only) pushes at any alignment and size, and refuses what
+        // push cannot run.
+        unaligned.local_only = true;
+        assert_eq!(plan(&unaligned).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        let mut huge = launch(ar(DType::F32, RedOp::Sum), Path::Multicast, 1 << 28);
+        huge.local_only = true;
+        assert_eq!(plan(&huge).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        let mut gather = launch(Collective::AllGather, Path::P2P, 64);
+        gather.local_only = true;
+        assert!(plan(&gather).is_err());
         let mut big_team = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 100);
         big_team.nranks = 5;
         big_team.data = vec![0x1000_0000; 5];
         big_team.sync = vec![0x3000_0000; 5];
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
-        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 2 * 2 * 16384 * 64 + STAGE_BYTES);
+        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
+        assert_eq!(scratch_bytes(4), 3 * 3 * 32768 * 64);
+        assert_eq!(scratch_bytes(1), 0);
         assert_eq!(stage_offset(5) % 16, 0);
+        // Two ranks push up to 4 MiB, in one step of full rows at the limit; two-shot above.
         let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
-        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pTwoShot);
+        assert_eq!((p.kernel.kind, p.blocks, p.push_row as u64), (KernelKind::AllReduceP2pPush, 64, PUSH_CHUNK));
+        let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, (1 << 20) + 4)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.push_row), (KernelKind::AllReduceP2pTwoShot, 0));
         assert_eq!(p.blocks, GRID_MAX_BLOCKS);
+        // A small message is split evenly over its blocks (16-byte parts); the pointer form's
+        // large ones take full rows, several steps.
+        let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 50_000)).unwrap().unwrap();
+        assert_eq!((p.blocks, p.push_row), (13, 7696));
+        huge.path = Path::P2P;
+        let p = plan(&huge).unwrap().unwrap();
+        assert_eq!((p.blocks, p.push_row as u64), (GRID_MAX_BLOCKS, PUSH_CHUNK));
         let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         assert!(p.fallback.is_some());
@@ -697,7 +782,7 @@ mod tests {
             (p.kernel.kind, p.fallback),
             (KernelKind::AllReduceP2p, Some("send and recv disagree in alignment modulo 16"))
         );
-        // The push one-shot needs 16-byte aligned recv too.
+        // The push all-reduce needs 16-byte aligned recv too.
         let mut l = launch(ar, Path::P2P, 1024);
         l.out = vec![0x5000_0004, 0x6000_0004];
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);

@@ -126,6 +126,7 @@ pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
     let func = module.functions[plan.kernel.index()]
         .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", plan.kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, variant);
+    args.push_row = plan.push_row;
     let config = LaunchConfig { grid: [plan.blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
     let mut params = [&mut args as *mut KernelArgs as *mut c_void];
     driver.launch(l.dev, func, &config, l.stream, &mut params)?;

@@ -182,4 +182,8 @@ pub struct Launch {
     /// at once (blocks wait for their peers in barriers), so the team caps the grid by the SM
     /// count over the ranks per device. The same on every rank.
     pub max_blocks: u32,
+    /// The peers' `data` and `out` are not addressable (the pointer form on memory only this
+    /// rank maps): only the push all-reduce may run, which reads nothing but this rank's own
+    /// memory and the scratch the peers write into.
+    pub local_only: bool,
 }

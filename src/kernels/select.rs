@@ -2,7 +2,7 @@
 //!
 //! Compiling all of `kernels/collectives.cu` takes NVRTC tens of seconds on a fresh machine, so
 //! a call compiles (or finds in the cache) only its [`Unit`]: one collective for one dtype and
-//! operator, with every algorithm the kernel plan may pick for it (P2P one-shot, push one-shot,
+//! operator, with every algorithm the kernel plan may pick for it (P2P one-shot, push all-reduce,
 //! two-shot, multicast), so a change of message size never waits for a compile. The source keeps
 //! its entry points behind `MCAST_WHEN(MCAST_SEL_<collective>, MCAST_SEL_<dtype>, MCAST_SEL_<op>)`
 //! guards; [`Unit::defines`] selects one unit, and no selection compiles everything (what
@@ -14,7 +14,7 @@ use super::{DType, RedOp};
 /// A collective, as the source's selection flags name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
-    /// `all_reduce`: the P2P one-shot, push one-shot and two-shot kernels and the multicast one.
+    /// `all_reduce`: the P2P one-shot, push all-reduce and two-shot kernels and the multicast one.
     AllReduce,
     /// `reduce_scatter`.
     ReduceScatter,

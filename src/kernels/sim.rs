@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT,
-    PUSH_CHUNK, SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
+    plan, push_row_capacity, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE,
+    ERR_TIMEOUT, PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
@@ -35,8 +35,10 @@ struct Job {
     rank: usize,
     nranks: usize,
     count: usize,
-    /// Blocks of the kernel plan (the push one-shot lays its scratch out by block).
+    /// Blocks of the kernel plan (the push all-reduce lays its scratch out by block).
     blocks: usize,
+    /// The push all-reduce's bytes per block and step.
+    push_row: usize,
     timeout: Option<Duration>,
     /// Each rank's data as mapped on this device.
     data: Targets,
@@ -99,6 +101,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         nranks: l.nranks as usize,
         count: l.count as usize,
         blocks: p.blocks as usize,
+        push_row: p.push_row as usize,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
         data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
         out: Targets(out.iter().map(|&a| a as *mut u8).collect()),
@@ -169,33 +172,59 @@ impl Job {
                 sync();
             }
             KernelKind::AllReduceP2pPush => {
-                // The kernel's layout: block b's part of the message in row `rank` of every
-                // rank's scratch (slot b, the parity of the next barrier; the simulator's single
-                // barrier slot 0 decides it for every part), one barrier, then the rows of this
-                // rank's own scratch reduced into its copy.
+                // The kernel's layout (kernels/collectives.cu, all_reduce_p2p_push): steps of
+                // `blocks` rows; in step j block b's part goes to this rank's row in slot
+                // (push sequence of b + j + 1) % PUSH_SLOTS of every peer's scratch; the
+                // simulator's barrier stands for the flags; then each rank reduces its peers'
+                // rows and its own data in rank order into its out.
                 let bytes = count * esize;
-                let chunk = bytes.div_ceil(self.blocks).div_ceil(16) * 16;
-                let parity = (word(self.sync.0[r], EPOCH_OFFSET).load(Ordering::Relaxed).wrapping_add(1) & 1) as usize;
-                let row = |p: usize, b: usize, q: usize| {
+                let g = self.blocks;
+                let per_step = g * self.push_row;
+                let cap = push_row_capacity(n as u32) as usize;
+                let steps = bytes.div_ceil(per_step);
+                let seq = |b: usize| word(self.sync.0[r], PUSH_SEQ_OFFSET + 4 * b);
+                let seq0: Vec<u32> = (0..g).map(|b| seq(b).load(Ordering::Relaxed)).collect();
+                let row = |p: usize, b: usize, slot: usize, writer: usize| {
+                    let w = if writer < p { writer } else { writer - 1 };
+                    let i = ((b * PUSH_SLOTS + slot) * (n - 1) + w) * cap;
                     // SAFETY: the team reserves the scratch after every rank's sync region.
-                    unsafe { self.sync.0[p].add(SCRATCH_OFFSET + ((b * 2 + parity) * n + q) * PUSH_CHUNK as usize) }
+                    unsafe { self.sync.0[p].add(SCRATCH_OFFSET + i) }
                 };
-                let part = |b: usize| ((b * chunk).min(bytes), ((b + 1) * chunk).min(bytes));
-                for b in 0..self.blocks {
-                    let (lo, hi) = part(b);
-                    for p in 0..n {
-                        // SAFETY: lo..hi lies in this rank's range and in one scratch row.
-                        unsafe { std::ptr::copy_nonoverlapping(data[r].wrapping_add(lo), row(p, b, r), hi - lo) };
+                let part = |j: usize, b: usize| {
+                    let base = j * per_step;
+                    let len = (bytes - base).min(per_step);
+                    let c = len.div_ceil(g).div_ceil(16) * 16;
+                    (base + (b * c).min(len), base + ((b + 1) * c).min(len))
+                };
+                let slot = |b: usize, j: usize| (seq0[b] as usize + j + 1) % PUSH_SLOTS;
+                for j in 0..steps {
+                    for b in 0..g {
+                        let (lo, hi) = part(j, b);
+                        for p in (0..n).filter(|&p| p != r) {
+                            // SAFETY: lo..hi lies in this rank's range and in one scratch row.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    data[r].wrapping_add(lo),
+                                    row(p, b, slot(b, j), r),
+                                    hi - lo,
+                                )
+                            };
+                        }
+                    }
+                    if !sync() {
+                        return;
+                    }
+                    for b in 0..g {
+                        let (lo, hi) = part(j, b);
+                        let rows: Vec<*mut u8> = (0..n)
+                            .map(|q| if q == r { data[r].wrapping_add(lo) } else { row(r, b, slot(b, j), q) })
+                            .collect();
+                        let res = self.reduce(&rows, 0, (hi - lo) / esize);
+                        write(out[r], lo, &res);
                     }
                 }
-                if !sync() {
-                    return;
-                }
-                for b in 0..self.blocks {
-                    let (lo, hi) = part(b);
-                    let rows: Vec<*mut u8> = (0..n).map(|q| row(r, b, q)).collect();
-                    let res = self.reduce(&rows, 0, (hi - lo) / esize);
-                    write(out[r], lo, &res);
+                for (b, s0) in seq0.iter().enumerate() {
+                    seq(b).store(s0.wrapping_add(steps as u32), Ordering::Relaxed);
                 }
             }
             KernelKind::AllReduceP2pTwoShot => {

@@ -152,18 +152,17 @@ pub fn run_into(
         Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), None, None)
+    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), false, None)
 }
 
 /// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
 /// pointer `send` to `recv` (the layouts of [`run_into`]; `send == recv` and NCCL's other
 /// in-place forms work in place). Where both ranges lie in registered buffers of the team it
 /// runs zero-copy as [`run_into`]. Otherwise an all-reduce of a team of at most
-/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push one-shot kernel in
-/// chunks (each chunk one launch that copies this rank's part of `send` into every peer's
-/// scratch, crosses one barrier and reduces into `recv`: the copy-in is fused into the kernel;
-/// a side that is not 16-byte aligned is staged), and every other case goes through the team's
-/// staging area ([`run_staged`]). Every rank must take the same route (all registered or none).
+/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push all-reduce in one
+/// launch (it copies this rank's `send` step by step into its peers' scratch and reduces what
+/// they pushed into `recv`: the copy-in is fused into the kernel), and every other case goes
+/// through the team's staging area ([`run_staged`]). Every rank must take the same route (all registered or none).
 #[allow(clippy::too_many_arguments)]
 pub fn run_ptr(
     team: &Arc<Team>,
@@ -260,53 +259,19 @@ pub fn run_ptr(
         let rv = Buffer::view(team, ra);
         return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
     }
-    // The push one-shot reads nothing but this rank's own memory (peers see only their scratch
-    // rows): an all-reduce of a team it serves runs it in chunks, the copy-in fused into the
-    // kernel. The route and the chunks depend only on values equal on every rank (collective,
-    // team size, count); a rank whose send or recv is not 16-byte aligned stages that side
-    // through its own staging area, which its peers never see.
+    // The push all-reduce reads nothing but this rank's own memory (peers see only their
+    // scratch rows): an all-reduce of a team it serves runs it in one launch at any size and
+    // alignment, the copy-in fused into the kernel. The route depends only on values equal on
+    // every rank (collective, team size).
     let push = matches!(collective, Collective::AllReduce { .. }) && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
     if !push {
         return run_staged(team, r, send, recv, collective, stream, block, in_place);
     }
-    let cap = u64::from(crate::kernels::abi::GRID_MAX_BLOCKS.min(team.max_blocks().max(1)));
-    let chunk = (crate::kernels::abi::one_shot_max_bytes(n as u32).min(cap * crate::kernels::abi::PUSH_CHUNK) / 16 * 16)
-        as usize;
-    const _: () = assert!(crate::kernels::abi::STAGE_BYTES as u64 >= 1 << 20);
-    let dev = team.devices()[r];
-    let stage = team.sync_base(r, r) + crate::kernels::abi::stage_offset(n as u32) as u64;
-    let (stage_in, stage_out) = (send % 16 != 0, recv % 16 != 0);
-    let copy = |dst: DevicePtr, src: DevicePtr, len: usize| -> Result<()> {
-        driver.memcpy_dtod_async(dev, dst, src, len, stream).map_err(|e| {
-            Error::driver(e, format_args!("copying rank {rank}'s unaligned all-reduce chunk through the staging area"))
-        })
-    };
-    let mut done = 0usize;
-    while done < send_len {
-        let len = chunk.min(send_len - done);
-        let mut data = vec![0; n];
-        let mut out = vec![0; n];
-        data[r] = if stage_in { stage } else { send + done as u64 };
-        out[r] = if stage_out { stage } else { recv + done as u64 };
-        let copy_in = || if stage_in { copy(stage, send + done as u64, len) } else { Ok(()) };
-        launch_with(
-            team,
-            r,
-            len / esize,
-            collective,
-            stream,
-            data,
-            None,
-            Some((out, None)),
-            Some(Path::P2P),
-            Some(&copy_in),
-        )?;
-        if stage_out {
-            copy(recv + done as u64, stage, len)?;
-        }
-        done += len;
-    }
-    Ok(())
+    let mut data = vec![0; n];
+    let mut out = vec![0; n];
+    data[r] = send;
+    out[r] = recv;
+    launch_with(team, r, count, collective, stream, data, None, Some((out, None)), true, None)
 }
 
 /// The pointer form through the team's staging area (see [`crate::kernels::abi::STAGE_BYTES`]):
@@ -370,7 +335,7 @@ fn run_staged(
             }
         };
         let data = stage.clone();
-        launch_with(team, r, len / esize, collective, stream, data, stage_mc, None, None, Some(&copy_in))?;
+        launch_with(team, r, len / esize, collective, stream, data, stage_mc, None, false, Some(&copy_in))?;
         match collective {
             Collective::AllReduce { .. } => copy(recv + o as u64, me, len, "result")?,
             Collective::Broadcast { root } if root as usize == r && in_place => {}
@@ -403,7 +368,7 @@ fn launch(
         Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, None, None, None)
+    launch_with(team, r, count, collective, stream, data, data_mc, None, false, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -416,11 +381,10 @@ fn launch_with(
     data: Vec<DevicePtr>,
     data_mc: Option<DevicePtr>,
     out: Option<(Vec<DevicePtr>, Option<DevicePtr>)>,
-    path: Option<Path>,
+    local_only: bool,
     before: Option<&dyn Fn() -> Result<()>>,
 ) -> Result<()> {
     let n = team.size();
-    let forced = path;
     // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
     // instructions emulated over peer pointers: no multicast object is involved, so the
     // kernels' slicing, vectors, barriers and tails can be verified on any GPU.
@@ -429,7 +393,8 @@ fn launch_with(
         Transport::P2P if kernels::cuda::emulate_forced() => Path::Multicast,
         Transport::P2P => Path::P2P,
     };
-    let path = forced.unwrap_or(path);
+    // The pointer form runs the push all-reduce, a P2P kernel, on any team.
+    let path = if local_only { Path::P2P } else { path };
     let (out, out_mc) = out.unwrap_or_default();
     let launch = Launch {
         collective,
@@ -447,19 +412,8 @@ fn launch_with(
         count: count as u64,
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
         max_blocks: team.max_blocks(),
+        local_only,
     };
-    if forced.is_some() {
-        // The pointer form: only the push one-shot reads nothing but this rank's own memory.
-        match crate::kernels::abi::plan(&launch) {
-            Ok(Some(p)) if p.kernel.kind == crate::kernels::abi::KernelKind::AllReduceP2pPush => {}
-            other => {
-                return Err(Error::internal(format!(
-                    "the pointer form planned {other:?} instead of the push one-shot for {:?}",
-                    launch.collective
-                )))
-            }
-        }
-    }
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
     // only once the launch is admitted.

@@ -188,7 +188,7 @@ impl Team {
             comm: None,
             handle_type: HandleTypes::NONE,
         };
-        // The first segment holds the sync regions (zeroed) and the push one-shot's scratch.
+        // The first segment holds the sync regions (zeroed) and the push all-reduce's scratch.
         let reserved = crate::kernels::abi::team_reserved_bytes(devices.len() as u32);
         let size = round_up(reserved, granularity).expect("small");
         let seg = Segment::create(ctx, &shape, size, &mut || 0)?;
