@@ -4,7 +4,7 @@
  * - mcast_mem_alloc memory registered on every rank, mcast_all_reduce_into between two
  *   registered buffers, results read from the application's own pointers with cudaMemcpy;
  * - cudaMalloc memory: refused by mcast_buffer_register (NOT_SUPPORTED), served by
- *   mcast_team_all_reduce (in and out of place, past one scratch chunk);
+ *   mcast_team_all_reduce (in and out of place, past one scratch step, unaligned pointers);
  * - mcast_all_reduce_into captured in a CUDA graph and replayed.
  * Exits 77 (skipped) where no CUDA driver or device exists. Built only where CMake finds the
  * CUDA runtime. */
@@ -96,6 +96,22 @@ static void run(mcast_context_t ctx, const int *devices) {
   for (r = 0; r < N; r++) {
     to_host(got, plain_out[r], bytes);
     expect_sum(2.0f);
+  }
+  /* Pointers that are not 16-byte aligned (the push kernel's element path), ranks at different
+   * offsets, an odd count: recv[i] = sum of send[i + 1] over the ranks. */
+  {
+    const int odd = COUNT - 11;
+    for (r = 0; r < N; r++) {
+      to_device(plain_in[r], host[r], bytes);
+      CHECK_OK(mcast_team_all_reduce(team, r, (float *)plain_in[r] + 1, (float *)plain_out[r] + 2 + r, odd, MCAST_FLOAT32,
+                                     MCAST_SUM, streams[r]));
+    }
+    for (r = 0; r < N; r++) CHECK_OK(mcast_synchronize(team, r, streams[r]));
+    for (r = 0; r < N; r++) {
+      int i;
+      to_host(got, (float *)plain_out[r] + 2 + r, (size_t)odd * sizeof(float));
+      for (i = 0; i < odd; i++) CHECK(got[i] == host[0][i + 1] + host[1][i + 1]);
+    }
   }
   /* The pointer form on registered memory: zero-copy, in place. */
   for (r = 0; r < N; r++)
