@@ -12,14 +12,6 @@
 
 static unsigned char pattern(int rank, size_t i) { return (unsigned char)(rank * 37 + i * 7 + 1); }
 
-static mcast_live_counts_t live_counts(mcast_context_t ctx) {
-  mcast_live_counts_t counts;
-  memset(&counts, 0xff, sizeof counts);
-  counts.struct_size = sizeof counts;
-  CHECK_OK(mcast_context_live_counts(ctx, &counts));
-  return counts;
-}
-
 static void check_round_trip(mcast_buffer_t buf, int ranks) {
   unsigned char *data = malloc(SIZE), *back = malloc(SIZE);
   void *local = NULL, *peer = NULL;

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mcast.h"
 
@@ -30,5 +31,23 @@
   } while (0)
 
 #define CHECK_OK(call) CHECK_STATUS(call, MCAST_SUCCESS)
+
+/* The context's live counts (every field poisoned first, so a field the library fails to write
+ * shows). */
+static inline mcast_live_counts_t live_counts(mcast_context_t ctx) {
+  mcast_live_counts_t counts;
+  memset(&counts, 0xff, sizeof counts);
+  counts.struct_size = sizeof counts;
+  CHECK_OK(mcast_context_live_counts(ctx, &counts));
+  return counts;
+}
+
+/* Nothing of the context is alive: no team, buffer, multicast object, allocation, mapping or
+ * reservation. */
+static inline void check_no_leaks(mcast_context_t ctx) {
+  const mcast_live_counts_t c = live_counts(ctx);
+  CHECK(c.teams == 0 && c.buffers == 0 && c.multicast_objects == 0 && c.physical_allocations == 0 &&
+        c.mappings == 0 && c.reservations == 0);
+}
 
 #endif

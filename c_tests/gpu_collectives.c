@@ -6,19 +6,7 @@
  * CUDA driver or device exists. Built only where CMake finds the CUDA runtime. */
 #include <string.h>
 
-typedef struct CUstream_st *cudaStream_t;
-extern int cudaSetDevice(int device);
-extern int cudaStreamCreate(cudaStream_t *stream);
-extern int cudaStreamDestroy(cudaStream_t stream);
-/* CUDA graphs, declared here so the test needs no CUDA header (CUDA 12+ signatures). */
-typedef struct CUgraph_st *cudaGraph_t;
-typedef struct CUgraphExec_st *cudaGraphExec_t;
-extern int cudaStreamBeginCapture(cudaStream_t stream, int mode); /* 0: cudaStreamCaptureModeGlobal */
-extern int cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
-extern int cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
-extern int cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
-extern int cudaGraphExecDestroy(cudaGraphExec_t exec);
-extern int cudaGraphDestroy(cudaGraph_t graph);
+#include "cuda_rt.h"
 
 #include "collectives_check.h"
 

@@ -2,23 +2,12 @@
  * no CUDA driver or device exists. Runs with MCAST_BACKEND=cuda and MCAST_MULTICAST=off. */
 #include <string.h>
 
-#include "check.h"
+#include "cuda_rt.h"
 
 int main(void) {
-  mcast_config_t config;
-  mcast_context_t ctx = {0};
-  mcast_status_t status;
+  mcast_context_t ctx = gpu_context();
   int count = 0, device;
 
-  mcast_config_init(&config);
-  config.backend = MCAST_BACKEND_CUDA;
-  config.multicast = MCAST_MULTICAST_OFF;
-  status = mcast_context_create(&config, &ctx);
-  if (status == MCAST_ERROR_DRIVER_UNAVAILABLE) {
-    printf("skipped: no CUDA driver or device: %s\n", mcast_last_error());
-    return 77;
-  }
-  CHECK_OK(status);
   CHECK_OK(mcast_device_count(ctx, &count));
   CHECK(count > 0);
   for (device = 0; device < count; device++) {

@@ -10,23 +10,7 @@
  * CUDA runtime. */
 #include <string.h>
 
-typedef struct CUstream_st *cudaStream_t;
-extern int cudaSetDevice(int device);
-extern int cudaStreamCreate(cudaStream_t *stream);
-extern int cudaStreamDestroy(cudaStream_t stream);
-extern int cudaMalloc(void **ptr, size_t size);
-extern int cudaFree(void *ptr);
-extern int cudaMemcpy(void *dst, const void *src, size_t count, int kind); /* 4: cudaMemcpyDefault */
-typedef struct CUgraph_st *cudaGraph_t;
-typedef struct CUgraphExec_st *cudaGraphExec_t;
-extern int cudaStreamBeginCapture(cudaStream_t stream, int mode); /* 0: cudaStreamCaptureModeGlobal */
-extern int cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
-extern int cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
-extern int cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
-extern int cudaGraphExecDestroy(cudaGraphExec_t exec);
-extern int cudaGraphDestroy(cudaGraph_t graph);
-
-#include "check.h"
+#include "cuda_rt.h"
 
 #define N 2
 #define COUNT (1 << 20) /* 4 MiB of floats: several chunks of the pointer form's scratch */
@@ -154,31 +138,16 @@ static void run(mcast_context_t ctx, const int *devices) {
 
 int main(void) {
   static const int same[N] = {0, 0}, distinct[N] = {0, 1};
-  mcast_context_t ctx = {0};
-  mcast_config_t config;
-  mcast_live_counts_t counts;
-  mcast_status_t status;
+  mcast_context_t ctx = gpu_context();
   int count = 0, can = 0;
 
-  mcast_config_init(&config);
-  config.backend = MCAST_BACKEND_CUDA;
-  config.multicast = MCAST_MULTICAST_OFF; /* never multicast on a GPU */
-  status = mcast_context_create(&config, &ctx);
-  if (status == MCAST_ERROR_DRIVER_UNAVAILABLE) {
-    printf("skipped: no CUDA driver or device: %s\n", mcast_last_error());
-    return 77;
-  }
-  CHECK_OK(status);
   CHECK_OK(mcast_device_count(ctx, &count));
   run(ctx, same);
   if (count >= 2) {
     CHECK_OK(mcast_device_can_access_peer(ctx, 0, 1, &can));
     if (can) run(ctx, distinct);
   }
-  memset(&counts, 0xff, sizeof counts);
-  counts.struct_size = sizeof counts;
-  CHECK_OK(mcast_context_live_counts(ctx, &counts));
-  CHECK(counts.teams == 0 && counts.buffers == 0 && counts.physical_allocations == 0 && counts.mappings == 0);
+  check_no_leaks(ctx);
   CHECK_OK(mcast_context_destroy(ctx));
   return 0;
 }

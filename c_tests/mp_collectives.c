@@ -59,16 +59,6 @@ static mcast_context_t context(void) {
   return ctx;
 }
 
-static void no_leaks(mcast_context_t ctx) {
-  mcast_live_counts_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  CHECK_OK(mcast_context_live_counts(ctx, &c));
-  CHECK(c.teams == 0 && c.buffers == 0 && c.multicast_objects == 0 && c.physical_allocations == 0 &&
-        c.mappings == 0 && c.reservations == 0);
-  CHECK_OK(mcast_context_destroy(ctx));
-}
-
 static void collectives(mcast_team_t team, int n, int r) {
   const size_t count = 100003;
   mcast_buffer_t buf;
@@ -237,7 +227,8 @@ static int rank_main(const char *role, int n, int r) {
   if (strcmp(role, "absent") == 0) {
     CHECK_STATUS(mcast_team_init_rank(ctx, id, n, r, r % count, &team), MCAST_ERROR_TIMEOUT);
     CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
-    no_leaks(ctx);
+    check_no_leaks(ctx);
+    CHECK_OK(mcast_context_destroy(ctx));
     return 0;
   }
   mcast_status_t joined = join(role, ctx, id, n, r, r % count, &team);
@@ -249,7 +240,8 @@ static int rank_main(const char *role, int n, int r) {
     CHECK(strstr(msg, "rank ") != NULL && strstr(msg, "host") != NULL && strstr(msg, "fabric") != NULL);
     if (r == 0) printf("rank 0: team across hosts refused as expected: %s\n", msg);
     CHECK(now_s() - t0 < 2.0 * TIMEOUT_MS / 1000.0 + 2.0);
-    no_leaks(ctx);
+    check_no_leaks(ctx);
+    CHECK_OK(mcast_context_destroy(ctx));
     return 0;
   }
   CHECK_OK(joined);
@@ -289,7 +281,8 @@ static int rank_main(const char *role, int n, int r) {
     return 2;
   }
   CHECK_OK(mcast_team_destroy(team));
-  no_leaks(ctx);
+  check_no_leaks(ctx);
+  CHECK_OK(mcast_context_destroy(ctx));
   return 0;
 }
 

@@ -44,15 +44,6 @@ static void expect_invalid(mcast_context_t ctx, const mcast_oob_t *o, int device
   CHECK(strstr(mcast_last_error(), words) != NULL);
 }
 
-static void no_leaks(mcast_context_t ctx) {
-  mcast_live_counts_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  CHECK_OK(mcast_context_live_counts(ctx, &c));
-  CHECK(c.teams == 0 && c.buffers == 0 && c.multicast_objects == 0 && c.physical_allocations == 0 &&
-        c.mappings == 0 && c.reservations == 0);
-}
-
 int main(void) {
   mcast_context_t ctx;
   mcast_config_t config;
@@ -86,7 +77,7 @@ int main(void) {
   result = 5;
   expect_invalid(ctx, &o, 0, 1, "returned 5");
   result = 0;
-  no_leaks(ctx);
+  check_no_leaks(ctx);
 
   /* A one-rank team through the application's allgather. */
   calls = 0;
@@ -98,7 +89,7 @@ int main(void) {
   CHECK_OK(mcast_synchronize(team, 0, NULL));
   CHECK_OK(mcast_buffer_free(buf));
   CHECK_OK(mcast_team_destroy(team));
-  no_leaks(ctx);
+  check_no_leaks(ctx);
 
   /* Unique ids: garbage and other versions are refused; out NULL. */
   mcast_unique_id_t id;
@@ -128,7 +119,7 @@ int main(void) {
   unsetenv("MCAST_BOOTSTRAP_ADDR");
   CHECK_OK(mcast_team_init_rank(ctx, id, 1, 0, 0, &team));
   CHECK_OK(mcast_team_destroy(team));
-  no_leaks(ctx);
+  check_no_leaks(ctx);
   CHECK_OK(mcast_context_destroy(ctx));
   printf("oob_args: ok\n");
   return 0;

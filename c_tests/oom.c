@@ -33,14 +33,6 @@ static mcast_context_t create_context(uint32_t oom_retries) {
   return ctx;
 }
 
-static mcast_live_counts_t live_counts(mcast_context_t ctx) {
-  mcast_live_counts_t counts;
-  memset(&counts, 0, sizeof counts);
-  counts.struct_size = sizeof counts;
-  CHECK_OK(mcast_context_live_counts(ctx, &counts));
-  return counts;
-}
-
 /* Writes a different byte on each rank at both ends of buf and reads them back. */
 static void check_usable(mcast_buffer_t buf, size_t bytes) {
   unsigned char in, out;

@@ -10,14 +10,6 @@
 #define RANKS 2
 #define COUNT 4096
 
-static mcast_live_counts_t live_counts(mcast_context_t ctx) {
-  mcast_live_counts_t counts;
-  memset(&counts, 0xff, sizeof counts);
-  counts.struct_size = sizeof counts;
-  CHECK_OK(mcast_context_live_counts(ctx, &counts));
-  return counts;
-}
-
 int main(void) {
   mcast_context_t ctx;
   mcast_team_t team;
