@@ -309,6 +309,7 @@ pub fn capture(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api;
 
     #[test]
     fn host_times_are_nearest_rank_percentiles() {
@@ -319,5 +320,64 @@ mod tests {
         let t = HostTimes::of(vec![1, 1, 1, 1000], 4);
         assert_eq!((t.median_ns, t.p99_ns, t.allocs_per_call), (1.0, 1000.0, 1.0));
         assert_eq!(HostTimes::of(vec![], 0).median_ns, 0.0);
+    }
+
+    /// Host-overhead mode on a simulated 2-rank team: capture runs the whole call (the calls
+    /// succeed, each allocation is counted) but never the kernel (the data is untouched, no
+    /// stream worker ever started); eager runs them (the all-reduce sums); count 0 makes no
+    /// launch at all. Nothing is left behind.
+    #[test]
+    fn capture_is_the_no_op_path_and_eager_runs_the_kernels() {
+        use crate::args::{Dtype, Memory, Op, Redop};
+        use crate::run::{Bench, Rig};
+        let mut config = api::config(Some(crate::args::Backend::Sim as u32));
+        config.sim_devices = 2;
+        config.multicast.0 = 1; // MCAST_MULTICAST_OFF: P2P
+        let ctx = api::context_create(&config).unwrap();
+        let p = api::Plumbing::of(ctx).unwrap();
+        let team = api::team_create(ctx, &[0, 1]).unwrap();
+        let mut rig = Rig::new(&[0, 1]);
+        rig.populate(&p, ctx, team, 4096, Memory::Buffer, true).unwrap_or_else(|_| panic!("rig"));
+        let ones: Vec<u8> = [1.0f32; 1024].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let b = Bench {
+            plumbing: &p,
+            team,
+            rig: &rig,
+            op: Op::AllReduce,
+            dtype: Dtype::F32,
+            redop: Redop::Sum,
+            root: 0,
+            inputs: vec![],
+            reduced: vec![],
+        };
+        let s = Shape::of(Op::AllReduce, Dtype::F32, 2, 4096);
+        let buf = rig.buf.unwrap();
+        let read = |r| {
+            let mut got = vec![0u8; 4096];
+            api::buffer_read(buf, r, &mut got).unwrap();
+            got
+        };
+        for r in 0..2 {
+            api::buffer_write(buf, r, &ones).unwrap();
+        }
+        let sim = p.driver.as_sim().expect("the simulator");
+        let launches = sim.call_count("cuLaunchKernel");
+        let ok = |r: Result<HostTimes, Failure>| r.unwrap_or_else(|_| panic!("host_overhead failed"));
+        let t = ok(b.host_overhead(&s, 1024, 0, 100, HostLaunch::Capture));
+        assert!(t.median_ns > 0.0 && t.p99_ns >= t.median_ns && t.allocs_per_call >= 1.0, "{t:?}");
+        assert_eq!(sim.call_count("cuLaunchKernel") - launches, 200, "every call reached the launch");
+        assert_eq!(sim.worker_threads(), 0, "no kernel was run: nothing was ever queued on a stream");
+        assert_eq!((read(0), read(1)), (ones.clone(), ones.clone()), "the kernels never ran");
+        let t = ok(b.host_overhead(&s, 0, 0, 50, HostLaunch::Eager));
+        assert_eq!(sim.call_count("cuLaunchKernel") - launches, 200, "count 0 launches nothing");
+        assert!(t.median_ns > 0.0, "{t:?}");
+        ok(b.host_overhead(&s, 1024, 0, 1, HostLaunch::Eager));
+        let twos: Vec<u8> = [2.0f32; 1024].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert_eq!((read(0), read(1)), (twos.clone(), twos), "eager ran one all-reduce");
+        assert!(rig.release(&p, ctx).is_empty());
+        api::team_destroy(team).unwrap();
+        drop(p);
+        assert_eq!(api::leak_report(ctx), "");
+        api::context_destroy(ctx).unwrap();
     }
 }
