@@ -241,12 +241,17 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     if p.emulated_multimem {
         println!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
     }
-    println!(
-        "# sizes {min_b}..{max_b} x{factor}, {} warmup + {} timed iteration(s), check {}",
-        s.warmup,
-        s.iters,
-        if o.check { "on" } else { "off" }
-    );
+    let check = if o.check { "on" } else { "off" };
+    match s.host {
+        Some((calls, _)) => println!(
+            "# sizes {min_b}..{max_b} x{factor}, {} warmup + {calls} timed call(s) per rank, check {check}",
+            s.warmup
+        ),
+        None => println!(
+            "# sizes {min_b}..{max_b} x{factor}, {} warmup + {} timed iteration(s), check {check}",
+            s.warmup, s.iters
+        ),
+    }
     println!("{}", report::mode_line(&run_info));
     println!(
         "# memory: {} ({}), {}",
