@@ -306,7 +306,84 @@ fn bad_usage_exits_2_with_a_message() {
         "--quiet",
         "--memory",
         "--inplace",
+        "--host-overhead",
+        "--host-launch",
     ] {
         assert!(help.contains(flag), "--help documents {flag}");
+    }
+}
+
+/// `--host-overhead N`: the host time of each call, per size, for every memory kind and both
+/// launch modes; its own columns, summary lines, CSV and JSON; the device-time columns stay
+/// as they are without it.
+#[test]
+fn host_overhead_mode_times_the_calls() {
+    for (memory, inplace, launch) in [
+        ("buffer", "1", "capture"),
+        ("registered", "0", "eager"),
+        ("pointer", "1", "capture"),
+        ("pointer", "0", "eager"),
+    ] {
+        let what = format!("{memory} inplace={inplace} {launch}");
+        let (csv_path, json_path) = (tmp(&format!("host-{memory}-{launch}.csv")), tmp(&format!("host-{memory}.json")));
+        let out = bench(&[
+            "--devices",
+            "0,1",
+            "--memory",
+            memory,
+            "--inplace",
+            inplace,
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "--host-overhead",
+            "40",
+            "--host-launch",
+            launch,
+            "--csv",
+            csv_path.to_str().unwrap(),
+            "--json",
+            json_path.to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{what}: {all}");
+        assert!(all.contains("# mode: host overhead (40 call(s) per rank and size"), "{what}: {all}");
+        assert!(all.contains("median(ns)    p99(ns)   mean(ns) allocs/call"), "{what}: {all}");
+        assert!(all.contains("# host overhead per call: median "), "{what}: {all}");
+        assert!(all.contains("# the call's entry alone (count 0"), "{what}: {all}");
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 3, "1K, 8K, 64K: {what}: {all}");
+        for row in &rows {
+            assert_eq!(row.len(), 10, "size count type redop root median p99 mean allocs #wrong: {row:?}");
+            let (median, p99, mean): (f64, f64, f64) =
+                (row[5].parse().unwrap(), row[6].parse().unwrap(), row[7].parse().unwrap());
+            assert!(median > 0.0 && p99 >= median && mean > 0.0, "{what}: {row:?}");
+            assert!(row[8].parse::<f64>().unwrap() >= 0.0, "{what}: {row:?}");
+            assert_eq!(row[9], "0", "{what}: checked before timing: {all}");
+        }
+        let csv = std::fs::read_to_string(&csv_path).expect("csv written");
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(header[6..11], ["median_ns", "p99_ns", "mean_ns", "allocs_per_call", "wrong"], "{csv}");
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{name}: {csv}"));
+        for line in lines {
+            let line: Vec<&str> = line.split(',').collect();
+            assert_eq!(line.len(), header.len(), "{csv}");
+            assert_eq!(line[col("mode")], format!("host-{launch}"), "{csv}");
+            assert_eq!((line[col("calls")], line[col("memory")], line[col("inplace")]), ("40", memory, inplace));
+        }
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+        assert_eq!(json["mode"], format!("host-{launch}"));
+        assert_eq!(json["host_calls"], 40);
+        assert!(json["rows"][0]["median_ns"].as_f64().unwrap() > 0.0, "{json}");
+        let _ = std::fs::remove_file(csv_path);
+        let _ = std::fs::remove_file(json_path);
+    }
+    for bad in [&["--host-overhead", "10", "-G", "2"][..], &["--host-launch", "eager"], &["--host-overhead", "x"]] {
+        let out = bench(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
     }
 }

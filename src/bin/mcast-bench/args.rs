@@ -1,0 +1,531 @@
+//! The command line: `--help`, the options and their checks. Bad usage is [`Failure::Usage`]
+//! (exit status 2); nothing here touches mcast.
+
+use std::path::PathBuf;
+
+use mcast::runtime::config::parse_bytes;
+
+pub const HELP: &str = "\
+usage: mcast-bench [options]
+
+Times mcast collectives over a range of message sizes, nccl-tests style. One process drives every
+rank. Without a GPU it runs on the simulator (small default sizes, so it finishes in seconds).
+
+options (`--flag value` or `--flag=value`):
+  --op OP            all_reduce (default), broadcast, reduce_scatter, all_gather
+  -d, --dtype T      f32 (default), f64, f16, bf16, i32, u32, i64, u64
+                     (nccl names too: float, double, half, bfloat16, int32, uint32, int64, uint64)
+  -o, --redop OP     sum (default), min, max (all_reduce and reduce_scatter)
+  -r, --root R       broadcast root rank (default 0)
+  -b, --minbytes N   smallest message size in bytes; suffixes K, M, G (default 8K on CUDA, 1K on sim)
+  -e, --maxbytes N   largest message size (default 1G on CUDA, 1M on sim)
+  -f, --stepfactor F multiply the size by F each step, F >= 2 (default 2 on CUDA, 4 on sim)
+  -n, --iters N      timed iterations per size, >= 1 (default 20 on CUDA, 5 on sim)
+  -w, --warmup N     untimed iterations per size before timing (default 5 on CUDA, 1 on sim)
+  -G, --graph N      CUDA-graph mode, as nccl-tests' -G: each rank's --iters iterations are
+                     captured in a CUDA graph (one per rank's stream), which is replayed N
+                     times between the timing events; time = elapsed / (iters x N). 0: eager
+                     launches (default)
+  -c, --check 0|1    check every rank against a host reference before timing (default 1);
+                     the #wrong column counts wrong elements, and any makes the exit status 1
+  --devices LIST     comma-separated device ordinals, one rank each, e.g. 0,1; a device may repeat
+                     (0,0: two ranks on one GPU, P2P). Default: every device of the context
+  --backend B        auto (default, or MCAST_BACKEND), cuda, sim
+  --memory M         where the data lives: buffer (default: mcast_buffer_alloc buffers, the
+                     mcast_<op> calls), registered (mcast_mem_alloc memory registered with
+                     mcast_buffer_register, the same calls), pointer (plain device memory, cuMemAlloc
+                     like cudaMalloc, the mcast_team_<op> calls)
+  --inplace 0|1      1 (default): in place (NCCL's in-place layout); 0: out of place, send and recv
+                     apart (the _into calls; pointer: send != recv), like nccl-tests' out-of-place
+                     columns
+  --host-overhead N  host-overhead mode: instead of the device time, time N calls per rank and
+                     size on the host, each alone (the time spent inside the mcast_* call, not
+                     on the GPU); the rows give the median, p99 and mean in ns and the heap
+                     allocations per call. 0: off (default)
+  --host-launch L    where the kernels of --host-overhead calls go: capture (the calls are made
+                     inside a stream capture, so the whole launch path runs but the kernels are
+                     recorded, never run: the no-op path; the default on the simulator) or eager
+                     (the kernels run, each rank's stream is synchronized every 64 calls outside
+                     the timing; the default on CUDA)
+  --csv FILE         also write the rows as CSV to FILE
+  --json FILE        also write the run and its rows as JSON to FILE
+  -q, --quiet        no progress lines on stderr
+  -h, --help         this text
+
+Sizes are nccl-tests' message sizes: for all_gather and reduce_scatter the TOTAL size over all
+ranks (each rank's block is size/N); counts are rounded down to whole elements (at least one per
+rank). The count column is elements per rank block. algbw = size / time; busbw = algbw * factor,
+factor = 2(N-1)/N for all_reduce, (N-1)/N for reduce_scatter and all_gather, 1 for broadcast.
+
+Every mcast call goes through mcast's C ABI (the mcast_* functions of mcast.h). Multicast use
+follows MCAST_MULTICAST (auto, off, require) and the NVLS kill switches; the header shows the
+team's transport and why. Other MCAST_* variables (MCAST_SIM_DEVICES, MCAST_TIMEOUT_MS, ...)
+configure the context as for any mcast program.
+
+exit status: 0 success; 1 wrong results, a runtime error or leaked resources; 2 bad usage.";
+
+/// Most ranks of a team (API.md: an NVL72 rack).
+pub const MAX_RANKS: usize = 72;
+
+/// Element types, numbered as `mcast_dtype_t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32 = 0,
+    F64 = 1,
+    F16 = 2,
+    BF16 = 3,
+    I32 = 4,
+    U32 = 5,
+    I64 = 6,
+    U64 = 7,
+}
+
+impl Dtype {
+    /// Every dtype, in `mcast_dtype_t` order.
+    #[cfg(test)]
+    pub const ALL: [Dtype; 8] =
+        [Dtype::F32, Dtype::F64, Dtype::F16, Dtype::BF16, Dtype::I32, Dtype::U32, Dtype::I64, Dtype::U64];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
+            Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
+        }
+    }
+
+    /// The name in the table, CSV and JSON (`"bf16"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::F16 => "f16",
+            Dtype::BF16 => "bf16",
+            Dtype::I32 => "i32",
+            Dtype::U32 => "u32",
+            Dtype::I64 => "i64",
+            Dtype::U64 => "u64",
+        }
+    }
+}
+
+/// Reduction operators, numbered as `mcast_op_t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redop {
+    Sum = 0,
+    Min = 1,
+    Max = 2,
+}
+
+impl Redop {
+    /// The name in the table, CSV and JSON (`"sum"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Redop::Sum => "sum",
+            Redop::Min => "min",
+            Redop::Max => "max",
+        }
+    }
+}
+
+/// The collective timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    AllReduce,
+    Broadcast,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::Broadcast => "broadcast",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllGather => "all_gather",
+        }
+    }
+
+    pub fn reduces(self) -> bool {
+        matches!(self, Op::AllReduce | Op::ReduceScatter)
+    }
+
+    /// Blocks of `count` elements in the buffer: one per rank for the scattered/gathered ops.
+    pub fn blocks(self, nranks: usize) -> usize {
+        match self {
+            Op::ReduceScatter | Op::AllGather => nranks,
+            Op::AllReduce | Op::Broadcast => 1,
+        }
+    }
+
+    /// NCCL's bus bandwidth factor.
+    pub fn bus_factor(self, nranks: usize) -> f64 {
+        let n = nranks as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::ReduceScatter | Op::AllGather => (n - 1.0) / n,
+            Op::Broadcast => 1.0,
+        }
+    }
+}
+
+/// `--backend`, as the `mcast_backend_t` value it sets in the config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto = 0,
+    Cuda = 1,
+    Sim = 2,
+}
+
+/// Where the benchmark's data lives (`--memory`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// `mcast_buffer_alloc` buffers.
+    Buffer,
+    /// `mcast_mem_alloc` memory registered with `mcast_buffer_register`.
+    Registered,
+    /// Plain device memory (`cuMemAlloc`), the pointer-form calls.
+    Pointer,
+}
+
+impl Memory {
+    pub fn name(self) -> &'static str {
+        match self {
+            Memory::Buffer => "buffer",
+            Memory::Registered => "registered",
+            Memory::Pointer => "pointer",
+        }
+    }
+}
+
+/// Where the kernels of the host-overhead calls go (`--host-launch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostLaunch {
+    /// Inside a stream capture: recorded, never run.
+    Capture,
+    /// Enqueued and run.
+    Eager,
+}
+
+/// The command line.
+#[derive(Debug)]
+pub struct Options {
+    pub op: Op,
+    pub dtype: Dtype,
+    pub redop: Redop,
+    pub root: u32,
+    pub min_bytes: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub factor: Option<u64>,
+    pub iters: Option<u32>,
+    pub warmup: Option<u32>,
+    /// Graph replays per size (`-G`); 0: eager.
+    pub graph: u32,
+    pub check: bool,
+    pub devices: Option<Vec<i32>>,
+    pub backend: Option<Backend>,
+    pub csv: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+    pub quiet: bool,
+    pub memory: Memory,
+    pub inplace: bool,
+    /// Timed calls per rank and size in host-overhead mode; 0: off.
+    pub host_overhead: u32,
+    /// `--host-launch`; `None`: the backend's default.
+    pub host_launch: Option<HostLaunch>,
+}
+
+/// Why the run stopped: bad usage (exit 2) or a runtime failure (exit 1).
+pub enum Failure {
+    Usage(String),
+    Runtime(String),
+}
+
+pub fn usage(msg: impl Into<String>) -> Failure {
+    Failure::Usage(msg.into())
+}
+
+pub fn runtime(msg: impl Into<String>) -> Failure {
+    Failure::Runtime(msg.into())
+}
+
+/// `f` with `errors` (from cleaning up after it) appended to its message.
+pub fn with_errors(f: Failure, errors: Vec<String>) -> Failure {
+    match f {
+        Failure::Runtime(m) if !errors.is_empty() => runtime(format!("{m}; then, cleaning up: {}", errors.join("; "))),
+        other => other,
+    }
+}
+
+fn parse_dtype(v: &str) -> Option<Dtype> {
+    Some(match v.to_ascii_lowercase().as_str() {
+        "f32" | "float" | "float32" => Dtype::F32,
+        "f64" | "double" | "float64" => Dtype::F64,
+        "f16" | "half" | "float16" => Dtype::F16,
+        "bf16" | "bfloat16" => Dtype::BF16,
+        "i32" | "int" | "int32" => Dtype::I32,
+        "u32" | "uint32" => Dtype::U32,
+        "i64" | "int64" => Dtype::I64,
+        "u64" | "uint64" => Dtype::U64,
+        _ => return None,
+    })
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, v: &str, what: &str) -> Result<T, Failure> {
+    v.trim().parse::<T>().map_err(|_| usage(format!("{flag} {v:?}: expected {what}")))
+}
+
+fn parse_size(flag: &str, v: &str) -> Result<u64, Failure> {
+    match parse_bytes(v) {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(usage(format!("{flag} {v:?}: expected a positive byte count such as 4096, 8K, 64M or 1G"))),
+    }
+}
+
+/// Options that take a value.
+const VALUED: [&str; 29] = [
+    "--op",
+    "-d",
+    "--dtype",
+    "-o",
+    "--redop",
+    "-r",
+    "--root",
+    "-b",
+    "--minbytes",
+    "-e",
+    "--maxbytes",
+    "-f",
+    "--stepfactor",
+    "-n",
+    "--iters",
+    "-w",
+    "--warmup",
+    "-G",
+    "--graph",
+    "-c",
+    "--check",
+    "--devices",
+    "--backend",
+    "--csv",
+    "--json",
+    "--memory",
+    "--inplace",
+    "--host-overhead",
+    "--host-launch",
+];
+
+/// Parses the arguments; `Ok(None)` means help was printed.
+pub fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
+    let mut o = Options {
+        op: Op::AllReduce,
+        dtype: Dtype::F32,
+        redop: Redop::Sum,
+        root: 0,
+        min_bytes: None,
+        max_bytes: None,
+        factor: None,
+        iters: None,
+        warmup: None,
+        graph: 0,
+        check: true,
+        devices: None,
+        backend: None,
+        csv: None,
+        json: None,
+        quiet: false,
+        memory: Memory::Buffer,
+        inplace: true,
+        host_overhead: 0,
+        host_launch: None,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        i += 1;
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f, Some(v.to_string())),
+            _ => (arg, None),
+        };
+        match flag {
+            "-h" | "--help" => {
+                println!("{HELP}");
+                return Ok(None);
+            }
+            "-q" | "--quiet" => {
+                if inline.is_some() {
+                    return Err(usage(format!("{flag} takes no value")));
+                }
+                o.quiet = true;
+                continue;
+            }
+            _ => {}
+        }
+        if !VALUED.contains(&flag) {
+            return Err(usage(format!("unknown option {arg:?}")));
+        }
+        let v = match inline {
+            Some(v) => v,
+            None => {
+                let Some(v) = args.get(i) else { return Err(usage(format!("{flag} needs a value"))) };
+                i += 1;
+                v.clone()
+            }
+        };
+        set(&mut o, flag, v)?;
+    }
+    if let (Some(b), Some(e)) = (o.min_bytes, o.max_bytes) {
+        if b > e {
+            return Err(usage(format!("-b {b} is larger than -e {e}")));
+        }
+    }
+    if o.host_overhead > 0 && o.graph > 0 {
+        return Err(usage(
+            "-G times the device and --host-overhead the host: give one (--host-launch capture records the calls in \
+             a CUDA graph)",
+        ));
+    }
+    if o.host_launch.is_some() && o.host_overhead == 0 {
+        return Err(usage("--host-launch applies to --host-overhead N only"));
+    }
+    Ok(Some(o))
+}
+
+/// Sets the option `flag` (one of [`VALUED`]) to `v`.
+fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
+    match flag {
+        "--op" => {
+            o.op = match v.to_ascii_lowercase().replace('-', "_").as_str() {
+                "all_reduce" | "allreduce" => Op::AllReduce,
+                "broadcast" => Op::Broadcast,
+                "reduce_scatter" | "reducescatter" => Op::ReduceScatter,
+                "all_gather" | "allgather" => Op::AllGather,
+                _ => {
+                    return Err(usage(format!(
+                        "--op {v:?}: expected all_reduce, broadcast, reduce_scatter or all_gather"
+                    )))
+                }
+            }
+        }
+        "-d" | "--dtype" => {
+            o.dtype = parse_dtype(&v)
+                .ok_or_else(|| usage(format!("{flag} {v:?}: expected f32, f64, f16, bf16, i32, u32, i64 or u64")))?
+        }
+        "-o" | "--redop" => {
+            o.redop = match v.to_ascii_lowercase().as_str() {
+                "sum" => Redop::Sum,
+                "min" => Redop::Min,
+                "max" => Redop::Max,
+                _ => return Err(usage(format!("{flag} {v:?}: expected sum, min or max"))),
+            }
+        }
+        "-r" | "--root" => o.root = parse_num(flag, &v, "a rank (0, 1, ...)")?,
+        "-b" | "--minbytes" => o.min_bytes = Some(parse_size(flag, &v)?),
+        "-e" | "--maxbytes" => o.max_bytes = Some(parse_size(flag, &v)?),
+        "-f" | "--stepfactor" => {
+            let f: u64 = parse_num(flag, &v, "an integer >= 2")?;
+            if f < 2 {
+                return Err(usage(format!("{flag} {v:?}: the step factor must be at least 2")));
+            }
+            o.factor = Some(f);
+        }
+        "-n" | "--iters" => {
+            let n: u32 = parse_num(flag, &v, "an integer >= 1")?;
+            if n == 0 {
+                return Err(usage(format!("{flag} {v:?}: at least one timed iteration is needed")));
+            }
+            o.iters = Some(n);
+        }
+        "-w" | "--warmup" => o.warmup = Some(parse_num(flag, &v, "an integer >= 0")?),
+        "-G" | "--graph" => o.graph = parse_num(flag, &v, "a number of graph replays >= 0 (0: eager)")?,
+        "-c" | "--check" => {
+            o.check = match v.trim() {
+                "1" => true,
+                "0" => false,
+                _ => return Err(usage(format!("{flag} {v:?}: expected 0 or 1"))),
+            }
+        }
+        "--devices" => {
+            let list = v
+                .split(',')
+                .map(|d| d.trim().parse::<i32>().ok().filter(|d| *d >= 0))
+                .collect::<Option<Vec<_>>>()
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| usage(format!("--devices {v:?}: expected device ordinals like 0,1 or 0,0")))?;
+            if list.len() > MAX_RANKS {
+                return Err(usage(format!("--devices {v:?}: at most {MAX_RANKS} ranks")));
+            }
+            o.devices = Some(list);
+        }
+        "--backend" => {
+            o.backend = Some(match v.to_ascii_lowercase().as_str() {
+                "auto" => Backend::Auto,
+                "cuda" => Backend::Cuda,
+                "sim" => Backend::Sim,
+                _ => return Err(usage(format!("--backend {v:?}: expected auto, cuda or sim"))),
+            })
+        }
+        "--memory" => {
+            o.memory = match v.as_str() {
+                "buffer" => Memory::Buffer,
+                "registered" => Memory::Registered,
+                "pointer" => Memory::Pointer,
+                _ => return Err(usage(format!("--memory {v:?}: expected buffer, registered or pointer"))),
+            }
+        }
+        "--inplace" => {
+            o.inplace = match v.as_str() {
+                "1" => true,
+                "0" => false,
+                _ => return Err(usage(format!("--inplace {v:?}: expected 0 or 1"))),
+            }
+        }
+        "--host-overhead" => {
+            o.host_overhead = parse_num(flag, &v, "a number of timed calls per rank and size >= 0 (0: off)")?
+        }
+        "--host-launch" => {
+            o.host_launch = Some(match v.as_str() {
+                "capture" => HostLaunch::Capture,
+                "eager" => HostLaunch::Eager,
+                _ => return Err(usage(format!("--host-launch {v:?}: expected capture or eager"))),
+            })
+        }
+        "--csv" => o.csv = Some(PathBuf::from(v)),
+        "--json" => o.json = Some(PathBuf::from(v)),
+        _ => unreachable!("every valued flag is handled"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Option<Options>, Failure> {
+        parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors() {
+        for bad in [
+            &["--nope"][..],
+            &["-b"],
+            &["-b", "0"],
+            &["-f", "1"],
+            &["--devices", ""],
+            &["-c", "yes"],
+            &["--host-overhead", "-3"],
+            &["--host-overhead", "10", "-G", "2"],
+            &["--host-launch", "capture"],
+            &["--host-overhead", "10", "--host-launch", "later"],
+        ] {
+            assert!(matches!(args(bad), Err(Failure::Usage(_))), "{bad:?}");
+        }
+        let o = args(&["--op=all_gather", "-d", "bfloat16", "-b", "8K", "--devices", "0,0"]).ok().flatten().unwrap();
+        assert_eq!((o.op, o.dtype, o.min_bytes, o.devices), (Op::AllGather, Dtype::BF16, Some(8192), Some(vec![0, 0])));
+        let o = args(&["--host-overhead=500", "--host-launch", "eager"]).ok().flatten().unwrap();
+        assert_eq!((o.host_overhead, o.host_launch), (500, Some(HostLaunch::Eager)));
+    }
+}

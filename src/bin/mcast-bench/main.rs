@@ -1,0 +1,371 @@
+//! `mcast-bench`: collective bandwidth in the spirit of nccl-tests, on mcast's public C API.
+//!
+//! One process drives every rank of one team: one stream per rank, one symmetric buffer sized for
+//! the largest message. Per message size it checks the result against a host reference (unless
+//! `--check 0`), runs `--warmup` untimed iterations, then times `--iters` iterations with events
+//! recorded on every rank's stream around the loop; the time is the slowest rank's elapsed time
+//! divided by the iterations. algbw = bytes / time; busbw = algbw * NCCL's factor for the op.
+//! With `-G N` (as nccl-tests' `-G`), each rank's `--iters` iterations are captured in a CUDA
+//! graph, replayed N times between the events, and the time is divided by iters x N. With
+//! `--host-overhead N` it times the host side of the calls instead (see [`timing`]).
+//! With no GPU it runs on the simulator with small default sizes.
+//!
+//! Every mcast call is a `mcast_*` function of `mcast.h` ([`api`], [`run`]), so a regression at
+//! the C boundary shows here. Modules: [`args`] (the command line), [`api`] (the C calls and the
+//! bench's CUDA plumbing), [`data`] (check data), [`run`] (rig, calls, check), [`timing`],
+//! [`report`] (table, CSV, JSON).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use mcast::capi::config::mcast_config_t;
+use mcast::capi::context::mcast_context_t;
+use mcast::capi::team::mcast_team_t;
+
+mod api;
+mod args;
+mod data;
+mod report;
+mod run;
+mod timing;
+
+use api::Plumbing;
+use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, Redop};
+use data::{table, value, Shape};
+use report::{Row, RunInfo};
+use run::{Bench, Rig};
+
+thread_local! {
+    /// Heap allocations made by this thread (allocs and reallocs), for `--host-overhead`.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting each thread's allocations.
+struct Counting;
+
+fn count_one() {
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap allocations this thread has made so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match args::parse_args(&args) {
+        Ok(Some(o)) => o,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(f) => return fail(f),
+    };
+    let config = api::config(opts.backend.map(|b| b as u32));
+    let ctx = match api::context_create(&config) {
+        Ok(c) => c,
+        Err(e) => return fail(runtime(e)),
+    };
+    // The plumbing holds the context's driver: dropped before the context is destroyed.
+    let outcome = match Plumbing::of(ctx) {
+        Ok(p) => bench(ctx, &p, &config, &opts),
+        Err(e) => Err(runtime(e)),
+    };
+    let leaks = api::leak_report(ctx);
+    let destroyed = api::context_destroy(ctx);
+    let mut code = match outcome {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(wrong) => {
+            eprintln!("mcast-bench: {wrong} wrong element(s): the results are incorrect");
+            ExitCode::FAILURE
+        }
+        Err(f) => fail(f),
+    };
+    if !leaks.is_empty() {
+        eprintln!("mcast-bench: left behind:\n{leaks}");
+        code = ExitCode::FAILURE;
+    }
+    if let Err(e) = destroyed {
+        eprintln!("mcast-bench: {e}");
+        code = ExitCode::FAILURE;
+    }
+    code
+}
+
+fn fail(f: Failure) -> ExitCode {
+    match f {
+        Failure::Usage(msg) => {
+            eprintln!("mcast-bench: {msg}\nTry 'mcast-bench --help'.");
+            ExitCode::from(2)
+        }
+        Failure::Runtime(msg) => {
+            eprintln!("mcast-bench: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the benchmark; returns the total of wrong elements.
+fn bench(ctx: mcast_context_t, p: &Plumbing, config: &mcast_config_t, o: &Options) -> Result<u64, Failure> {
+    let sim = p.is_sim();
+    let count = api::device_count(ctx).map_err(runtime)?;
+    let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
+    if devices.is_empty() {
+        return Err(runtime("the context has no device"));
+    }
+    for &d in &devices {
+        if d >= count {
+            return Err(usage(format!("--devices: device {d} is out of range: this context has {count} device(s)")));
+        }
+    }
+    let n = devices.len();
+    if o.op == Op::Broadcast && o.root as usize >= n {
+        return Err(usage(format!("--root {}: the team has {n} rank(s)", o.root)));
+    }
+    let (min_b, max_b, factor) = match sim {
+        true => (o.min_bytes.unwrap_or(1 << 10), o.max_bytes.unwrap_or(1 << 20), o.factor.unwrap_or(4)),
+        false => (o.min_bytes.unwrap_or(8 << 10), o.max_bytes.unwrap_or(1 << 30), o.factor.unwrap_or(2)),
+    };
+    if min_b > max_b {
+        return Err(usage(format!("-b {min_b} is larger than -e {max_b}")));
+    }
+    let iters = o.iters.unwrap_or(if sim { 5 } else { 20 });
+    let warmup = o.warmup.unwrap_or(if sim { 1 } else { 5 });
+    let mut sizes = vec![];
+    let mut size = Some(min_b);
+    while let Some(s) = size.filter(|s| *s <= max_b) {
+        sizes.push(s);
+        size = s.checked_mul(factor);
+    }
+    let shapes: Vec<Shape> = sizes.iter().map(|&s| Shape::of(o.op, o.dtype, n, s)).collect();
+    let buffer_bytes = shapes.iter().map(Shape::bytes).max().unwrap_or(1);
+
+    let created = Instant::now();
+    let team = api::team_create(ctx, &devices).map_err(|e| runtime(format!("creating a team on {devices:?}: {e}")))?;
+    let create_ms = created.elapsed().as_secs_f64() * 1e3;
+    let host = (o.host_overhead > 0)
+        .then(|| (o.host_overhead, o.host_launch.unwrap_or(if sim { HostLaunch::Capture } else { HostLaunch::Eager })));
+    let setup = Setup { ctx, team, p, config, devices, shapes, buffer_bytes, create_ms, iters, warmup, host };
+    let result = with_team(&setup, o, (min_b, max_b, factor));
+    match (result, api::team_destroy(team)) {
+        (Ok(wrong), Ok(())) => Ok(wrong),
+        (Ok(_), Err(e)) => Err(runtime(format!("destroying the team: {e}"))),
+        (Err(f), Ok(())) => Err(f),
+        (Err(f), Err(e)) => Err(with_errors(f, vec![format!("destroying the team: {e}")])),
+    }
+}
+
+/// What [`bench`] settled before the team's part.
+struct Setup<'a> {
+    ctx: mcast_context_t,
+    team: mcast_team_t,
+    p: &'a Plumbing,
+    config: &'a mcast_config_t,
+    devices: Vec<i32>,
+    shapes: Vec<Shape>,
+    buffer_bytes: usize,
+    create_ms: f64,
+    iters: u32,
+    warmup: u32,
+    host: Option<(u32, HostLaunch)>,
+}
+
+/// The header, the rig, the measurements and the files, once the team exists (the caller
+/// destroys it).
+fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) -> Result<u64, Failure> {
+    let (ctx, team, p, devices, n) = (s.ctx, s.team, s.p, &s.devices, s.devices.len());
+    let info = api::team_info(team).map_err(runtime)?;
+    let device_name = api::device_name(ctx, devices[0]).unwrap_or_default();
+    let run_info = RunInfo {
+        op: o.op,
+        dtype: o.dtype,
+        redop: o.op.reduces().then_some(o.redop),
+        root: if o.op == Op::Broadcast { i64::from(o.root) } else { -1 },
+        backend: p.backend,
+        transport: info.transport,
+        transport_reason: info.transport_reason.clone(),
+        devices: devices.clone(),
+        device_name,
+        date: report::utc_now(),
+        iters: s.iters,
+        warmup: s.warmup,
+        graph: o.graph,
+        check: o.check,
+        host: s.host,
+        memory: o.memory,
+        inplace: o.inplace,
+    };
+    // mcast.h: MCAST_MULTICAST_AUTO = 0, OFF = 1, REQUIRE = 2.
+    let policy = match s.config.multicast.0 {
+        1 => "off",
+        2 => "require",
+        _ => "auto",
+    };
+    println!("# mcast-bench {}: {}, {n} rank(s) on devices {devices:?}", env!("CARGO_PKG_VERSION"), o.op.name());
+    println!("# backend: {} ({})", run_info.backend, p.backend_reason);
+    for (r, &d) in devices.iter().enumerate() {
+        let name = api::device_name(ctx, d).unwrap_or_else(|e| format!("unknown ({e})"));
+        println!("#   rank {r:>2}: device {d} {name}");
+    }
+    let why = if info.transport_reason.is_empty() { String::new() } else { format!(" ({})", info.transport_reason) };
+    println!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
+    if p.emulated_multimem {
+        println!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
+    }
+    let check = if o.check { "on" } else { "off" };
+    match s.host {
+        Some((calls, _)) => println!(
+            "# sizes {min_b}..{max_b} x{factor}, {} warmup + {calls} timed call(s) per rank, check {check}",
+            s.warmup
+        ),
+        None => println!(
+            "# sizes {min_b}..{max_b} x{factor}, {} warmup + {} timed iteration(s), check {check}",
+            s.warmup, s.iters
+        ),
+    }
+    println!("{}", report::mode_line(&run_info));
+    println!(
+        "# memory: {} ({}), {}",
+        o.memory.name(),
+        match o.memory {
+            Memory::Buffer => "mcast_buffer_alloc",
+            Memory::Registered => "mcast_mem_alloc + mcast_buffer_register",
+            Memory::Pointer => "plain device memory, mcast_team_*",
+        },
+        if o.inplace { "in place" } else { "out of place" }
+    );
+    let mut rig = Rig::new(devices);
+    if let Err(f) = rig.populate(p, ctx, team, s.buffer_bytes, o.memory, o.inplace) {
+        return Err(with_errors(f, rig.release(p, ctx)));
+    }
+    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0);
+    println!(
+        "# setup: team created in {:.1} ms; a {}-byte buffer allocated on every rank in {:.1} ms; device memory held \
+         per rank {held} bytes ({} beyond the buffer)",
+        s.create_ms,
+        s.buffer_bytes,
+        rig.alloc_ms,
+        held.saturating_sub(s.buffer_bytes as u64)
+    );
+    println!("#");
+    println!("{}", report::columns(&run_info));
+    let reduced = table(o.dtype, |j| {
+        let vals = (0..n).map(|r| value(o.dtype, n, r, j));
+        match o.redop {
+            Redop::Sum => vals.sum(),
+            Redop::Min => vals.min().unwrap_or(0),
+            Redop::Max => vals.max().unwrap_or(0),
+        }
+    });
+    let bench = Bench {
+        plumbing: p,
+        team,
+        rig: &rig,
+        op: o.op,
+        dtype: o.dtype,
+        redop: o.redop,
+        root: o.root,
+        inputs: (0..n).map(|r| table(o.dtype, |j| value(o.dtype, n, r, j))).collect(),
+        reduced,
+    };
+    let result = measure(&bench, &s.shapes, &run_info, o);
+    let errors = rig.release(p, ctx);
+    let (rows, entry) = result.map_err(|f| with_errors(f, errors.clone()))?;
+    if !errors.is_empty() {
+        return Err(runtime(errors.join("; ")));
+    }
+    for line in report::summary(&run_info, &rows, entry) {
+        println!("{line}");
+    }
+    if let Some(path) = &o.csv {
+        std::fs::write(path, report::csv(&run_info, &rows))
+            .map_err(|e| runtime(format!("writing {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &o.json {
+        std::fs::write(path, report::json(&run_info, &rows))
+            .map_err(|e| runtime(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(rows.iter().filter_map(|r| r.wrong).sum())
+}
+
+/// Checks and times every size, printing a row each; in host-overhead mode also times the
+/// call's entry alone (count 0).
+fn measure(
+    b: &Bench,
+    shapes: &[Shape],
+    info: &RunInfo,
+    o: &Options,
+) -> Result<(Vec<Row>, Option<timing::HostTimes>), Failure> {
+    let started = Instant::now();
+    let n = info.devices.len();
+    let mut rows = vec![];
+    for (k, s) in shapes.iter().enumerate() {
+        let bytes = s.bytes();
+        if !o.quiet && started.elapsed().as_secs_f64() >= 1.0 {
+            eprintln!(
+                "mcast-bench: [{}/{}] {} {bytes} B ({:.1} s so far)",
+                k + 1,
+                shapes.len(),
+                b.op.name(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let wrong = if o.check { Some(b.check(s)?) } else { None };
+        let row = match info.host {
+            Some((calls, launch)) => {
+                let h = b.host_overhead(s, b.call_count(s), info.warmup, calls, launch)?;
+                Row { size: bytes, count: s.count, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong, host: Some(h) }
+            }
+            None => {
+                let time_us = b.time(s, info.warmup, info.iters, info.graph)?;
+                let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
+                Row {
+                    size: bytes,
+                    count: s.count,
+                    time_us,
+                    algbw,
+                    busbw: algbw * b.op.bus_factor(n),
+                    wrong,
+                    host: None,
+                }
+            }
+        };
+        println!("{}", report::row_line(info, &row));
+        rows.push(row);
+    }
+    let entry = match (info.host, shapes.first()) {
+        // Count 0 returns before any launch: eager, nothing to capture.
+        (Some((calls, _)), Some(s)) => Some(b.host_overhead(s, 0, 0, calls, HostLaunch::Eager)?),
+        _ => None,
+    };
+    Ok((rows, entry))
+}
