@@ -158,6 +158,19 @@ unsafe fn fallback_fn<F: Copy>(lib: &fallback::Nccl, name: &str) -> Result<F, nc
     })
 }
 
+/// Runs `call` with NCCL's own `name` when `comm` is a communicator of the fallback NCCL, not
+/// one of ours: NCCL calls its exported functions through the dynamic linker, so with this
+/// library in front of it (`LD_PRELOAD`, or a program that also loads `libnccl`, as PyTorch does)
+/// its internal calls on its own communicators land here ([`comm::foreign`]). `None`: ours.
+fn on_fallback<F: Copy>(comm: ncclComm_t, name: &str, call: impl FnOnce(F) -> ncclResult_t) -> Option<ncclResult_t> {
+    let lib = comm::foreign(comm)?;
+    // SAFETY: every caller names F as NCCL's signature of `name`.
+    Some(match unsafe { fallback_fn::<F>(lib, name) } {
+        Ok(f) => call(f),
+        Err(r) => r,
+    })
+}
+
 // ------------------------------------------------------------------------------------------
 // Versions, ids, errors
 
@@ -192,15 +205,35 @@ pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
 
 /// `ncclGetLastError`: the detail of the calling thread's last failure; "" if none. `comm` may
 /// be NULL. Never NULL.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
-pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
+pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    if let Some(lib) = comm::foreign(comm) {
+        type F = unsafe extern "C" fn(ncclComm_t) -> *const c_char;
+        // SAFETY: NCCL's signature of ncclGetLastError.
+        if let Ok(f) = unsafe { lib.function::<F>("ncclGetLastError") } {
+            // SAFETY: a live communicator of that NCCL.
+            let p = unsafe { f(comm) };
+            if !p.is_null() {
+                return p;
+            }
+        }
+    }
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
 /// `ncclCommGetAsyncError`: `ncclInProgress` while a non-blocking creation runs, its failure,
 /// then the team's sticky error (`ncclRemoteError` after a timeout or an abort).
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut ncclResult_t) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommGetAsyncError", |f| unsafe { f(comm, async_error) }) {
+        return r;
+    }
     guard("ncclCommGetAsyncError", || {
         let c = comm::lookup(comm)?;
         let dst = out(async_error, "asyncError")?;
@@ -250,16 +283,12 @@ fn init_rank(
     let key = comm::publish(c.clone());
     let finish = {
         let c = c.clone();
-        move || -> Outcome {
-            let r = c.finish_init(&id);
-            if r.is_ok() {
-                LAST_DEVICE.with(|d| d.set(Some(c.device)));
-            }
-            r
-        }
+        move || -> Outcome { c.finish_init(&id) }
     };
     if nonblocking && !group::in_group() {
         std::thread::spawn(finish);
+        // The calling thread's device (ncclMemAlloc on the simulator), not the creating thread's.
+        LAST_DEVICE.with(|d| d.set(Some(device)));
         *dst = key as ncclComm_t;
         return Ok(types::IN_PROGRESS);
     }
@@ -270,6 +299,7 @@ fn init_rank(
         let _ = c.release(false);
         return Err(f);
     }
+    LAST_DEVICE.with(|d| d.set(Some(device)));
     *dst = key as ncclComm_t;
     ok()
 }
@@ -397,8 +427,15 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, de
 }
 
 /// `ncclCommFinalize`: returns once the communicator's work in flight is complete.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t) -> ncclResult_t;
+    // SAFETY: the caller's communicator, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommFinalize", |f| unsafe { f(comm) }) {
+        return r;
+    }
     guard("ncclCommFinalize", || {
         comm::lookup(comm)?.finalize()?;
         ok()
@@ -406,8 +443,15 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
 }
 
 /// `ncclCommDestroy`: waits for the work in flight, then releases everything. NULL: no-op.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t) -> ncclResult_t;
+    // SAFETY: the caller's communicator, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommDestroy", |f| unsafe { f(comm) }) {
+        return r;
+    }
     guard("ncclCommDestroy", || {
         if comm.is_null() {
             return ok();
@@ -422,8 +466,15 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 
 /// `ncclCommAbort`: ends every wait of the team (`mcast_team_abort`) and releases the
 /// communicator without waiting for peers. NULL: no-op.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t) -> ncclResult_t;
+    // SAFETY: the caller's communicator, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommAbort", |f| unsafe { f(comm) }) {
+        return r;
+    }
     guard("ncclCommAbort", || {
         if comm.is_null() {
             return ok();
@@ -496,6 +547,9 @@ fn split_fallback(parent: &Comm, color: c_int, key: c_int) -> Outcome<Option<usi
     if r != types::SUCCESS {
         return Err(Failure::new(r, "the fallback NCCL's ncclCommSplit failed"));
     }
+    if !new.is_null() {
+        comm::track_fallback(new as usize);
+    }
     Ok((!new.is_null()).then_some(new as usize))
 }
 
@@ -529,8 +583,15 @@ pub extern "C" fn ncclCommShrink(
 }
 
 /// `ncclCommCount`.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_int) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommCount", |f| unsafe { f(comm, count) }) {
+        return r;
+    }
     guard("ncclCommCount", || {
         let c = comm::lookup(comm)?;
         *out(count, "count")? = c.nranks;
@@ -539,8 +600,15 @@ pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResu
 }
 
 /// `ncclCommCuDevice`.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_int) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommCuDevice", |f| unsafe { f(comm, device) }) {
+        return r;
+    }
     guard("ncclCommCuDevice", || {
         let c = comm::lookup(comm)?;
         *out(device, "device")? = c.device;
@@ -549,8 +617,15 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
 }
 
 /// `ncclCommUserRank`.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_int) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommUserRank", |f| unsafe { f(comm, rank) }) {
+        return r;
+    }
     guard("ncclCommUserRank", || {
         let c = comm::lookup(comm)?;
         *out(rank, "rank")? = c.rank;
@@ -599,10 +674,27 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
 }
 
 /// `ncclMemFree`: frees memory from `ncclMemAlloc`. NULL: no-op.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     guard("ncclMemFree", || {
         if ptr.is_null() {
+            return ok();
+        }
+        let ours = ALLOCATIONS.lock().as_ref().is_some_and(|m| m.contains_key(&(ptr as usize)));
+        if let (false, Some(Ok(lib))) = (ours, fallback::library()) {
+            // Not ours: memory of the fallback NCCL (NCCL 2.28 frees its own ncclMemAlloc
+            // memory with ncclMemFree, which lands here when this library is in front of it).
+            type F = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+            // SAFETY: NCCL's signature of ncclMemFree.
+            let f = unsafe { lib.function::<F>("ncclMemFree") }.map_err(|e| Failure::new(types::INVALID_USAGE, e))?;
+            // SAFETY: the caller's pointer, as given.
+            let r = unsafe { f(ptr) };
+            if r != types::SUCCESS {
+                let detail = comm::fallback_last_error(lib);
+                return Err(Failure::new(r, format!("{ptr:p} is not ncclMemAlloc memory of mcast_nccl, and the fallback NCCL's ncclMemFree failed: {detail}")));
+            }
             return ok();
         }
         let ctx = ALLOCATIONS.lock().as_mut().and_then(|m| m.remove(&(ptr as usize))).ok_or_else(|| {
@@ -622,6 +714,8 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 /// `ncclCommRegister`: binds `[buff, buff + size)` to the team (`mcast_buffer_register`), so
 /// collectives on pointers inside it go zero-copy. Collective: every rank registers its buffer
 /// (in a group, or from its own thread).
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
@@ -629,6 +723,11 @@ pub extern "C" fn ncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut *mut c_void) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommRegister", |f| unsafe { f(comm, buff, size, handle) }) {
+        return r;
+    }
     guard("ncclCommRegister", || {
         let c = comm::lookup(comm)?;
         out(handle, "handle")?;
@@ -653,8 +752,15 @@ pub extern "C" fn ncclCommRegister(
 }
 
 /// `ncclCommDeregister`.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_void) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommDeregister", |f| unsafe { f(comm, handle) }) {
+        return r;
+    }
     guard("ncclCommDeregister", || {
         comm::lookup(comm)?.deregister(handle as usize)?;
         ok()
@@ -662,14 +768,23 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
 }
 
 /// `ncclCommWindowRegister`: not served (NCCL 2.27's symmetric windows).
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,
-    _buff: *mut c_void,
-    _size: usize,
-    _win: *mut *mut c_void,
-    _win_flags: c_int,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut *mut c_void,
+    win_flags: c_int,
 ) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut *mut c_void, c_int) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) =
+        on_fallback::<F>(comm, "ncclCommWindowRegister", |f| unsafe { f(comm, buff, size, win, win_flags) })
+    {
+        return r;
+    }
     guard("ncclCommWindowRegister", || {
         comm::lookup(comm)?;
         Err(Failure::new(
@@ -680,8 +795,15 @@ pub extern "C" fn ncclCommWindowRegister(
 }
 
 /// `ncclCommWindowDeregister`: not served.
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
-pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, _win: *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) -> ncclResult_t {
+    type F = unsafe extern "C" fn(ncclComm_t, *mut c_void) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given.
+    if let Some(r) = on_fallback::<F>(comm, "ncclCommWindowDeregister", |f| unsafe { f(comm, win) }) {
+        return r;
+    }
     guard("ncclCommWindowDeregister", || {
         comm::lookup(comm)?;
         Err(Failure::new(types::INVALID_USAGE, "ncclCommWindowDeregister is not served by mcast_nccl"))
@@ -901,6 +1023,8 @@ pub extern "C" fn ncclAllGather(
 }
 
 /// `ncclBroadcast`: served for every type (bytes).
+// The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclBroadcast(
     sendbuff: *const c_void,
@@ -911,6 +1035,21 @@ pub extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    type F = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        ncclDataType_t,
+        c_int,
+        ncclComm_t,
+        cudaStream_t,
+    ) -> ncclResult_t;
+    // SAFETY: the caller's arguments, as given (NCCL's ncclBcast calls ncclBroadcast).
+    if let Some(r) = on_fallback::<F>(comm, "ncclBroadcast", |f| unsafe {
+        f(sendbuff, recvbuff, count, datatype, root, comm, stream)
+    }) {
+        return r;
+    }
     guard("ncclBroadcast", || {
         let c = comm::lookup(comm)?;
         let dt = dtype_of(datatype)?;

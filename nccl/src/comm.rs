@@ -6,7 +6,7 @@
 //! (also for `ncclCommInitAll`, whose ranks all live in this process): each rank then calls the
 //! mcast API for itself, as NCCL's ranks do.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -304,6 +304,7 @@ impl Comm {
         if r != types::SUCCESS {
             return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
         }
+        track_fallback(comm as usize);
         Ok(comm as usize)
     }
 
@@ -395,10 +396,14 @@ impl Comm {
                 let name = if abort { "ncclCommAbort" } else { "ncclCommDestroy" };
                 // SAFETY: NCCL's signature of both functions.
                 if let Ok(f) = unsafe { lib.function::<Destroy>(name) } {
+                    // NCCL calls its own exported functions (ncclCommGetAsyncError) on `fc` while
+                    // it destroys it; they may arrive here, so `fc` stays known until it returns.
                     // SAFETY: the fallback communicator made at init, released once.
                     let r = unsafe { f(fc as *mut c_void) };
+                    untrack_fallback(fc);
                     if r != types::SUCCESS && first.is_ok() {
-                        first = Err(Failure::new(r, format!("the fallback NCCL's {name} failed")));
+                        let detail = fallback_last_error(lib);
+                        first = Err(Failure::new(r, format!("the fallback NCCL's {name} failed: {detail}")));
                     }
                 }
             }
@@ -468,4 +473,58 @@ pub fn unpublish(ptr: *const c_void) -> Outcome<Arc<Comm>> {
     let comm = lookup(ptr)?;
     COMMS.lock().as_mut().and_then(|m| m.remove(&(ptr as usize)));
     Ok(comm)
+}
+
+/// Communicators of the fallback NCCL made by this library (beside a team, or by a split).
+static FALLBACK_COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// Records `fc`, a communicator the fallback NCCL made for this library.
+pub fn track_fallback(fc: usize) {
+    FALLBACK_COMMS.lock().get_or_insert_with(HashSet::new).insert(fc);
+}
+
+/// Forgets `fc` once the fallback NCCL destroyed it.
+pub fn untrack_fallback(fc: usize) {
+    if let Some(s) = FALLBACK_COMMS.lock().as_mut() {
+        s.remove(&fc);
+    }
+}
+
+/// The fallback NCCL when `ptr` is one of its live communicators rather than one of ours.
+///
+/// NCCL calls its own exported functions (`ncclCommGetAsyncError` from `ncclCommDestroy`,
+/// `ncclCommFinalize` and `ncclCommAbort`; `ncclBroadcast` from `ncclBcast`; registration and
+/// windows in NCCL 2.28) through the dynamic linker. When this library is in front of NCCL
+/// (`LD_PRELOAD`, or linked before a `libnccl` the program also loads, as PyTorch's
+/// `libtorch_cuda.so` does) those calls arrive here with NCCL's own communicators, and must go
+/// back to NCCL.
+pub fn foreign(ptr: *const c_void) -> Option<&'static fallback::Nccl> {
+    if ptr.is_null() || !FALLBACK_COMMS.lock().as_ref().is_some_and(|s| s.contains(&(ptr as usize))) {
+        return None;
+    }
+    match fallback::library() {
+        Some(Ok(lib)) => Some(lib),
+        _ => None,
+    }
+}
+
+/// The fallback NCCL's `ncclGetLastError`, or a note that it has none.
+pub fn fallback_last_error(lib: &fallback::Nccl) -> String {
+    type LastError = unsafe extern "C" fn(*mut c_void) -> *const std::ffi::c_char;
+    // SAFETY: NCCL's signature of ncclGetLastError.
+    let Ok(f) = (unsafe { lib.function::<LastError>("ncclGetLastError") }) else {
+        return "(the fallback NCCL has no ncclGetLastError)".into();
+    };
+    // SAFETY: NULL is a valid communicator argument of ncclGetLastError.
+    let p = unsafe { f(std::ptr::null_mut()) };
+    if p.is_null() {
+        return "(no detail)".into();
+    }
+    // SAFETY: NCCL returns a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    if text.is_empty() {
+        "(no detail from the fallback NCCL's ncclGetLastError)".into()
+    } else {
+        text
+    }
 }

@@ -1,7 +1,9 @@
 //! The NCCL that serves what mcast does not: the library `MCAST_NCCL_FALLBACK` names, loaded
 //! on first need with `RTLD_DEEPBIND`, so its own calls to NCCL's names stay inside it even when
-//! this library was put in front of it with `LD_PRELOAD`. Its functions are looked up under
-//! their profiling names (`pnccl*`) first, then their plain names.
+//! this library was put in front of it with `LD_PRELOAD` (when the program already loaded it,
+//! that copy is used as it is, and its calls on its communicators come back through
+//! `comm::foreign`). Its functions are looked up under their profiling names (`pnccl*`) first,
+//! then their plain names.
 
 use std::ffi::{c_void, CString};
 use std::sync::OnceLock;
@@ -37,8 +39,16 @@ pub fn library() -> Option<&'static Result<Nccl, String>> {
 
 fn load(path: &str) -> Result<Nccl, String> {
     let c = CString::new(path).map_err(|_| format!("{ENV}={path:?} contains a NUL byte"))?;
+    // Already in the process (a program linked with libnccl, as PyTorch's libtorch_cuda.so is):
+    // that copy, as it was loaded. RTLD_DEEPBIND would not change how it binds, and sanitizer
+    // runtimes refuse the flag; its own calls to NCCL's names can then reach this library, which
+    // sends those on NCCL's communicators back (comm::foreign).
     // SAFETY: a NUL-terminated path; the flags are valid for dlopen.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND) };
+    let mut handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        // SAFETY: as above.
+        handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND) };
+    }
     if handle.is_null() {
         // SAFETY: dlerror returns NULL or a NUL-terminated string.
         let why = unsafe { libc::dlerror() };
