@@ -1,6 +1,7 @@
 //! Copies between host and device memory, device-to-device copies on a stream, memset and the
 //! 32-bit peeks and pokes: each checked against the mappings the device may access.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::state::State;
@@ -34,14 +35,8 @@ pub(super) fn memcpy_dtoh(sim: &SimDriver, dev: Device, dst: &mut [u8], src: Dev
 pub(super) fn poke_u32(sim: &SimDriver, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
     sim.call("cuMemcpyHtoDAsync", || {
         sim.check_dev(dev)?;
-        if dst % 4 != 0 {
-            return Err(INVALID_VALUE);
-        }
         let st = sim.state.lock();
-        check_access(&st, dev, dst, 4)?;
-        // SAFETY: the word is mapped read-write and 4-byte aligned (checked above, lock
-        // held); kernels on the workers access such words atomically only.
-        unsafe { &*(dst as *const std::sync::atomic::AtomicU32) }.store(value, std::sync::atomic::Ordering::Release);
+        word(&st, dev, dst)?.store(value, Ordering::Release);
         Ok(())
     })
 }
@@ -49,13 +44,8 @@ pub(super) fn poke_u32(sim: &SimDriver, dev: Device, dst: DevicePtr, value: u32)
 pub(super) fn peek_u32(sim: &SimDriver, dev: Device, src: DevicePtr) -> DResult<u32> {
     sim.call("cuMemcpyDtoHAsync", || {
         sim.check_dev(dev)?;
-        if src % 4 != 0 {
-            return Err(INVALID_VALUE);
-        }
         let st = sim.state.lock();
-        check_access(&st, dev, src, 4)?;
-        // SAFETY: as in `poke_u32`.
-        Ok(unsafe { &*(src as *const std::sync::atomic::AtomicU32) }.load(std::sync::atomic::Ordering::Acquire))
+        Ok(word(&st, dev, src)?.load(Ordering::Acquire))
     })
 }
 
@@ -119,4 +109,17 @@ fn check_access(st: &State, dev: Device, ptr: u64, len: usize) -> R<()> {
         }
     }
     Ok(())
+}
+
+/// The 32-bit word at `addr`, which must be 4-byte aligned and lie in memory `dev` may access,
+/// for as long as the state lock `st` is held.
+fn word(st: &State, dev: Device, addr: DevicePtr) -> R<&AtomicU32> {
+    if addr % 4 != 0 {
+        return Err(INVALID_VALUE);
+    }
+    check_access(st, dev, addr, 4)?;
+    // SAFETY: the word is mapped read-write and 4-byte aligned (checked above); the caller
+    // holds the lock, so it stays mapped while borrowed; kernels on the workers access such
+    // words atomically only.
+    Ok(unsafe { &*(addr as *const AtomicU32) })
 }

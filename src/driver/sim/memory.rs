@@ -214,11 +214,7 @@ pub(super) fn mem_map(sim: &SimDriver, ptr: DevicePtr, size: usize, offset: usiz
 pub(super) fn mem_unmap(sim: &SimDriver, ptr: DevicePtr, size: usize) -> DResult<()> {
     sim.call("cuMemUnmap", || {
         let mut st = sim.state.lock();
-        let starts = st.covering(ptr, size)?;
-        let last_end = starts.last().and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
-        if starts.first() != Some(&ptr) || last_end != Some(ptr + size as u64) {
-            return Err(INVALID_VALUE);
-        }
+        let starts = st.whole_mappings(ptr, size)?;
         for start in starts {
             let Some(m) = st.mappings.remove(&start) else {
                 continue;
@@ -253,11 +249,7 @@ pub(super) fn mem_set_access(sim: &SimDriver, ptr: DevicePtr, size: usize, devic
             sim.check_dev(dev)?;
         }
         let mut st = sim.state.lock();
-        let starts = st.covering(ptr, size)?;
-        let last_end = starts.last().and_then(|s| st.mappings.get(s).map(|m| s + m.size as u64));
-        if starts.first() != Some(&ptr) || last_end != Some(ptr + size as u64) {
-            return Err(INVALID_VALUE);
-        }
+        let starts = st.whole_mappings(ptr, size)?;
         for start in starts {
             if let Some(m) = st.mappings.get_mut(&start) {
                 m.access.extend(devices.iter().copied());

@@ -192,6 +192,18 @@ impl State {
         }
         Ok(starts)
     }
+
+    /// Starts of whole mappings that together are exactly `[ptr, ptr + size)`: the first starts
+    /// at `ptr` and the last ends at `ptr + size` (the rule of `cuMemUnmap` and
+    /// `cuMemSetAccess`).
+    pub(super) fn whole_mappings(&self, ptr: u64, size: usize) -> R<Vec<u64>> {
+        let starts = self.covering(ptr, size)?;
+        let last_end = starts.last().and_then(|s| self.mappings.get(s).map(|m| s + m.size as u64));
+        if starts.first() != Some(&ptr) || last_end != Some(ptr + size as u64) {
+            return Err(INVALID_VALUE);
+        }
+        Ok(starts)
+    }
 }
 
 /// `None` (overflow) or greater than a bound: the shape of every "cannot be larger than" rule.

@@ -4,6 +4,14 @@ use super::*;
 
 // ---- faults and call log ----
 
+/// Each spec is refused with a message naming its bad part.
+fn assert_refused(cases: &[(&str, &str)]) {
+    for &(spec, bad) in cases {
+        let err = parse_faults(spec).expect_err(spec);
+        assert!(err.contains(bad), "{spec}: {err}");
+    }
+}
+
 #[test]
 fn parse_faults_valid_items() {
     let plan =
@@ -27,7 +35,7 @@ fn parse_faults_valid_items() {
 
 #[test]
 fn parse_faults_malformed_items_are_named() {
-    for (spec, bad) in [
+    assert_refused(&[
         ("cuMemCreate", "`cuMemCreate`"),
         ("cuMemCreate=OUT_OF_MEMORY", "`cuMemCreate=OUT_OF_MEMORY`"),
         ("cuMemCreat=OUT_OF_MEMORY@1", "cuMemCreat"),
@@ -37,10 +45,7 @@ fn parse_faults_malformed_items_are_named() {
         ("cuMemMap=OUT_OF_MEMORY@2x0", "2x0"),
         ("cuMemMap=OUT_OF_MEMORY@x", "@x"),
         ("cuMemMap=OUT_OF_MEMORY@-1+", "-1+"),
-    ] {
-        let err = parse_faults(spec).expect_err(spec);
-        assert!(err.contains(bad), "{spec}: {err}");
-    }
+    ]);
 }
 
 #[test]
@@ -56,16 +61,13 @@ fn parse_faults_panic_items() {
         ]
     );
     // Still strict: the function must exist, the spelling is exact, a call number is needed.
-    for (spec, bad) in [
+    assert_refused(&[
         ("cuMemCreat=PANIC@1", "cuMemCreat"),
         ("cuMemCreate=panic@1", "panic"),
         ("cuMemCreate=PANIC", "`cuMemCreate=PANIC`"),
         ("cuMemCreate=PANIC@0", "PANIC@0"),
         ("cuMemCreate=PANICS@1", "PANICS"),
-    ] {
-        let err = parse_faults(spec).expect_err(spec);
-        assert!(err.contains(bad), "{spec}: {err}");
-    }
+    ]);
 }
 
 #[test]
