@@ -5,8 +5,11 @@
 //! Exactness: integers exactly; floats exactly on small-integer data; random floats within a
 //! stated tolerance of an f64 reference; and the same bits on every rank, always.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::*;
 use half::{bf16, f16};
 use mcast::driver::{Device, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
@@ -16,12 +19,6 @@ use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
-
-const MIB: usize = 1 << 20;
-
-fn on_gpu() -> bool {
-    std::env::var("MCAST_TEST_BACKEND").is_ok_and(|v| v == "cuda")
-}
 
 /// A context for the chosen backend, or `None` (skipped) when CUDA was asked for and is absent.
 fn context(multicast: bool, timeout_ms: u32) -> Option<Arc<Context>> {
@@ -33,22 +30,9 @@ fn context_of(multicast: bool, timeout_ms: u32, sim_devices: u32) -> Option<Arc<
     let config = if on_gpu() {
         Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms, ..Config::default() }
     } else {
-        Config {
-            backend: Backend::Sim,
-            multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-            sim_devices,
-            sim_device_memory: 256 * MIB as u64,
-            timeout_ms,
-            ..Config::default()
-        }
+        sim_runtime(multicast, sim_devices, timeout_ms)
     };
-    match Context::new(config) {
-        Ok(c) => Some(Arc::new(c)),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
+    runtime_context_or_skip(config)
 }
 
 /// Devices for a team of `n` ranks: distinct on the simulator, the GPUs repeated on CUDA.
@@ -67,20 +51,6 @@ impl Rng {
     }
     fn float(&mut self) -> f64 {
         (self.next() as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-    }
-}
-
-/// One element as f64 (for references) and its bytes.
-fn encode(d: DType, v: f64) -> Vec<u8> {
-    match d {
-        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
-        DType::F64 => v.to_ne_bytes().to_vec(),
-        DType::F16 => f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
-        DType::BF16 => bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
-        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
-        DType::U32 => (v as u32).to_ne_bytes().to_vec(),
-        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
-        DType::U64 => (v as u64).to_ne_bytes().to_vec(),
     }
 }
 
@@ -122,14 +92,6 @@ fn values(d: DType, count: usize, r: usize, seed: u64, random_floats: bool) -> V
         .collect()
 }
 
-fn reduce(op: RedOp, xs: &[f64]) -> f64 {
-    match op {
-        RedOp::Sum => xs.iter().sum(),
-        RedOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
-        RedOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
-    }
-}
-
 /// Allowed error of a random-float sum relative to the sum of magnitudes.
 fn tolerance(d: DType) -> f64 {
     match d {
@@ -150,7 +112,7 @@ struct Case {
 
 /// Runs `case` on `team` and checks every rank against the reference; returns a description
 /// of the first mismatch.
-fn check(ctx: &Context, team: &Arc<Team>, case: &Case, seed: u64) -> Result<(), String> {
+fn check(team: &Arc<Team>, case: &Case, seed: u64) -> Result<(), String> {
     let n = team.size();
     let (esize, blocks, dtype) = match case.collective {
         Collective::AllReduce { dtype, .. } => (dtype.size(), 1, dtype),
@@ -161,8 +123,7 @@ fn check(ctx: &Context, team: &Arc<Team>, case: &Case, seed: u64) -> Result<(), 
     let extent = case.count * esize * blocks;
     let size = case.offset + extent + 64;
     let buf = Buffer::alloc(team, size).map_err(|e| e.to_string())?;
-    let driver = ctx.driver();
-    let streams: Vec<Stream> = team.devices().iter().map(|&d| driver.stream_create(d).expect("stream")).collect();
+    let streams = rank_streams(team);
     // Inputs, with a poisoned margin around the range.
     let mut inputs = Vec::new();
     for r in 0..n {
@@ -196,9 +157,7 @@ fn check(ctx: &Context, team: &Arc<Team>, case: &Case, seed: u64) -> Result<(), 
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    for (r, &s) in streams.iter().enumerate() {
-        driver.stream_destroy(team.devices()[r], s).expect("stream destroy");
-    }
+    drop_rank_streams(team, streams);
     buf.free().map_err(|e| e.to_string())?;
     let what = |r: usize| format!("{:?} count {} offset {} rank {r}/{n}", case.collective, case.count, case.offset);
     for (r, out) in outputs.iter().enumerate() {
@@ -317,7 +276,7 @@ fn sweep(multicast: bool, sizes: &[usize], heavy: bool) {
         }
         for (k, case) in cases.iter().enumerate() {
             ran += 1;
-            if let Err(e) = check(&ctx, &team, case, 1000 + k as u64) {
+            if let Err(e) = check(&team, case, 1000 + k as u64) {
                 failures.push(format!("team of {n}: {e}"));
                 if failures.len() > 10 {
                     break;
@@ -328,11 +287,7 @@ fn sweep(multicast: bool, sizes: &[usize], heavy: bool) {
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     assert!(ran > 100);
-    assert!(ctx.shutdown().is_empty());
-    if let Some(sim) = ctx.driver().as_sim() {
-        let ledger = sim.ledger();
-        assert_eq!((ledger.mappings, ledger.multicast_objects, ledger.bindings), (0, 0, 0), "{ledger}");
-    }
+    assert_clean(&ctx);
     eprintln!("{ran} cases passed");
 }
 
@@ -390,18 +345,14 @@ fn teams_of_72_ranks() {
             cases.push(Case { collective: Collective::Broadcast { root }, count: bytes, offset, random_floats: false });
         }
         for (k, case) in cases.iter().enumerate() {
-            check(&ctx, &team, case, 7200 + k as u64).unwrap_or_else(|e| panic!("multicast {multicast}: {e}"));
+            check(&team, case, 7200 + k as u64).unwrap_or_else(|e| panic!("multicast {multicast}: {e}"));
         }
         team.destroy().unwrap();
         // One rank more than a team holds is refused with the limit named.
         let e = Team::create(&ctx, &devices(&ctx, n + 1)).err().expect("73 ranks are refused");
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains("at most 72 ranks"), "{e}");
-        assert!(ctx.shutdown().is_empty());
-        if let Some(sim) = ctx.driver().as_sim() {
-            let ledger = sim.ledger();
-            assert_eq!((ledger.mappings, ledger.multicast_objects, ledger.bindings), (0, 0, 0), "{ledger}");
-        }
+        assert_clean(&ctx);
     }
 }
 
@@ -410,8 +361,7 @@ fn a_rank_that_never_arrives_times_out() {
     let Some(ctx) = context(true, 300) else { return };
     let team = Team::create(&ctx, &devices(&ctx, 2)).unwrap();
     let buf = Buffer::alloc(&team, 4096).unwrap();
-    let driver = ctx.driver();
-    let s: Vec<Stream> = team.devices().iter().map(|&d| driver.stream_create(d).unwrap()).collect();
+    let s = rank_streams(&team);
     let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
     run(&buf, 0, 0, 256, ar, s[0]).unwrap();
     let started = std::time::Instant::now();
@@ -423,9 +373,7 @@ fn a_rank_that_never_arrives_times_out() {
     assert_eq!(run(&buf, 1, 0, 256, ar, s[1]).unwrap_err().kind, ErrorKind::Timeout);
     assert_eq!(synchronize(&team, 1, s[1]).unwrap_err().kind, ErrorKind::Timeout);
     assert_eq!(run(&buf, 0, 0, 256, ar, s[0]).unwrap_err().kind, ErrorKind::Timeout);
-    for (r, st) in s.into_iter().enumerate() {
-        driver.stream_destroy(team.devices()[r], st).unwrap();
-    }
+    drop_rank_streams(&team, s);
     buf.free().unwrap();
     team.destroy().unwrap();
     assert!(ctx.shutdown().is_empty());
@@ -471,7 +419,7 @@ enum Place {
 /// Runs `case` out of place (`run_into`) and checks every rank's `recv` range against the
 /// reference, that `send` is unchanged (except in place) and that nothing outside the ranges
 /// was written.
-fn check_into(ctx: &Context, team: &Arc<Team>, case: &Case, place: Place, seed: u64) -> Result<(), String> {
+fn check_into(team: &Arc<Team>, case: &Case, place: Place, seed: u64) -> Result<(), String> {
     let n = team.size();
     let (esize, dtype) = match case.collective {
         Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => (dtype.size(), dtype),
@@ -511,8 +459,7 @@ fn check_into(ctx: &Context, team: &Arc<Team>, case: &Case, place: Place, seed: 
         _ => None,
     };
     let recv = other.as_ref().unwrap_or(&send);
-    let driver = ctx.driver();
-    let streams: Vec<Stream> = team.devices().iter().map(|&d| driver.stream_create(d).expect("stream")).collect();
+    let streams = rank_streams(team);
     let mut inputs = Vec::new();
     for r in 0..n {
         let mut bytes = vec![0xA5u8; size];
@@ -614,9 +561,7 @@ fn check_into(ctx: &Context, team: &Arc<Team>, case: &Case, place: Place, seed: 
             break;
         }
     }
-    for (r, &s) in streams.iter().enumerate() {
-        driver.stream_destroy(team.devices()[r], s).expect("stream destroy");
-    }
+    drop_rank_streams(team, streams);
     if let Some(o) = other {
         o.free().map_err(|e| e.to_string())?;
     }
@@ -667,7 +612,7 @@ fn sweep_into(multicast: bool, sizes: &[usize]) {
         }
         for (k, (case, place)) in cases.iter().enumerate() {
             ran += 1;
-            if let Err(e) = check_into(&ctx, &team, case, *place, 5000 + k as u64) {
+            if let Err(e) = check_into(&team, case, *place, 5000 + k as u64) {
                 failures.push(format!("team of {n}: {e}"));
                 if failures.len() > 10 {
                     break;
@@ -679,11 +624,7 @@ fn sweep_into(multicast: bool, sizes: &[usize]) {
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     assert!(ran > 100);
-    assert!(ctx.shutdown().is_empty());
-    if let Some(sim) = ctx.driver().as_sim() {
-        let ledger = sim.ledger();
-        assert_eq!((ledger.mappings, ledger.multicast_objects, ledger.bindings), (0, 0, 0), "{ledger}");
-    }
+    assert_clean(&ctx);
     eprintln!("{ran} out-of-place cases passed");
 }
 

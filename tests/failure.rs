@@ -8,10 +8,13 @@
 // Loops over ranks index several per-rank vectors at once.
 #![allow(clippy::needless_range_loop)]
 
+mod common;
+
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use common::*;
 use mcast::bootstrap::new_unique_id;
 use mcast::capi::status::mcast_status_t;
 use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_get_error, mcast_team_t};
@@ -25,48 +28,12 @@ use mcast::runtime::handles;
 use mcast::runtime::team::{Team, SPLIT_NOCOLOR};
 use mcast::runtime::ErrorKind;
 
-const MIB: usize = 1 << 20;
 /// Long enough that a wait ended by an abort cannot have been ended by the timeout.
 const LONG_MS: u32 = 60_000;
 const ROLE: &str = "MCAST_FAIL_CHILD";
 
-fn on_gpu() -> bool {
-    std::env::var("MCAST_TEST_BACKEND").is_ok_and(|v| v == "cuda")
-}
-
 fn sim_context(devices: u32, timeout_ms: u32, multicast: bool) -> Arc<Context> {
-    let config = Config {
-        backend: Backend::Sim,
-        multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-        sim_devices: devices,
-        sim_device_memory: 256 * MIB as u64,
-        timeout_ms,
-        retry_backoff_ms: 1,
-        ..Config::default()
-    };
-    Arc::new(Context::new(config).unwrap())
-}
-
-/// Shuts the context down and checks that nothing is left in the runtime or the simulator.
-fn no_leaks(ctx: &Context) {
-    let report = ctx.shutdown();
-    assert!(report.is_empty(), "{report}");
-    if let Some(sim) = ctx.driver().as_sim() {
-        let ledger = sim.ledger();
-        assert!(ledger.is_empty(), "{ledger}");
-    }
-}
-
-fn streams(team: &Team) -> Vec<Stream> {
-    let d = team.context().driver();
-    team.devices().iter().map(|&dev| d.stream_create(dev).unwrap()).collect()
-}
-
-fn drop_streams(team: &Team, s: Vec<Stream>) {
-    let d = team.context().driver();
-    for (r, st) in s.into_iter().enumerate() {
-        d.stream_destroy(team.devices()[r], st).unwrap();
-    }
+    runtime_context(Config { retry_backoff_ms: 1, ..sim_runtime(multicast, devices, timeout_ms) })
 }
 
 const AR: Collective = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
@@ -98,7 +65,7 @@ fn abort_from_another_thread_ends_a_collective_waiting_on_a_missing_rank() {
             let ctx = sim_context(4, LONG_MS, multicast);
             let team = Team::create(&ctx, &[0, 1, 2]).unwrap();
             let buf = Buffer::alloc(&team, 64 * 1024).unwrap();
-            let s = streams(&team);
+            let s = rank_streams(&team);
             // Rank 0 arrives; ranks 1 and 2 never do.
             run(&buf, 0, 0, 1024, c, s[0]).unwrap();
             let aborter = abort_later(&team, Duration::from_millis(100));
@@ -116,11 +83,11 @@ fn abort_from_another_thread_ends_a_collective_waiting_on_a_missing_rank() {
             assert_eq!(team.async_error(), Some(ErrorKind::Aborted));
             assert_eq!(buf.free().unwrap_err().kind, ErrorKind::Aborted);
             // Destroy is prompt and releases everything, the live buffer included.
-            drop_streams(&team, s);
+            drop_rank_streams(&team, s);
             let t = Instant::now();
             team.destroy().unwrap();
             assert!(t.elapsed() < Duration::from_secs(1));
-            no_leaks(&ctx);
+            assert_clean(&ctx);
         }
     }
 }
@@ -133,7 +100,7 @@ fn abort_ends_a_synchronize_blocked_in_another_thread() {
     let ctx = sim_context(4, LONG_MS, false);
     let team = Team::create(&ctx, &[0, 1]).unwrap();
     let buf = Buffer::alloc(&team, 4096).unwrap();
-    let s = streams(&team);
+    let s = rank_streams(&team);
     run(&buf, 1, 0, 256, AR, s[1]).unwrap();
     let (t2, s1) = (team.clone(), s[1]);
     let waiter = std::thread::spawn(move || {
@@ -148,9 +115,9 @@ fn abort_ends_a_synchronize_blocked_in_another_thread() {
     let (e, returned) = waiter.join().unwrap();
     assert_eq!(e.kind, ErrorKind::Aborted);
     assert!(returned.saturating_duration_since(at) < Duration::from_secs(1));
-    drop_streams(&team, s);
+    drop_rank_streams(&team, s);
     team.destroy().unwrap();
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 #[test]
@@ -162,7 +129,7 @@ fn abort_racing_destroy_from_16_threads() {
     for round in 0..5 {
         let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
         let buf = Buffer::alloc(&team, 4096).unwrap();
-        let s = streams(&team);
+        let s = rank_streams(&team);
         // Half the ranks wait on the others on the device.
         run(&buf, 0, 0, 256, AR, s[0]).unwrap();
         run(&buf, 1, 0, 256, AR, s[1]).unwrap();
@@ -200,7 +167,7 @@ fn abort_racing_destroy_from_16_threads() {
             d.stream_destroy([0, 1, 2, 3][r], st).unwrap();
         }
     }
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 fn count_dir(path: &str) -> usize {
@@ -268,7 +235,7 @@ fn timeout_then_recovery_100_rounds_without_growth() {
             None => {}
         }
     }
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 /// Every partition of `n` ranks into colors, as restricted growth strings.
@@ -321,7 +288,7 @@ fn check_split(ctx: &Arc<Context>, parent: &Arc<Team>, colors: &[i32], reverse: 
         for r in 0..m {
             buf.write(r as i32, 0, &(10 + r as i32).to_ne_bytes()).unwrap();
         }
-        let s = streams(&t);
+        let s = rank_streams(&t);
         for r in 0..m {
             run(&buf, r as i32, 0, 1, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s[r]).unwrap();
         }
@@ -346,7 +313,7 @@ fn check_split(ctx: &Arc<Context>, parent: &Arc<Team>, colors: &[i32], reverse: 
             let ranks: Vec<u32> = got.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect();
             assert_eq!(ranks, (0..m as u32).collect::<Vec<_>>());
         }
-        drop_streams(&t, s);
+        drop_rank_streams(&t, s);
         buf.free().unwrap();
         t.destroy().unwrap();
     }
@@ -372,7 +339,7 @@ fn split_into_every_color_pattern_of_4_ranks() {
             check_split(&ctx, &parent, &some, false);
         }
         parent.destroy().unwrap();
-        no_leaks(&ctx);
+        assert_clean(&ctx);
     }
 }
 
@@ -389,7 +356,7 @@ fn split_into_every_color_pattern_of_8_ranks() {
         check_split(&ctx, &parent, colors, i % 2 == 1);
     }
     parent.destroy().unwrap();
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 #[test]
@@ -407,14 +374,14 @@ fn sub_teams_share_no_failure() {
     assert_eq!(parent.async_error(), None);
     for t in [&b, &parent] {
         let buf = Buffer::alloc(t, 4096).unwrap();
-        let s = streams(t);
+        let s = rank_streams(t);
         for r in 0..t.size() {
             run(&buf, r as i32, 0, 16, AR, s[r]).unwrap();
         }
         for r in 0..t.size() {
             synchronize(t, r as i32, s[r]).unwrap();
         }
-        drop_streams(t, s);
+        drop_rank_streams(t, s);
         buf.free().unwrap();
     }
     // An aborted parent does not reach its sub-teams either.
@@ -423,7 +390,7 @@ fn sub_teams_share_no_failure() {
     for t in [a, b, parent] {
         t.destroy().unwrap();
     }
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 #[test]
@@ -441,7 +408,7 @@ fn split_rejects_bad_colors_and_failed_teams() {
     parent.abort();
     assert_eq!(parent.split(&[0, 0], &[0, 0]).err().unwrap().kind, ErrorKind::Aborted);
     parent.destroy().unwrap();
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 #[test]
@@ -479,7 +446,7 @@ fn one_stream_for_two_ranks_on_one_device_fails_at_once() {
             buf.free().unwrap_err();
             team.destroy().unwrap();
             ctx.driver().stream_destroy(0, other).unwrap();
-            no_leaks(&ctx);
+            assert_clean(&ctx);
         }
     }
 }
@@ -520,22 +487,10 @@ fn get_error_through_the_c_api() {
     assert_eq!(mcast_team_abort(t).0, 2);
     // SAFETY: valid pointers.
     assert_eq!(unsafe { mcast_team_get_error(t, &mut got) }.0, 2);
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 // ---- processes ----
-
-fn hex(id: &[u8]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 128] {
-    let mut id = [0u8; 128];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    id
-}
 
 fn spawn(n: usize, role: &str) {
     let id = hex(&new_unique_id().unwrap());
@@ -668,7 +623,7 @@ fn child() {
             team.destroy().unwrap();
             assert!(t.elapsed() < Duration::from_secs(1), "rank {r}: destroy took {:?}", t.elapsed());
             drop(buf);
-            no_leaks(&ctx);
+            assert_clean(&ctx);
             return;
         }
         "split" => {
@@ -708,7 +663,7 @@ fn child() {
         }
         other => panic!("unknown role {other}"),
     }
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }
 
 // ---- GPU (MCAST_TEST_BACKEND=cuda, MCAST_MULTICAST=off) ----
@@ -739,7 +694,7 @@ fn gpu_abort_latency() {
         for trial in 0..5 {
             let team = Team::create(&ctx, &devices).unwrap();
             let buf = Buffer::alloc(&team, MIB).unwrap();
-            let s = streams(&team);
+            let s = rank_streams(&team);
             run(&buf, 0, 0, 1024, AR, s[0]).unwrap();
             let aborter = abort_later(&team, Duration::from_millis(200));
             let began = Instant::now();
@@ -755,12 +710,12 @@ fn gpu_abort_latency() {
                 began.elapsed().as_secs_f64() * 1e3
             );
             assert!(took < Duration::from_secs(1));
-            drop_streams(&team, s);
+            drop_rank_streams(&team, s);
             let t = Instant::now();
             team.destroy().unwrap();
             println!("  destroy after the abort: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             drop(buf);
         }
     }
-    no_leaks(&ctx);
+    assert_clean(&ctx);
 }

@@ -29,7 +29,6 @@ use mcast::capi::status::McastStatus::*;
 use mcast::capi::team::*;
 use mcast::driver::CuResult;
 
-const MIB: usize = 1 << 20;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Serialises the tests of this file (context-create faults go through the environment) and
@@ -41,18 +40,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     }
     guard
 }
-
-/// Calls made through the retry policy (a one-off retryable fault there recovers).
-const RETRIED: [&str; 8] = [
-    "cuMemCreate",
-    "cuMemAddressReserve",
-    "cuMemMap",
-    "cuMemSetAccess",
-    "cuMulticastCreate",
-    "cuMulticastAddDevice",
-    "cuMulticastBindMem_v2",
-    "cuMulticastBindAddr_v2",
-];
 
 /// Calls whose failure a public function absorbs: `mcast_device_get_info` reports a granularity
 /// of 0 when `cuMulticastGetGranularity` fails (best effort; API.md does not say so). Only its

@@ -14,11 +14,14 @@
 //! `MCAST_FUZZ_SECONDS` (default 600) a time limit after which the run stops early (reported).
 //! The figures (calls, sequences, statuses) are printed: run with `--nocapture` to see them.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::last_error;
 use mcast::capi::buffer::*;
 use mcast::capi::collective::*;
 use mcast::capi::config::*;
@@ -105,11 +108,6 @@ struct Fuzzer {
     stats: Stats,
     trace: VecDeque<String>,
     failures: Vec<String>,
-}
-
-fn last_error() -> String {
-    // SAFETY: mcast_last_error never returns NULL.
-    unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned()
 }
 
 fn live<T>(xs: &[Option<T>]) -> Vec<usize> {

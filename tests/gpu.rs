@@ -2,6 +2,9 @@
 //! Every test returns early, printing "skipped", where there is no CUDA driver or device.
 //! Multicast is forced off: never create a multicast object on a shared machine.
 
+mod common;
+
+use common::*;
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
@@ -9,14 +12,7 @@ use mcast::runtime::team::{Team, Transport};
 use std::sync::Arc;
 
 fn gpu_context() -> Option<Arc<Context>> {
-    let config = Config { backend: Backend::Cuda, multicast: MulticastMode::Off, ..Config::default() };
-    match Context::new(config) {
-        Ok(c) => Some(Arc::new(c)),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
+    runtime_context_or_skip(Config { backend: Backend::Cuda, multicast: MulticastMode::Off, ..Config::default() })
 }
 
 #[test]
@@ -52,7 +48,5 @@ fn gpu_team_buffers_round_trip() {
         }
         team.destroy().unwrap();
     }
-    let leaks = ctx.shutdown();
-    assert!(leaks.is_empty(), "{leaks}");
-    assert!(ctx.resources.is_empty());
+    assert_clean(&ctx);
 }

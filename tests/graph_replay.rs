@@ -2,14 +2,13 @@
 //! without running them, and every replay of the instantiated graphs runs them again, in order,
 //! with the barriers' epochs advanced on the device (so replays stay correct). Both transports.
 
-use std::sync::Arc;
+mod common;
 
+use common::*;
 use mcast::driver::{Device, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, synchronize};
-use mcast::runtime::config::{Backend, Config, MulticastMode};
-use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
 
 const COUNT: usize = 1000;
@@ -23,14 +22,7 @@ fn read_i32(buf: &Buffer, rank: i32) -> Vec<i32> {
 /// `n` ranks, each all-reduce captured `per_graph` times, the graphs replayed `replays` times:
 /// after k in-place sum all-reduces of inputs x_r, every rank holds n^(k-1) * sum_r x_r.
 fn replayed_all_reduces(multicast: bool, n: usize, per_graph: u32, replays: u32) {
-    let config = Config {
-        backend: Backend::Sim,
-        multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-        sim_devices: 4,
-        timeout_ms: 20_000,
-        ..Config::default()
-    };
-    let ctx = Arc::new(Context::new(config).unwrap());
+    let ctx = runtime_context(sim_runtime(multicast, 4, 20_000));
     let driver = ctx.driver().clone();
     let devices: Vec<Device> = (0..n as Device).collect();
     let team = Team::create(&ctx, &devices).unwrap();
@@ -80,10 +72,7 @@ fn replayed_all_reduces(multicast: bool, n: usize, per_graph: u32, replays: u32)
     }
     buf.free().unwrap();
     team.destroy().unwrap();
-    let leaks = ctx.shutdown();
-    assert!(leaks.is_empty(), "{leaks}");
-    let ledger = driver.as_sim().unwrap().ledger();
-    assert!(ledger.is_empty(), "{ledger}");
+    assert_clean(&ctx);
 }
 
 #[test]

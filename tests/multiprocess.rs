@@ -3,21 +3,22 @@
 //! `SCM_RIGHTS` or the simulator's fabric handles (64 bytes naming a memfd of another process),
 //! and the simulator's memfd-backed memory.
 
+mod common;
+
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::*;
 use mcast::bootstrap::new_unique_id;
 use mcast::driver::{HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
-use mcast::runtime::config::{Backend, Config, MulticastMode};
+use mcast::runtime::config::{Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
-
-const MIB: usize = 1 << 20;
 /// Transports under test: P2P, and MULTICAST (the simulator's cross-process multicast).
 const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
@@ -27,18 +28,6 @@ const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
 const TIGHT: &str = "MCAST_MP_TIGHT";
 /// The case a `register-errors` child runs.
 const CASE: &str = "MCAST_MP_CASE";
-
-fn hex(id: &[u8]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 128] {
-    let mut id = [0u8; 128];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    id
-}
 
 /// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
 /// rank's exit status and how long the slowest took.
@@ -478,13 +467,9 @@ const TIMEOUT_MS: u32 = 3000;
 
 fn context(multicast: bool) -> Arc<Context> {
     let config = Config {
-        backend: Backend::Sim,
         multicast: if multicast { MulticastMode::Require } else { MulticastMode::Off },
-        sim_devices: 4,
-        sim_device_memory: 256 * MIB as u64,
-        timeout_ms: TIMEOUT_MS,
         retry_backoff_ms: 1,
-        ..Config::default()
+        ..sim_runtime(multicast, 4, TIMEOUT_MS)
     }
     // The handle type and the simulated fabric support come from the environment.
     .with_env(|name| match name {
@@ -494,30 +479,9 @@ fn context(multicast: bool) -> Arc<Context> {
     Arc::new(Context::new(config).unwrap())
 }
 
-/// Shuts the context down and checks that nothing is left in the runtime or the simulator.
-fn no_leaks(ctx: Arc<Context>) {
-    let report = ctx.shutdown();
-    assert!(report.is_empty(), "{report}");
-    let ledger = ctx.driver().as_sim().unwrap().ledger();
-    assert!(ledger.is_empty(), "{ledger}");
-}
-
 /// Small integers: exact in every dtype and order.
 fn value(r: usize, i: usize) -> f64 {
     ((r * 7 + i * 3) % 17) as f64 - 8.0
-}
-
-fn encode(d: DType, v: f64) -> Vec<u8> {
-    match d {
-        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
-        DType::F64 => v.to_ne_bytes().to_vec(),
-        DType::F16 => half::f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
-        DType::BF16 => half::bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
-        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
-        DType::U32 => (v.abs() as u32).to_ne_bytes().to_vec(),
-        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
-        DType::U64 => (v.abs() as u64).to_ne_bytes().to_vec(),
-    }
 }
 
 fn input(d: DType, r: usize, count: usize) -> Vec<f64> {
@@ -526,15 +490,6 @@ fn input(d: DType, r: usize, count: usize) -> Vec<f64> {
 
 fn bytes(d: DType, xs: &[f64]) -> Vec<u8> {
     xs.iter().flat_map(|&v| encode(d, v)).collect()
-}
-
-fn reduce(op: RedOp, xs: impl Iterator<Item = f64>) -> f64 {
-    let v: Vec<f64> = xs.collect();
-    match op {
-        RedOp::Sum => v.iter().sum(),
-        RedOp::Min => v.iter().cloned().fold(f64::INFINITY, f64::min),
-        RedOp::Max => v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
-    }
 }
 
 fn check_collectives(team: &Arc<Team>, n: usize, r: usize) {
@@ -549,7 +504,8 @@ fn check_collectives(team: &Arc<Team>, n: usize, r: usize) {
                 run(&buf, rank, 0, count, Collective::AllReduce { dtype: d, op }, s).unwrap();
                 synchronize(team, rank, s).unwrap();
                 let inputs: Vec<Vec<f64>> = (0..n).map(|q| input(d, q, count)).collect();
-                let want: Vec<f64> = (0..count).map(|i| reduce(op, inputs.iter().map(|x| x[i]))).collect();
+                let want: Vec<f64> =
+                    (0..count).map(|i| reduce(op, &inputs.iter().map(|x| x[i]).collect::<Vec<_>>())).collect();
                 let mut got = vec![0u8; count * d.size()];
                 buf.read(rank, 0, &mut got).unwrap();
                 assert_eq!(got, bytes(d, &want), "all-reduce {d:?} {op:?} count {count} on rank {r} of {n}");
@@ -854,5 +810,5 @@ fn child() {
         }
         other => panic!("unknown role {other}"),
     }
-    no_leaks(ctx);
+    assert_clean(&ctx);
 }

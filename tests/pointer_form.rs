@@ -7,36 +7,22 @@
 // Ranks index several per-rank vectors at once: plain index loops read best.
 #![allow(clippy::needless_range_loop)]
 
+mod common;
+
 use std::sync::Arc;
 
+use common::*;
 use mcast::driver::{DevicePtr, Stream};
 use mcast::kernels::abi::STAGE_BYTES;
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::collective::{run_ptr, synchronize};
-use mcast::runtime::config::{Backend, Config, MulticastMode};
+use mcast::runtime::config::Config;
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
 
-const MIB: usize = 1 << 20;
-
 fn context(multicast: bool, devices: u32) -> Arc<Context> {
-    let config = Config {
-        backend: Backend::Sim,
-        multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-        sim_devices: devices,
-        sim_device_memory: 128 * MIB as u64,
-        timeout_ms: 30_000,
-        ..Config::default()
-    };
-    Arc::new(Context::new(config).unwrap())
-}
-
-fn assert_clean(ctx: &Context) {
-    assert!(ctx.shutdown().is_empty());
-    let ledger = ctx.driver().as_sim().unwrap().ledger();
-    assert!(ledger.is_empty(), "{ledger}");
-    assert!(ctx.resources.is_empty(), "{}", ctx.resources.report());
+    runtime_context(Config { sim_device_memory: 128 * MIB as u64, ..sim_runtime(multicast, devices, 30_000) })
 }
 
 /// The value rank `r` contributes at element (or byte) `i`: small integers, exact in every dtype.

@@ -5,36 +5,21 @@
 // Ranks index several per-rank vectors at once: plain index loops read best.
 #![allow(clippy::needless_range_loop)]
 
+mod common;
+
 use std::sync::Arc;
 
+use common::*;
 use mcast::driver::{DevicePtr, HandleTypes, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, run_into, run_ptr, synchronize};
-use mcast::runtime::config::{Backend, Config, MulticastMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::team::{Team, Transport};
 use mcast::runtime::ErrorKind;
 
-const MIB: usize = 1 << 20;
-
 fn context(multicast: bool) -> Arc<Context> {
-    let config = Config {
-        backend: Backend::Sim,
-        multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
-        sim_devices: 4,
-        sim_device_memory: 256 * MIB as u64,
-        timeout_ms: 20_000,
-        ..Config::default()
-    };
-    Arc::new(Context::new(config).unwrap())
-}
-
-fn assert_clean(ctx: &Context) {
-    assert!(ctx.shutdown().is_empty());
-    let ledger = ctx.driver().as_sim().unwrap().ledger();
-    assert!(ledger.is_empty(), "{ledger}");
-    assert!(ctx.resources.is_empty(), "{}", ctx.resources.report());
+    runtime_context(sim_runtime(multicast, 4, 20_000))
 }
 
 fn floats(p: DevicePtr, n: usize) -> &'static mut [f32] {

@@ -21,7 +21,6 @@ use mcast::capi::context::*;
 use mcast::capi::team::*;
 
 const THREADS: usize = 16;
-const MIB: usize = 1 << 20;
 const STALL: Duration = Duration::from_secs(60);
 
 struct Rng(u64);

@@ -12,8 +12,6 @@ use mcast::capi::status::McastStatus::*;
 use mcast::capi::team::*;
 use mcast::driver::CuResult;
 
-const MIB: usize = 1 << 20;
-
 #[test]
 fn transport_is_chosen_with_its_reason() {
     let (ctx, _c) = context(&sim_config(4, |_| {}));
@@ -334,17 +332,6 @@ fn eight_threads_allocate_and_free_on_one_team() {
     mcast_context_destroy(ctx);
     assert!(ledger(&c).is_empty(), "{}", ledger(&c));
 }
-
-/// Steps whose driver calls go through the retry policy.
-const RETRIED: [&str; 7] = [
-    "cuMemCreate",
-    "cuMemAddressReserve",
-    "cuMemMap",
-    "cuMemSetAccess",
-    "cuMulticastCreate",
-    "cuMulticastAddDevice",
-    "cuMulticastBindMem_v2",
-];
 
 /// Team create, two buffers (the second needs its own segment), free both, team destroy. Stops
 /// at the first failure and returns it; cleans up whatever was created either way.

@@ -6,6 +6,8 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use super::id::ID_MAGIC;
+use super::tcp::SECRET_BYTES;
 use super::*;
 
 const MAX: usize = 72;

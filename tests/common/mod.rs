@@ -1,8 +1,14 @@
-//! Helpers shared by the integration tests: a simulated context through the C API.
+//! Helpers shared by the integration tests: a simulated context through the C API, a runtime
+//! context through the Rust API with the leak check every test ends with, the calls the retry
+//! policy covers, and the encodings of ids and elements. Each test declares `mod common;`.
 #![allow(dead_code)]
 
 use std::ffi::CStr;
 use std::sync::Arc;
+
+use mcast::driver::Stream;
+use mcast::kernels::{DType, RedOp};
+use mcast::runtime::config::{Backend, Config, MulticastMode};
 
 use mcast::capi::buffer::*;
 use mcast::capi::config::*;
@@ -12,6 +18,7 @@ use mcast::capi::team::*;
 use mcast::driver::sim::{Ledger, SimDriver};
 use mcast::runtime::context::Context;
 use mcast::runtime::handles;
+use mcast::runtime::team::Team;
 
 pub const OK: mcast_status_t = mcast_status_t(0);
 
@@ -94,4 +101,120 @@ pub fn live_counts(ctx: mcast_context_t) -> mcast_live_counts_t {
     // SAFETY: valid pointer.
     assert_eq!(unsafe { mcast_context_live_counts(ctx, &mut c) }, OK, "{}", last_error());
     c
+}
+
+// ---- the runtime (Rust) API ----
+
+/// Bytes in a MiB.
+pub const MIB: usize = 1 << 20;
+
+/// Driver calls made through the retry policy: a one-off retryable failure of one of them
+/// recovers.
+pub const RETRIED: [&str; 8] = [
+    "cuMemCreate",
+    "cuMemAddressReserve",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMulticastCreate",
+    "cuMulticastAddDevice",
+    "cuMulticastBindMem_v2",
+    "cuMulticastBindAddr_v2",
+];
+
+/// True when the tests that can run on a GPU should (`MCAST_TEST_BACKEND=cuda`).
+pub fn on_gpu() -> bool {
+    std::env::var("MCAST_TEST_BACKEND").is_ok_and(|v| v == "cuda")
+}
+
+/// A simulator of `devices` GPUs of 256 MiB each, multicast AUTO (else OFF), `timeout_ms`;
+/// other fields as `Config { field: value, ..sim_runtime(..) }`.
+pub fn sim_runtime(multicast: bool, devices: u32, timeout_ms: u32) -> Config {
+    Config {
+        backend: Backend::Sim,
+        multicast: if multicast { MulticastMode::Auto } else { MulticastMode::Off },
+        sim_devices: devices,
+        sim_device_memory: 256 * MIB as u64,
+        timeout_ms,
+        ..Config::default()
+    }
+}
+
+/// A runtime context for `config`; panics when there is none.
+pub fn runtime_context(config: Config) -> Arc<Context> {
+    Arc::new(Context::new(config).unwrap())
+}
+
+/// A runtime context for `config`, or `None`, printing "skipped" and why (no CUDA driver or
+/// device where the CUDA backend was asked for).
+pub fn runtime_context_or_skip(config: Config) -> Option<Arc<Context>> {
+    match Context::new(config) {
+        Ok(c) => Some(Arc::new(c)),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Shuts `ctx` down and asserts that nothing is left: not in its shutdown report, not in its
+/// registry, and (on the simulator) not in the simulator's ledger.
+pub fn assert_clean(ctx: &Context) {
+    let report = ctx.shutdown();
+    assert!(report.is_empty(), "{report}");
+    assert!(ctx.resources.is_empty(), "{}", ctx.resources.report());
+    if let Some(sim) = ctx.driver().as_sim() {
+        let ledger = sim.ledger();
+        assert!(ledger.is_empty(), "{ledger}");
+    }
+}
+
+/// One new stream per rank of `team`, on the rank's device.
+pub fn rank_streams(team: &Team) -> Vec<Stream> {
+    let d = team.context().driver();
+    team.devices().iter().map(|&dev| d.stream_create(dev).unwrap()).collect()
+}
+
+/// Destroys the streams [`rank_streams`] made.
+pub fn drop_rank_streams(team: &Team, streams: Vec<Stream>) {
+    let d = team.context().driver();
+    for (r, s) in streams.into_iter().enumerate() {
+        d.stream_destroy(team.devices()[r], s).unwrap();
+    }
+}
+
+/// A unique id as hexadecimal text (to pass it to a child process).
+pub fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The unique id [`hex`] wrote.
+pub fn unhex(s: &str) -> [u8; 128] {
+    let mut id = [0u8; 128];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    id
+}
+
+/// The bytes of one element of type `d` holding `v`.
+pub fn encode(d: DType, v: f64) -> Vec<u8> {
+    match d {
+        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+        DType::F64 => v.to_ne_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::BF16 => half::bf16::from_f64(v).to_bits().to_ne_bytes().to_vec(),
+        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+        DType::U32 => (v as u32).to_ne_bytes().to_vec(),
+        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
+        DType::U64 => (v as u64).to_ne_bytes().to_vec(),
+    }
+}
+
+/// The reference reduction of `xs` by `op`, in f64.
+pub fn reduce(op: RedOp, xs: &[f64]) -> f64 {
+    match op {
+        RedOp::Sum => xs.iter().sum(),
+        RedOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
+        RedOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    }
 }

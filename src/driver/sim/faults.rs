@@ -1,4 +1,5 @@
-//! Fault injection: `MCAST_SIM_FAULTS` plans and per-function call counting.
+//! Fault injection: `MCAST_SIM_FAULTS` plans and per-function call counting, and the simulator's
+//! API over them (inject, clear, the call log and counts).
 
 use std::collections::HashMap;
 
@@ -210,5 +211,39 @@ impl Calls {
 
     pub(super) fn count(&self, func: &str) -> u64 {
         self.counts.get(func).copied().unwrap_or(0)
+    }
+}
+
+impl super::SimDriver {
+    /// Makes calls of `func` fail with `code`: the `nth` call from now (1 = the next one) and the
+    /// `count - 1` after it, or every call from the `nth` on when `count` is `None`.
+    pub fn inject(&self, func: &str, code: CuResult, nth: u64, count: Option<u64>) {
+        self.calls.lock().arm(FaultRule {
+            func: func.to_string(),
+            action: FaultAction::Fail(code),
+            first: nth.max(1),
+            count,
+        });
+    }
+
+    /// Removes every fault rule, configured or injected.
+    pub fn clear_faults(&self) {
+        self.calls.lock().clear_faults();
+    }
+
+    /// Every driver function called since creation (or the last [`Self::reset_call_log`]), in
+    /// order, including calls that failed.
+    pub fn call_log(&self) -> Vec<&'static str> {
+        self.calls.lock().log()
+    }
+
+    /// Empties the call log (the per-function counts that fault rules use are kept).
+    pub fn reset_call_log(&self) {
+        self.calls.lock().reset_log();
+    }
+
+    /// How many times `func` was called since creation.
+    pub fn call_count(&self, func: &str) -> u64 {
+        self.calls.lock().count(func)
     }
 }

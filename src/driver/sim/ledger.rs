@@ -1,4 +1,5 @@
-//! The simulator's own count of live resources, independent of the runtime's registry.
+//! The simulator's own count of live resources, independent of the runtime's registry, and
+//! [`SimDriver::ledger`](super::SimDriver::ledger) that takes it.
 
 use std::fmt;
 
@@ -88,5 +89,35 @@ impl fmt::Display for Ledger {
             }
         }
         write!(f, "live: {}", parts.join("; "))
+    }
+}
+
+impl super::SimDriver {
+    /// Live simulated resources.
+    pub fn ledger(&self) -> Ledger {
+        let st = self.state.lock();
+        let n = self.config.devices as usize;
+        let mut ledger = Ledger { allocations: vec![0; n], allocation_bytes: vec![0; n], ..Ledger::default() };
+        for p in st.phys.values() {
+            ledger.allocations[p.dev as usize] += 1;
+            ledger.allocation_bytes[p.dev as usize] += p.size as u64;
+        }
+        for &(dev, size) in st.plain.values() {
+            ledger.allocations[dev as usize] += 1;
+            ledger.allocation_bytes[dev as usize] += size as u64;
+        }
+        ledger.allocation_handles = st.allocs.len() as u64;
+        ledger.reservations = st.reservations.len() as u64;
+        ledger.reserved_bytes = st.reservations.values().map(|&s| s as u64).sum();
+        ledger.mappings = st.mappings.len() as u64;
+        ledger.multicast_objects = st.mcs.len() as u64;
+        ledger.bindings = st.mcs.values().map(|m| m.bindings.len() as u64).sum();
+        ledger.modules = st.modules.len() as u64;
+        ledger.streams = st.streams.len() as u64;
+        ledger.events = st.events.len() as u64;
+        ledger.captures = st.captures.len() as u64;
+        ledger.graphs = st.graphs.len() as u64;
+        ledger.graph_execs = st.graph_execs.len() as u64;
+        ledger
     }
 }

@@ -1,0 +1,187 @@
+//! Unique ids: the 128 bytes every rank passes (address, mode, secret), how a fresh one is made,
+//! and the root listener that tells the ranks of an id where rank 0's hub listens.
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+
+use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
+use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT};
+
+/// Bytes of a unique id.
+pub const ID_BYTES: usize = 128;
+pub(super) const ID_MAGIC: &[u8; 8] = b"MCASTID2";
+const OLD_MAGIC: &[u8; 7] = b"MCASTID";
+/// Id mode: a root listener runs at the address.
+const MODE_ROOT: u8 = 1;
+/// Id mode: rank 0 listens at the address (`MCAST_BOOTSTRAP_ADDR`).
+const MODE_RANK0: u8 = 2;
+
+/// What a unique id carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UniqueId {
+    /// Where the root listens.
+    pub addr: SocketAddr,
+    /// The team secret.
+    pub secret: [u8; SECRET_BYTES],
+    /// Rank 0 starts the root (`MCAST_BOOTSTRAP_ADDR`), else it runs in the id's maker.
+    pub rank0_listens: bool,
+}
+
+impl UniqueId {
+    /// The 128 bytes: magic, mode, address family, port, address, secret, zeros.
+    pub fn encode(&self) -> [u8; ID_BYTES] {
+        let mut b = [0u8; ID_BYTES];
+        b[..8].copy_from_slice(ID_MAGIC);
+        b[8] = if self.rank0_listens { MODE_RANK0 } else { MODE_ROOT };
+        match self.addr.ip() {
+            IpAddr::V4(ip) => {
+                b[9] = 4;
+                b[12..16].copy_from_slice(&ip.octets());
+            }
+            IpAddr::V6(ip) => {
+                b[9] = 6;
+                b[12..28].copy_from_slice(&ip.octets());
+            }
+        }
+        b[10..12].copy_from_slice(&self.addr.port().to_le_bytes());
+        b[28..28 + SECRET_BYTES].copy_from_slice(&self.secret);
+        b
+    }
+
+    /// Reads an id; ids of other versions and garbage are refused with a clear message.
+    pub fn decode(b: &[u8; ID_BYTES]) -> Result<UniqueId, BootError> {
+        let bad = |why: &str| {
+            BootError::new(
+                Kind::InvalidArgument,
+                format!(
+                    "the unique id {why}: every rank must pass the bytes rank 0 got from mcast_get_unique_id of this \
+                     version of mcast"
+                ),
+            )
+        };
+        if &b[..8] != ID_MAGIC {
+            if &b[..7] == OLD_MAGIC {
+                return Err(bad(&format!(
+                    "was made by another version of mcast (tag {:?}, this version reads MCASTID2)",
+                    String::from_utf8_lossy(&b[..8])
+                )));
+            }
+            return Err(bad("was not made by mcast_get_unique_id"));
+        }
+        let port = u16::from_le_bytes([b[10], b[11]]);
+        let ip = match b[9] {
+            4 => IpAddr::from(<[u8; 4]>::try_from(&b[12..16]).expect("4")),
+            6 => IpAddr::from(<[u8; 16]>::try_from(&b[12..28]).expect("16")),
+            _ => return Err(bad("holds no valid address")),
+        };
+        if port == 0 || !(b[8] == MODE_ROOT || b[8] == MODE_RANK0) || b[28 + SECRET_BYTES..].iter().any(|&x| x != 0) {
+            return Err(bad("is damaged"));
+        }
+        let mut secret = [0u8; SECRET_BYTES];
+        secret.copy_from_slice(&b[28..28 + SECRET_BYTES]);
+        Ok(UniqueId { addr: SocketAddr::new(ip, port), secret, rank0_listens: b[8] == MODE_RANK0 })
+    }
+}
+
+pub(super) fn fresh_secret() -> Result<[u8; SECRET_BYTES], BootError> {
+    let mut s = [0u8; SECRET_BYTES];
+    tcp::random_bytes(&mut s).map_err(|e| BootError::new(Kind::Internal, format!("getrandom failed: {e}")))?;
+    Ok(s)
+}
+
+/// `MCAST_BOOTSTRAP_ADDR`, parsed.
+fn env_bootstrap_addr() -> Result<Option<SocketAddr>, BootError> {
+    match std::env::var("MCAST_BOOTSTRAP_ADDR") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+            BootError::new(
+                Kind::InvalidArgument,
+                format!("MCAST_BOOTSTRAP_ADDR={v} is not ip:port (for example 10.0.0.1:29500 or [fd00::1]:29500)"),
+            )
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// A fresh unique id. With `MCAST_BOOTSTRAP_ADDR` set, the id names that address, no listener
+/// starts (rank 0 will listen there) and every process makes the same id (its secret derived
+/// from the address and `MCAST_BOOTSTRAP_SECRET`); otherwise a root listener starts in this
+/// process on the interface [`tcp::pick_ip`] chooses, and serves the team until every rank
+/// asked it where the hub is.
+pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
+    if let Some(addr) = env_bootstrap_addr()? {
+        // Every process makes the same id from the environment, as with NCCL_COMM_ID: the
+        // secret is derived from the address and MCAST_BOOTSTRAP_SECRET (a token the launcher
+        // shares with the job's processes; without it, anyone who knows the address can join).
+        use sha2::{Digest, Sha256};
+        let shared = std::env::var("MCAST_BOOTSTRAP_SECRET").unwrap_or_default();
+        let mut h = Sha256::new();
+        h.update(b"mcast bootstrap secret\0");
+        h.update(addr.to_string().as_bytes());
+        h.update(b"\0");
+        h.update(shared.as_bytes());
+        let secret: [u8; SECRET_BYTES] = h.finalize().into();
+        return Ok(UniqueId { addr, secret, rank0_listens: true }.encode());
+    }
+    let secret = fresh_secret()?;
+    let ip = tcp::pick_ip()?;
+    let listener = tcp::listen(SocketAddr::new(ip, 0))?;
+    let addr = listener.local_addr().map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;
+    spawn_root(listener, secret)?;
+    Ok(UniqueId { addr, secret, rank0_listens: false }.encode())
+}
+
+/// The root of a unique id: tells every rank where rank 0's hub listens, then ends once every
+/// rank has asked.
+pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Result<(), BootError> {
+    let acceptor = Acceptor::start(listener, secret, "bootstrap root")
+        .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root: {e}")))?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("mcast-root".into())
+        .spawn(move || {
+            // A first, timed-out wait sets up this thread's channel waiting state (which
+            // allocates once); the waits after the ready signal allocate nothing.
+            let mut early = acceptor.next(Deadline::after_ms(1));
+            // The sender lives as long as the thread (see `Acceptor::start`).
+            let _ = ready_tx.send(());
+            let mut waiting: Vec<(TcpStream, u32, u32)> = Vec::new();
+            let mut hub: Option<(String, u32)> = None;
+            let mut served = std::collections::BTreeSet::new();
+            loop {
+                if let Some((_, n)) = &hub {
+                    if served.len() >= *n as usize {
+                        break;
+                    }
+                }
+                let Some((s, join)) = early.take().or_else(|| acceptor.next(Deadline(None))) else { break };
+                let mut d = Dec(&join);
+                let (Ok(ASK_ROOT), Ok(rank), Ok(nranks), Ok(addr)) = (d.u32(), d.u32(), d.u32(), d.str()) else {
+                    tracing::warn!("bootstrap root: dropped a malformed request");
+                    continue;
+                };
+                if rank == 0 {
+                    hub = Some((addr, nranks));
+                }
+                waiting.push((s, rank, nranks));
+                if let Some((addr, n)) = &hub {
+                    for (mut w, rank, their_n) in waiting.drain(..) {
+                        let mut e = Enc::default();
+                        if their_n == *n {
+                            e.u32(0).str(addr);
+                        } else {
+                            e.u32(1).str(&format!(
+                                "rank {rank} says nranks = {their_n} but rank 0 says nranks = {n}; every rank must \
+                                 pass the same nranks"
+                            ));
+                        }
+                        let _ = tcp::write_frame(&mut w, kind::WELCOME, &e.0);
+                        served.insert(rank);
+                    }
+                }
+            }
+            drop(acceptor);
+        })
+        .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root thread: {e}")))?;
+    // As in `Acceptor::start`: the thread is parked in its loop before the id is handed out.
+    let _ = ready_rx.recv();
+    Ok(())
+}

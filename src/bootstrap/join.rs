@@ -1,0 +1,337 @@
+//! How a team forms: a rank joins through a unique id or the caller's allgather, then every
+//! rank connects to rank 0's hub (a star), the hosts' descriptor channels form, and one reader
+//! thread per connection starts.
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::id::{fresh_secret, spawn_root, UniqueId, ID_BYTES};
+use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
+use super::{
+    fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
+};
+
+/// The status code of a rank whose descriptor channel could not be formed.
+const LOCAL_SETUP: u32 = 0xffff;
+
+fn check_ranks(nranks: i64, rank: i64, max: usize) -> Result<(usize, usize), BootError> {
+    if nranks < 1 || nranks as u64 > max as u64 {
+        return Err(BootError::new(Kind::InvalidArgument, format!("nranks is {nranks}; a team has 1 to {max} ranks")));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(BootError::new(
+            Kind::InvalidArgument,
+            format!("rank {rank} is out of range for nranks = {nranks}"),
+        ));
+    }
+    Ok((nranks as usize, rank as usize))
+}
+
+impl Bootstrap {
+    /// Joins the team of unique id `id` as `rank` of `nranks` (at most `max_ranks`), this
+    /// process on host `host` (see [`host::host_id`](super::host::host_id)). Bounded by `timeout_ms`.
+    pub fn init_id(
+        id: &[u8; ID_BYTES],
+        nranks: i64,
+        rank: i64,
+        max_ranks: usize,
+        timeout_ms: u32,
+        host: String,
+    ) -> Result<Bootstrap, BootError> {
+        let (n, r) = check_ranks(nranks, rank, max_ranks)?;
+        let id = UniqueId::decode(id)?;
+        let deadline = Deadline::after(timeout_ms);
+        let hub = if r == 0 {
+            if id.rank0_listens {
+                spawn_root(tcp::listen(id.addr)?, id.secret)?;
+            }
+            Some(Self::hub_acceptor(&id.secret, id.rank0_listens.then_some(id.addr.ip()))?)
+        } else {
+            None
+        };
+        // Ask the root where the hub is (rank 0 tells it).
+        let mut s = tcp::connect(id.addr, &id.secret, deadline).map_err(|e| {
+            timeout_err(format!(
+                "rank {r}: {e}; the process that made the id must stay alive until every rank joined (or, with \
+                 MCAST_BOOTSTRAP_ADDR, rank 0 must start within timeout_ms = {timeout_ms} ms)"
+            ))
+        })?;
+        let mut e = Enc::default();
+        e.u32(ASK_ROOT)
+            .u32(r as u32)
+            .u32(n as u32)
+            .str(&hub.as_ref().map(|h| h.addr().to_string()).unwrap_or_default());
+        tcp::write_frame(&mut s, kind::JOIN, &e.0)
+            .map_err(|e| timeout_err(format!("rank {r}: bootstrap root: {e}")))?;
+        let w = tcp::expect_frame(&mut s, kind::WELCOME, 4096, deadline).map_err(|e| {
+            timeout_err(format!(
+                "rank {r}: rank 0 did not join the team within timeout_ms = {timeout_ms} ms ({e}); every rank must call \
+                 mcast_team_init_rank with the same id"
+            ))
+        })?;
+        let mut d = Dec(&w);
+        let ok = d.u32()?;
+        let msg = d.str()?;
+        if ok != 0 {
+            return Err(BootError::new(Kind::InvalidArgument, format!("rank {r}: {msg}")));
+        }
+        let hub_addr: SocketAddr =
+            msg.parse().map_err(|_| BootError::new(Kind::Internal, format!("rank {r}: a bad hub address {msg}")))?;
+        Self::form(r, n, id.secret, hub, hub_addr, host, timeout_ms, deadline)
+    }
+
+    fn hub_acceptor(secret: &[u8; SECRET_BYTES], ip: Option<IpAddr>) -> Result<Acceptor, BootError> {
+        let ip = match ip {
+            Some(ip) => ip,
+            None => tcp::pick_ip()?,
+        };
+        let l = tcp::listen(SocketAddr::new(ip, 0))?;
+        Acceptor::start(l, *secret, "bootstrap hub")
+            .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap hub: {e}")))
+    }
+
+    /// Joins a team through the caller's allgather (see [`oob`]).
+    pub fn init_oob(
+        allgather: oob::Allgather<'_>,
+        nranks: i64,
+        rank: i64,
+        max_ranks: usize,
+        timeout_ms: u32,
+        host: String,
+        problem: Option<String>,
+    ) -> Result<Bootstrap, BootError> {
+        // A bad team size is the same on every rank: fail before calling the allgather at all.
+        // A bad rank or a local problem still takes part, so every rank fails together.
+        if nranks < 1 || nranks as u64 > max_ranks as u64 {
+            return Err(BootError::new(
+                Kind::InvalidArgument,
+                format!("nranks is {nranks}; a team has 1 to {max_ranks} ranks"),
+            ));
+        }
+        let n = nranks as usize;
+        let rank_problem = check_ranks(nranks, rank, max_ranks).err().map(|e| e.message);
+        let problem = problem.or(rank_problem);
+        let r = if (0..nranks).contains(&rank) { rank as usize } else { n };
+        let deadline = Deadline::after(timeout_ms);
+        // Rank 0's listener, before the allgather, so the address can travel in it.
+        let prepared = (|| -> Result<_, BootError> {
+            let secret = fresh_secret()?;
+            let hub = if r == 0 { Some(Self::hub_acceptor(&secret, None)?) } else { None };
+            Ok((secret, hub))
+        })();
+        let (secret, hub, local_err) = match prepared {
+            Ok((s, h)) => (s, h, problem.map(|m| BootError::new(Kind::InvalidArgument, m))),
+            Err(e) => ([0; SECRET_BYTES], None, Some(e)),
+        };
+        let addr = hub.as_ref().map(|h| h.addr().to_string()).unwrap_or_default();
+        let mine = oob::record(n, rank.max(0) as usize, &secret, &addr, local_err.as_ref().map(|e| e.message.as_str()));
+        let mut all = vec![0u8; oob::RECORD * n];
+        allgather(&mine, &mut all).map_err(|m| BootError::new(Kind::InvalidArgument, format!("rank {rank}: {m}")))?;
+        if let Some(e) = local_err {
+            return Err(e);
+        }
+        let (secret, hub_addr) = oob::read_records(&all, n, r)?;
+        Self::form(r, n, secret, hub, hub_addr, host, timeout_ms, deadline)
+    }
+
+    /// Builds the star around rank 0's hub and the hosts' descriptor channels.
+    #[allow(clippy::too_many_arguments)]
+    fn form(
+        r: usize,
+        n: usize,
+        secret: [u8; SECRET_BYTES],
+        hub: Option<Acceptor>,
+        hub_addr: SocketAddr,
+        host: String,
+        timeout_ms: u32,
+        deadline: Deadline,
+    ) -> Result<Bootstrap, BootError> {
+        let mut conns: Vec<Option<Arc<Conn>>> = (0..n).map(|_| None).collect();
+        let mut hosts = vec![String::new(); n];
+        hosts[r] = host.clone();
+        let nonce;
+        if r == 0 {
+            let hub = hub.expect("rank 0 holds the hub");
+            let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+            let mut failure = None;
+            let mut joined = 1;
+            while joined < n {
+                let Some((s, join)) = hub.next(deadline) else {
+                    let missing: Vec<usize> = (1..n).filter(|&q| streams[q].is_none()).collect();
+                    failure = Some(timeout_err(format!(
+                        "rank 0: rank(s) {missing:?} did not join the team within timeout_ms = {timeout_ms} ms; every \
+                         rank must join with the same id (or allgather) and nranks"
+                    )));
+                    break;
+                };
+                let mut d = Dec(&join);
+                let parsed = (|| Ok::<_, BootError>((d.u32()?, d.u32()? as usize, d.u32()? as usize, d.str()?)))();
+                let Ok((JOIN_HUB, q, their_n, their_host)) = parsed else {
+                    tracing::warn!("bootstrap hub: dropped a malformed join");
+                    continue;
+                };
+                if their_n != n || q == 0 || q >= n || streams[q].is_some() {
+                    failure = Some(BootError::new(
+                        Kind::InvalidArgument,
+                        format!(
+                            "a process joined as rank {q} of {their_n} while rank 0 expects ranks 1..{} of {n} each \
+                             exactly once",
+                            n - 1
+                        ),
+                    ));
+                    streams[q.min(n - 1).max(1)].get_or_insert(s);
+                    break;
+                }
+                hosts[q] = their_host;
+                streams[q] = Some(s);
+                joined += 1;
+            }
+            drop(hub);
+            let mut nb = [0u8; 16];
+            tcp::random_bytes(&mut nb).map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;
+            nonce = nb.iter().map(|b| format!("{b:02x}")).collect::<String>();
+            let mut e = Enc::default();
+            match &failure {
+                Some(f) => e.u32(1).u32(f.kind.code()).str(&f.message),
+                None => {
+                    e.u32(0).str(&nonce).u32(n as u32);
+                    for h in &hosts {
+                        e.str(h);
+                    }
+                    &mut e
+                }
+            };
+            for s in streams.iter_mut().flatten() {
+                let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                let _ = tcp::write_frame(s, kind::WELCOME, &e.0);
+            }
+            if let Some(f) = failure {
+                return Err(f);
+            }
+            for (q, s) in streams.into_iter().enumerate() {
+                conns[q] = s.map(|stream| Arc::new(Conn { stream, write: Mutex::new(()) }));
+            }
+        } else {
+            let mut s = tcp::connect(hub_addr, &secret, deadline)
+                .map_err(|e| timeout_err(format!("rank {r}: rank 0's hub: {e}")))?;
+            let mut e = Enc::default();
+            e.u32(JOIN_HUB).u32(r as u32).u32(n as u32).str(&host);
+            tcp::write_frame(&mut s, kind::JOIN, &e.0).map_err(|e| timeout_err(format!("rank {r}: hub: {e}")))?;
+            let w = tcp::expect_frame(&mut s, kind::WELCOME, tcp::MAX_FRAME, deadline).map_err(|e| {
+                timeout_err(format!("rank {r}: the team did not form within timeout_ms = {timeout_ms} ms ({e})"))
+            })?;
+            let mut d = Dec(&w);
+            if d.u32()? != 0 {
+                let k = Kind::from_code(d.u32()?);
+                return Err(BootError::new(k, d.str()?));
+            }
+            nonce = d.str()?;
+            if d.u32()? as usize != n {
+                return Err(BootError::new(Kind::Internal, "the hub's host table has the wrong size"));
+            }
+            for h in hosts.iter_mut() {
+                *h = d.str()?;
+            }
+            conns[0] = Some(Arc::new(Conn { stream: s, write: Mutex::new(()) }));
+        }
+        for c in conns.iter().flatten() {
+            let _ = c.stream.set_read_timeout(None);
+            let _ = c.stream.set_nodelay(true);
+            let wt = (timeout_ms != 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+            let _ = c.stream.set_write_timeout(wt);
+        }
+        // SAFETY: eventfd(2); checked.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return Err(BootError::new(Kind::Internal, "eventfd failed"));
+        }
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queues { frames: vec![Default::default(); n], closed: vec![false; n] }),
+            cv: Condvar::new(),
+            aborted: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+            // SAFETY: a fresh descriptor.
+            wake: unsafe { OwnedFd::from_raw_fd(wake) },
+        });
+        let conns = Arc::new(conns);
+        let mut b = Bootstrap {
+            rank: r,
+            nranks: n,
+            timeout_ms,
+            hosts,
+            shared,
+            conns,
+            readers: Mutex::new(Vec::new()),
+            local: None,
+            broken: Mutex::new(None),
+        };
+        b.start_readers();
+        // Descriptor passing among the ranks of this host, then a vote so every rank agrees.
+        let members: Vec<usize> = (0..n).filter(|&q| b.hosts[q] == b.hosts[r]).collect();
+        let local = if members.len() > 1 {
+            let name = format!("mcast-fd-{nonce}-{}", members[0]);
+            fdpass::Local::form(&name, members, r, &secret, deadline).map(Some)
+        } else {
+            Ok(None)
+        };
+        let status = match local {
+            Ok(l) => {
+                b.local = l;
+                Ok(())
+            }
+            Err(e) => Err((LOCAL_SETUP, e.message)),
+        };
+        b.allgather("bootstrap", status, &[], &[]).map_err(|e| match e.kind {
+            Kind::Failed(LOCAL_SETUP) => BootError::new(Kind::Timeout, e.message),
+            _ => e,
+        })?;
+        Ok(b)
+    }
+
+    fn start_readers(&mut self) {
+        let mut readers = self.readers.lock();
+        for (src, c) in self.conns.iter().enumerate() {
+            let Some(c) = c.clone() else { continue };
+            let shared = self.shared.clone();
+            let conns = self.conns.clone();
+            let hub = self.rank == 0;
+            let me = self.rank;
+            let t = std::thread::Builder::new().name("mcast-boot-rx".into()).spawn(move || loop {
+                match tcp::read_frame(&mut &c.stream, tcp::MAX_FRAME) {
+                    Ok((kind::ABORT, p)) => {
+                        let reason = Dec(&p).str().unwrap_or_default();
+                        if shared.set_aborted(&reason) && hub {
+                            for (q, other) in conns.iter().enumerate() {
+                                if let (Some(o), true) = (other, q != src) {
+                                    let _ = o.send(kind::ABORT, &p);
+                                }
+                            }
+                        }
+                    }
+                    Ok(frame) => {
+                        let mut q = shared.q.lock();
+                        q.frames[src].push_back(frame);
+                        shared.cv.notify_all();
+                    }
+                    Err(e) => {
+                        if let tcp::FrameError::TooLarge(_) = e {
+                            tracing::warn!("rank {me}: rank {src} sent an oversized frame; connection dropped");
+                        }
+                        let mut q = shared.q.lock();
+                        q.closed[src] = true;
+                        shared.cv.notify_all();
+                        break;
+                    }
+                }
+            });
+            if let Ok(t) = t {
+                readers.push(t);
+            }
+        }
+    }
+}

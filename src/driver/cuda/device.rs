@@ -1,0 +1,84 @@
+//! Devices: the driver version, device count, properties and attributes, and peer access.
+
+use std::ffi::{c_int, CStr};
+
+use cudarc::driver::sys as cu;
+
+use super::symbols::check;
+use super::CudaDriver;
+use crate::driver::{CuResult, DResult, Device, DeviceProps};
+
+impl CudaDriver {
+    /// `cuDeviceGetAttribute`.
+    fn attribute(&self, device: cu::CUdevice, attr: cu::CUdevice_attribute) -> DResult<i32> {
+        let mut value: c_int = 0;
+        // SAFETY: the out-pointer is a local; `attr` is a valid attribute enumerator.
+        check("cuDeviceGetAttribute", unsafe { (self.api.cuDeviceGetAttribute)(&mut value, attr, device) })?;
+        Ok(value)
+    }
+
+    /// A boolean attribute; `CUDA_ERROR_INVALID_VALUE` (an attribute older drivers do not know)
+    /// reads as unsupported.
+    fn attribute_flag(&self, device: cu::CUdevice, attr: cu::CUdevice_attribute) -> DResult<bool> {
+        match self.attribute(device, attr) {
+            Ok(v) => Ok(v != 0),
+            Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+pub(super) fn driver_version(drv: &CudaDriver) -> DResult<i32> {
+    let mut version: c_int = 0;
+    // SAFETY: the out-pointer is a local.
+    check("cuDriverGetVersion", unsafe { (drv.api.cuDriverGetVersion)(&mut version) })?;
+    Ok(version)
+}
+
+pub(super) fn device_count(drv: &CudaDriver) -> DResult<i32> {
+    let mut count: c_int = 0;
+    // SAFETY: the out-pointer is a local.
+    check("cuDeviceGetCount", unsafe { (drv.api.cuDeviceGetCount)(&mut count) })?;
+    Ok(count)
+}
+
+pub(super) fn device_props(drv: &CudaDriver, dev: Device) -> DResult<DeviceProps> {
+    use cu::CUdevice_attribute as A;
+    let device = drv.cu_device(dev)?;
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is writable for its full length, which is what we pass.
+    check("cuDeviceGetName", unsafe {
+        (drv.api.cuDeviceGetName)(name.as_mut_ptr().cast(), name.len() as c_int, device)
+    })?;
+    let name = match CStr::from_bytes_until_nul(&name) {
+        Ok(s) => s.to_string_lossy().into_owned(),
+        Err(_) => String::from_utf8_lossy(&name).into_owned(),
+    };
+    let mut total: usize = 0;
+    // SAFETY: the out-pointer is a local; `device` came from `cuDeviceGet`.
+    check("cuDeviceTotalMem", unsafe { (drv.api.cuDeviceTotalMem_v2)(&mut total, device) })?;
+    Ok(DeviceProps {
+        name,
+        cc_major: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        cc_minor: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        total_memory: total as u64,
+        sm_count: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        multicast_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)?,
+        vmm_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
+        posix_fd_supported: drv
+            .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
+        fabric_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+    })
+}
+
+pub(super) fn can_access_peer(drv: &CudaDriver, dev: Device, peer: Device) -> DResult<bool> {
+    let a = drv.cu_device(dev)?;
+    let b = drv.cu_device(peer)?;
+    if a == b {
+        return Ok(true);
+    }
+    let mut can: c_int = 0;
+    // SAFETY: the out-pointer is a local; both devices came from `cuDeviceGet`.
+    check("cuDeviceCanAccessPeer", unsafe { (drv.api.cuDeviceCanAccessPeer)(&mut can, a, b) })?;
+    Ok(can != 0)
+}
