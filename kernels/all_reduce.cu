@@ -235,20 +235,8 @@ __device__ void all_reduce_mc(const McastArgs& a) {
   const Range r = split(a.data_mc, a.count * sizeof(E) / U, U, true);
   const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U, obase = a.out_mc + r.head * U;
   if (!barrier<true>(a, 0)) return;
-  const u64 lo = r.nv * me / N, hi = r.nv * (me + 1) / N, T = gthreads();
-  for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
-    V16 v[MCAST_UNROLL];
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < hi) v[u] = mc_ld_reduce_v16<D, O>(a, base + j * 16);
-    }
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < hi) mc_st_v16(a, obase + j * 16, v[u]);
-    }
-  }
+  move_vectors(base, obase, r.nv * me / N, r.nv * (me + 1) / N,
+               [&](u64 p) { return mc_ld_reduce_v16<D, O>(a, p); }, [&](u64 p, V16 v) { mc_st_v16(a, p, v); });
   if (me == 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
       const u64 o = scalar_off(r, i, U);

@@ -97,22 +97,30 @@ __device__ void p2p_reduce_span(const McastArgs& a, u64 base, u64 lo, u64 hi) {
   }
 }
 
-// Copy vectors [lo, hi) at byte `base` from src to dst (same indexing as p2p_reduce_span).
-__device__ void copy_span(u64 dst, u64 src, u64 base, u64 lo, u64 hi) {
+// Move vectors [lo, hi) (16 bytes each, numbered from the byte addresses src and dst): vector j
+// by global thread (j - lo) % gthreads() (the indexing of p2p_reduce_span), MCAST_UNROLL loads
+// (ld(src + 16j) -> V16) in flight before their stores (st(dst + 16j, V16)).
+template <class Ld, class St>
+__device__ __forceinline__ void move_vectors(u64 src, u64 dst, u64 lo, u64 hi, Ld ld, St st) {
   const u64 T = gthreads();
   for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
     V16 v[MCAST_UNROLL];
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u) {
       const u64 j = j0 + (u64)u * T;
-      if (j < hi) v[u] = ld16(src + base + j * 16);
+      if (j < hi) v[u] = ld(src + j * 16);
     }
 #pragma unroll
     for (int u = 0; u < MCAST_UNROLL; ++u) {
       const u64 j = j0 + (u64)u * T;
-      if (j < hi) st16(dst + base + j * 16, v[u]);
+      if (j < hi) st(dst + j * 16, v[u]);
     }
   }
+}
+
+// Copy vectors [lo, hi) at byte `base` from src to dst (same indexing as p2p_reduce_span).
+__device__ void copy_span(u64 dst, u64 src, u64 base, u64 lo, u64 hi) {
+  move_vectors(src + base, dst + base, lo, hi, [](u64 p) { return ld16(p); }, [](u64 p, V16 v) { st16(p, v); });
 }
 
 // Copy n bytes from src to dst (any alignment; vectors where both agree modulo 16). Head and tail
@@ -137,20 +145,8 @@ __device__ __forceinline__ u64 scalar_off(const Range& r, u64 i, u32 unit) {
 // out.
 __device__ void mc_push(const McastArgs& a, u64 off, u64 n) {
   const Range r = split(a.out_mc + off, n / 4, 4, true);
-  const u64 src = a.data[a.rank] + off + r.head * 4, dst = a.out_mc + off + r.head * 4, T = gthreads();
-  for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
-    V16 v[MCAST_UNROLL];
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < r.nv) v[u] = ld16(src + j * 16);
-    }
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < r.nv) mc_st_v16(a, dst + j * 16, v[u]);
-    }
-  }
+  const u64 src = a.data[a.rank] + off + r.head * 4, dst = a.out_mc + off + r.head * 4;
+  move_vectors(src, dst, 0, r.nv, [](u64 p) { return ld16(p); }, [&](u64 p, V16 v) { mc_st_v16(a, p, v); });
   if (blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
       const u64 o = off + scalar_off(r, i, 4);

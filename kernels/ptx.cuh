@@ -3,9 +3,6 @@
 struct alignas(16) V16 {
   u32 x, y, z, w;
 };
-struct alignas(8) V8 {
-  u32 x, y;
-};
 
 __device__ __forceinline__ u64 globaltimer() {
   u64 t;
@@ -33,16 +30,6 @@ __device__ __forceinline__ float u32_as_f32(u32 x) {
 __device__ __forceinline__ u32 f32_as_u32(float f) {
   u32 x;
   asm("mov.b32 %0, %1;" : "=r"(x) : "f"(f));
-  return x;
-}
-__device__ __forceinline__ double u64_as_f64(u64 x) {
-  double f;
-  asm("mov.b64 %0, %1;" : "=d"(f) : "l"(x));
-  return f;
-}
-__device__ __forceinline__ u64 f64_as_u64(double f) {
-  u64 x;
-  asm("mov.b64 %0, %1;" : "=l"(x) : "d"(f));
   return x;
 }
 __device__ __forceinline__ float bf16_to_f32(u16 h) {

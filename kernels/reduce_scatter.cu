@@ -26,20 +26,8 @@ __device__ void reduce_scatter_mc(const McastArgs& a) {
   const Range r = split(a.data_mc + blk, a.count * sizeof(E) / U, U, true);
   const u64 mbase = a.data_mc + blk + r.head * U, lbase = a.out[a.rank] + blk + r.head * U;
   if (!barrier<true>(a, 0)) return;
-  const u64 T = gthreads();
-  for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
-    V16 v[MCAST_UNROLL];
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < r.nv) v[u] = mc_ld_reduce_v16<D, O>(a, mbase + j * 16);
-    }
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < r.nv) st16(lbase + j * 16, v[u]);
-    }
-  }
+  move_vectors(mbase, lbase, 0, r.nv, [&](u64 p) { return mc_ld_reduce_v16<D, O>(a, p); },
+               [](u64 p, V16 v) { st16(p, v); });
   if (blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
       const u64 o = blk + scalar_off(r, i, U);
