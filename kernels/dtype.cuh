@@ -1,5 +1,6 @@
 // kernels/dtype.cuh: element types and operators: dtype/op codes (as mcast_dtype_t, mcast_op_t),
 // storage and accumulation types, and Vec, a 16-byte vector unpacked into accumulators.
+
 // Dtype codes as mcast_dtype_t; operator codes as mcast_op_t.
 #define D_F32 0
 #define D_F64 1

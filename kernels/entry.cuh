@@ -1,5 +1,6 @@
 // kernels/entry.cuh: entry-point conventions: KERNEL and ARGS, the module selection flags
 // (MCAST_SELECT, MCAST_WHEN) and the (dtype, operator) lists the collectives instantiate.
+
 // Names: mcast_<collective>_<path>[_twoshot][_<dtype>_<op>]; see KernelId::name in src/kernels/abi/.
 #define KERNEL extern "C" __global__ void __launch_bounds__(MCAST_THREADS)
 #define ARGS const __grid_constant__ McastArgs a

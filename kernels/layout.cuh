@@ -1,5 +1,6 @@
 // kernels/layout.cuh: how a range is cut (head units, 16-byte vectors, tail units) and the loops
 // the collectives share: P2P reduce and copy of a span, and the multicast push of a range.
+
 // A range of n units of `unit` bytes at `addr` = head units (before the first 16-byte boundary),
 // nv 16-byte vectors, tail units. If `aligned` is false (ranks disagree on alignment modulo 16 or
 // the address is not unit-aligned), everything is scalar (head = n).

@@ -1,5 +1,6 @@
 // kernels/multimem.cuh: the multicast primitives (mc_*): multimem.ld_reduce, multimem.st and
 // multimem.red, or their emulation over the peers' unicast pointers (-DMCAST_EMULATE_MULTIMEM).
+
 // mc_ld_reduce_v16<D,O>(a, mc)    16-byte multimem.ld_reduce (vector form or 2/4 scalar forms)
 // mc_ld_reduce_unit<D,O>(a, mc)   one scalar unit: 4 bytes (a 16-bit pair, or one 32-bit element)
 //                                 or 8 bytes (one 64-bit element); bits in the low end of a u64

@@ -1,5 +1,6 @@
 // kernels/ptx.cuh: inline-PTX helpers: the global timer, system-scope acquire/release and
 // atomics, bit casts and 16-bit float conversions, plain 16-byte loads and stores.
+
 struct alignas(16) V16 {
   u32 x, y, z, w;
 };

@@ -1,5 +1,6 @@
 // kernels/sync.cuh: synchronisation across ranks: the device error word, the counter waits (abort
 // and timeout aware) and the per-block-slot barrier.
+
 // Per-block-slot counting barrier across ranks. Block b of every rank adds 1 to the slot-b
 // counter of every rank (release), then waits (acquire) until its own slot-b counter reaches
 // (barriers completed on slot b) * nranks; that count lives in the rank's local state and is
