@@ -1,7 +1,8 @@
 //! Compiled-kernel cache: in memory (per process) and on disk.
 //!
-//! Key: FNV-1a hash of the source and the NVRTC options (which select the module's entry points,
-//! see [`super::select`]), NVRTC version, architecture, variant and module name.
+//! Key: FNV-1a hash of the source text the module compiles (the shared part of `kernels/` and
+//! its collective, see [`super::source`]) and the NVRTC options (which select the module's entry
+//! points, see [`super::select`]), NVRTC version, architecture, variant and module name.
 //! Disk directory: `MCAST_CACHE_DIR`, else `$XDG_CACHE_HOME/mcast`, else `~/.cache/mcast`;
 //! `MCAST_CACHE_DIR=off` disables the disk cache. Files are written atomically (temporary file in
 //! the same directory, then rename) with a header and checksum; a file that fails the check is
@@ -187,11 +188,13 @@ pub fn cubin(arch: &str, variant: Variant, unit: Option<Unit>) -> Result<Arc<Vec
     if let Some(u) = unit {
         options.extend(u.defines());
     }
-    let key = CacheKey::new(super::abi::SOURCE, &options, nv.version(), arch, variant).module(&module);
+    // A module compiles the shared part and its collective's file only; the key hashes that text.
+    let source = unit.map_or(super::source::SOURCE, |u| super::source::family_source(u.family));
+    let key = CacheKey::new(source, &options, nv.version(), arch, variant).module(&module);
     let dir = cache_dir();
     get_or_build(dir.as_deref(), &key, || {
         let target = format!("{arch} {} {module}", variant.name());
-        let out = nv.compile(super::abi::SOURCE, super::abi::SOURCE_NAME, &options, &target)?;
+        let out = nv.compile(source, super::source::SOURCE_NAME, &options, &target)?;
         if !out.log.is_empty() {
             tracing::debug!("NVRTC log for {target}:\n{}", out.log);
         }

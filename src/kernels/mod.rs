@@ -13,6 +13,7 @@ pub mod error;
 pub mod nvrtc;
 pub mod select;
 pub mod sim;
+pub mod source;
 
 pub use cuda::launch;
 pub use error::KernelError;

@@ -1,6 +1,6 @@
 //! Which entry points one compiled module holds.
 //!
-//! Compiling all of `kernels/collectives.cu` takes NVRTC tens of seconds on a fresh machine, so
+//! Compiling every entry point of `kernels/` takes NVRTC tens of seconds on a fresh machine, so
 //! a call compiles (or finds in the cache) only its [`Unit`]: one collective for one dtype and
 //! operator, with every algorithm the kernel plan may pick for it (P2P one-shot, push all-reduce,
 //! two-shot, multicast), so a change of message size never waits for a compile. The source keeps

@@ -172,7 +172,7 @@ impl Job {
                 sync();
             }
             KernelKind::AllReduceP2pPush => {
-                // The kernel's layout (kernels/collectives.cu, all_reduce_p2p_push): steps of
+                // The kernel's layout (kernels/all_reduce.cu, all_reduce_p2p_push): steps of
                 // `blocks` rows; in step j block b's part goes to this rank's row in slot
                 // (push sequence of b + j + 1) % PUSH_SLOTS of every peer's scratch; the
                 // simulator's barrier stands for the flags; then each rank reduces its peers'

@@ -1,0 +1,23 @@
+// kernels/all_gather.cu: the all-gather kernels (P2P pull, multicast push) and their entry points
+// mcast_all_gather_p2p and mcast_all_gather_mc.
+
+// All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
+// out, for every q != r (and q == r out of place).
+__device__ void all_gather_p2p(const McastArgs& a) {
+  if (!barrier<false>(a, 0)) return;
+  for (u32 q = 0; q < a.nranks; ++q)
+    if (q != a.rank || a.out[a.rank] != a.data[a.rank])
+      copy_bytes(a.out[a.rank] + (u64)q * a.count, a.data[q] + (u64)q * a.count, a.count);
+  barrier<false>(a, 1);
+}
+
+// All-gather: rank r multimem.st's its block (count bytes at r*count) into every rank's copy.
+__device__ void all_gather_mc(const McastArgs& a) {
+  if (!barrier<true>(a, 0)) return;
+  mc_push(a, (u64)a.rank * a.count, a.count);
+  barrier<true>(a, 1);
+}
+
+MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
+    KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
+    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); })

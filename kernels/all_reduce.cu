@@ -1,0 +1,257 @@
+// kernels/all_reduce.cu: the all-reduce kernels (P2P one-shot, push and two-shot; multicast) and
+// their entry points mcast_all_reduce_{p2p,p2p_push,p2p_twoshot,mc}_<dtype>_<op>.
+
+// One-shot all-reduce, in rounds of gthreads()*UNROLL vectors (block 0 also takes the scalars, one
+// per thread per round): each round loads and reduces every rank's values into registers in rank
+// order, barriers, then stores this rank's copy. In place is safe because no rank stores before
+// every rank has loaded; the barrier before the last stores is the exit barrier (nobody reads this
+// rank's copy after it). Barriers are per block slot, so block 0 may run more rounds than others.
+template <int D, int O>
+__device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
+  typedef typename Ty<D>::E E;
+  const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
+  u32 bi = 0;
+  if (!barrier<false>(a, bi++)) return;
+  const u64 T = gthreads();
+  const u64 per_round = T * MCAST_UNROLL;
+  const u64 nscalar = r.head + r.tail;
+  u64 rounds = (r.nv + per_round - 1) / per_round;
+  if (blockIdx.x == 0) {
+    const u64 s = (nscalar + blockDim.x - 1) / blockDim.x;
+    if (s > rounds) rounds = s;
+  }
+  for (u64 rd = 0; rd < rounds; ++rd) {
+    u64 off[MCAST_UNROLL];
+    int n = 0;
+#pragma unroll
+    for (int u = 0; u < MCAST_UNROLL; ++u) {
+      const u64 j = rd * per_round + (u64)u * T + gtid();
+      off[u] = r.head * sizeof(E) + j * 16;
+      if (j < r.nv) n = u + 1;
+    }
+    V16 res[MCAST_UNROLL];
+    p2p_reduce_vectors<D, O>(a, off, n, res);
+    const u64 si = rd * blockDim.x + threadIdx.x;
+    const bool has = blockIdx.x == 0 && si < nscalar;
+    E s = E();
+    u64 soff = 0;
+    if (has) {
+      soff = scalar_off(r, si, sizeof(E));
+      s = p2p_reduce_scalar<D, O>(a, soff);
+    }
+    if (!barrier<false>(a, bi++)) return;
+    if (has) *(E*)(a.out[a.rank] + soff) = s;
+#pragma unroll
+    for (int u = 0; u < MCAST_UNROLL; ++u)
+      if (u < n) st16(a.out[a.rank] + off[u], res[u]);
+  }
+}
+
+// Push all-reduce (nranks <= MCAST_PUSH_MAX_RANKS): reads nothing but this rank's own data, so
+// it serves the pointer form on memory no peer can map, at any size, in one launch.
+// The message is cut into steps of gridDim.x parts of at most a.push_row bytes (the host's choice,
+// within a scratch row); in step j block b owns [j*G*R + b*Cj, +Cj) with Cj the step's bytes
+// split evenly (16-byte multiples).
+// Per step a block copies its part of this rank's data into its row of every peer's scratch
+// (slot (push sequence) % MCAST_PUSH_SLOTS), publishes the step's sequence number in its flag word
+// of every peer's sync region (st.release), waits until every peer's flag in its own region
+// reaches that number (acquire), and reduces the peers' rows and its own data, in rank order,
+// into its out. Pipelined: step j + 1 is stored before step j is awaited and reduced, and
+// published after.
+// Scratch reuse: a rank publishes sequence y only after it reduced sequence y - 1 (the first
+// step of a kernel after finishing every earlier push kernel), and it stores into slot
+// y % MCAST_PUSH_SLOTS (last used by y - 3 or earlier) only after seeing every peer's flag at
+// y - 2 or later, which that peer published after reducing y - 3. Flags are per writer (not a
+// sum), so they are exact however far apart ranks run. The push sequence lives in the rank's local state (MCAST_PUSH_SEQ_OFFSET), apart
+// from the barrier epochs; no barrier kernel touches the scratch.
+__device__ __forceinline__ u64 push_slot_row(const McastArgs& a, u32 p, u32 slot, u32 s, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;  // rows of the nranks - 1 writers other than p
+  const u64 row = a.nranks <= 2 ? MCAST_PUSH_CHUNK : MCAST_PUSH_CHUNK_WIDE;
+  return a.sync[p] + MCAST_SCRATCH_OFFSET + (((u64)slot * MCAST_PUSH_SLOTS + s) * (a.nranks - 1) + w) * row;
+}
+__device__ __forceinline__ u64 push_flag(const McastArgs& a, u32 p, u32 slot, u32 writer) {
+  return a.sync[p] + MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE + MCAST_PUSH_FLAG_OFFSET + 4 * writer;
+}
+__device__ __forceinline__ void st_release_sys(u64 addr, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
+
+// Block blockIdx.x's part [lo, hi) of step j of a message of S bytes, steps of `row` bytes per block.
+__device__ __forceinline__ void push_part(u64 S, u64 row, u32 j, u64* lo, u64* hi) {
+  const u64 per_step = (u64)gridDim.x * row;
+  const u64 base = (u64)j * per_step;
+  const u64 len = S - base < per_step ? S - base : per_step;
+  const u64 C = ((len + gridDim.x - 1) / gridDim.x + 15) & ~(u64)15;
+  const u64 l = (u64)blockIdx.x * C < len ? (u64)blockIdx.x * C : len;
+  *lo = base + l;
+  *hi = base + (l + C < len ? l + C : len);
+}
+
+template <int D, int O>
+__device__ void all_reduce_p2p_push(const McastArgs& a) {
+  typedef typename Ty<D>::E E;
+  typedef typename Ty<D>::A A;
+  __shared__ u32 s_seq, s_live, s_ok;
+  const u32 slot = blockIdx.x, me = a.rank;
+  const u64 S = a.count * sizeof(E);
+  const u64 per_step = (u64)gridDim.x * a.push_row;
+  const u32 steps = (u32)((S + per_step - 1) / per_step);
+  const u64 src = a.data[me], dst = a.out[me];
+  // Vectors where both of this rank's sides are 16-byte aligned (rows always are); elements
+  // otherwise. The choice is this rank's alone: peers only see its rows.
+  const bool vec = ((src | dst) & 15) == 0;
+  if (threadIdx.x == 0) {
+    s_seq = *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot);
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE &&
+             *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) == MCAST_STATE_OK;
+  }
+  __syncthreads();
+  if (!s_live) return;
+  const u32 seq0 = s_seq;
+  // Store this rank's part of step j (sequence seq0 + j + 1) into its row of every peer's scratch.
+  auto push = [&](u32 j) {
+    const u32 s = (seq0 + j + 1) % MCAST_PUSH_SLOTS;
+    u64 lo, hi;
+    push_part(S, a.push_row, j, &lo, &hi);
+    const u64 nv = vec ? (hi - lo) / 16 : 0;
+    // Loads first, then stores: the compiler cannot move a load past a store that may alias it.
+    for (u64 v0 = threadIdx.x; v0 < nv; v0 += (u64)blockDim.x * MCAST_PUSH_UNROLL) {
+      V16 x[MCAST_PUSH_UNROLL];
+#pragma unroll
+      for (int u = 0; u < MCAST_PUSH_UNROLL; ++u) {
+        const u64 v = v0 + (u64)u * blockDim.x;
+        if (v < nv) x[u] = ld16(src + lo + v * 16);
+      }
+      for (u32 p = 0; p < a.nranks; ++p) {
+        if (p == me) continue;
+        const u64 row = push_slot_row(a, p, slot, s, me);
+#pragma unroll
+        for (int u = 0; u < MCAST_PUSH_UNROLL; ++u) {
+          const u64 v = v0 + (u64)u * blockDim.x;
+          if (v < nv) st16(row + v * 16, x[u]);
+        }
+      }
+    }
+    for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < (hi - lo) / sizeof(E); e += blockDim.x) {
+      const E x = ((const E*)(src + lo))[e];
+      for (u32 p = 0; p < a.nranks; ++p)
+        if (p != me) ((E*)push_slot_row(a, p, slot, s, me))[e] = x;
+    }
+  };
+  // Publish step j to every peer: __syncthreads makes the block's stores visible to the
+  // publishing threads, and their release stores are cumulative.
+  auto publish = [&](u32 j) {
+    __syncthreads();
+    if (threadIdx.x < a.nranks && threadIdx.x != me) st_release_sys(push_flag(a, threadIdx.x, slot, me), seq0 + j + 1);
+  };
+  push(0);
+  publish(0);
+  for (u32 j = 0; j < steps; ++j) {
+    // Step j + 1's stores drain while step j is awaited and reduced; they are published after.
+    if (j + 1 < steps) push(j + 1);
+    const u32 y = seq0 + j + 1, s = y % MCAST_PUSH_SLOTS;
+    if (threadIdx.x == 0) {
+      u32 ok = 1;
+      for (u32 p = 0; p < a.nranks && ok; ++p)
+        if (p != me) ok = wait_count(a, push_flag(a, me, slot, p), y, slot, j);
+      s_ok = ok;
+    }
+    __syncthreads();
+    if (!s_ok) return;
+    u64 lo, hi;
+    push_part(S, a.push_row, j, &lo, &hi);
+    const u64 nv = vec ? (hi - lo) / 16 : 0;
+    for (u64 v0 = threadIdx.x; v0 < nv; v0 += (u64)blockDim.x * MCAST_PUSH_RED_UNROLL) {
+      V16 x[MCAST_PUSH_MAX_RANKS][MCAST_PUSH_RED_UNROLL];
+#pragma unroll
+      for (u32 q = 0; q < MCAST_PUSH_MAX_RANKS; ++q) {
+        if (q >= a.nranks) break;
+        const u64 base = q == me ? src + lo : push_slot_row(a, me, slot, s, q);
+#pragma unroll
+        for (int u = 0; u < MCAST_PUSH_RED_UNROLL; ++u) {
+          const u64 v = v0 + (u64)u * blockDim.x;
+          if (v < nv) x[q][u] = ld16(base + v * 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < MCAST_PUSH_RED_UNROLL; ++u) {
+        const u64 v = v0 + (u64)u * blockDim.x;
+        if (v >= nv) break;
+        Vec<D> acc;
+        acc.load(x[0][u]);
+#pragma unroll
+        for (u32 q = 1; q < MCAST_PUSH_MAX_RANKS; ++q)
+          if (q < a.nranks) acc.template reduce<O>(x[q][u]);
+        st16(dst + lo + v * 16, acc.pack());
+      }
+    }
+    for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < (hi - lo) / sizeof(E); e += blockDim.x) {
+      A acc = A();
+      for (u32 q = 0; q < a.nranks; ++q) {
+        const E x = q == me ? ((const E*)(src + lo))[e] : ((const E*)push_slot_row(a, me, slot, s, q))[e];
+        acc = q == 0 ? Ty<D>::up(x) : Op<O>::f(acc, Ty<D>::up(x));
+      }
+      ((E*)(dst + lo))[e] = Ty<D>::down(acc);
+    }
+    if (j + 1 < steps) publish(j + 1);
+  }
+  if (threadIdx.x == 0) *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot) = seq0 + steps;
+}
+
+// Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),
+// rank 0 also owns the scalars) by peer loads of data into the owner's out; barrier; all-gather
+// by loads from the owners' out; exit barrier (so no rank changes its copy while a peer still reads it).
+// Vector j of a slice is handled by the same global thread in both phases on every rank, so the
+// per-block-slot middle barrier covers exactly the data each block reads.
+template <int D, int O>
+__device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
+  typedef typename Ty<D>::E E;
+  const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
+  const u64 N = a.nranks, me = a.rank, base = r.head * sizeof(E), nscalar = r.head + r.tail;
+  if (!barrier<false>(a, 0)) return;
+  p2p_reduce_span<D, O>(a, base, r.nv * me / N, r.nv * (me + 1) / N);
+  if (me == 0 && blockIdx.x == 0)
+    for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
+      const u64 o = scalar_off(r, i, sizeof(E));
+      *(E*)(a.out[0] + o) = p2p_reduce_scalar<D, O>(a, o);
+    }
+  if (!barrier<false>(a, 1)) return;
+  for (u64 q = 0; q < N; ++q)
+    if (q != me) copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
+  if (me != 0 && blockIdx.x == 0)
+    for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
+      const u64 o = scalar_off(r, i, sizeof(E));
+      *(E*)(a.out[me] + o) = *(const E*)(a.out[0] + o);
+    }
+  barrier<false>(a, 2);
+}
+
+// All-reduce: entry barrier; rank r reduces its 1/N slice of the 16-byte vectors (ld_reduce of
+// data, then multimem.st to every rank's out), rank 0 also the head/tail units; exit barrier.
+template <int D, int O>
+__device__ void all_reduce_mc(const McastArgs& a) {
+  typedef typename Ty<D>::E E;
+  const u32 U = McUnit<D>::bytes;
+  const Range r = split(a.data_mc, a.count * sizeof(E) / U, U, true);
+  const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U, obase = a.out_mc + r.head * U;
+  if (!barrier<true>(a, 0)) return;
+  move_vectors(base, obase, r.nv * me / N, r.nv * (me + 1) / N,
+               [&](u64 p) { return mc_ld_reduce_v16<D, O>(a, p); }, [&](u64 p, V16 v) { mc_st_v16(a, p, v); });
+  if (me == 0 && blockIdx.x == 0)
+    for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
+      const u64 o = scalar_off(r, i, U);
+      mc_st_unit<U>(a, a.out_mc + o, mc_ld_reduce_unit<D, O>(a, a.data_mc + o));
+    }
+  barrier<true>(a, 1);
+}
+
+#define ALL_REDUCE_P2P(DN, D, ON, O)                                                             \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                              \
+      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }          \
+      KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }        \
+      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); })
+#define ALL_REDUCE_MC(DN, D, ON, O)                                  \
+  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
+      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })
+MCAST_EACH_REDUCTION(ALL_REDUCE_P2P)
+MCAST_EACH_MULTIMEM_REDUCTION(ALL_REDUCE_MC)

@@ -1,0 +1,177 @@
+// kernels/multimem.cuh: the multicast primitives (mc_*): multimem.ld_reduce, multimem.st and
+// multimem.red, or their emulation over the peers' unicast pointers (-DMCAST_EMULATE_MULTIMEM).
+
+// mc_ld_reduce_v16<D,O>(a, mc)    16-byte multimem.ld_reduce (vector form or 2/4 scalar forms)
+// mc_ld_reduce_unit<D,O>(a, mc)   one scalar unit: 4 bytes (a 16-bit pair, or one 32-bit element)
+//                                 or 8 bytes (one 64-bit element); bits in the low end of a u64
+// mc_st_v16(a, mc, v)             16-byte multimem.st (.v4.f32 bit copy), mc an out_mc address
+// mc_st_unit<U>(a, mc, bits)      4- or 8-byte multimem.st
+// mc_red_signal(a, mc)            multimem.red.release.sys add 1 on the multicast sync region
+// Not provided (no hardware form): f32/f64 min/max (routed to the P2P kernels by the host), any
+// 16-bit scalar (the host routes odd 16-bit counts and non-4-byte-aligned ranges to P2P).
+template <int D>
+struct McUnit {
+  static const u32 bytes = sizeof(typename Ty<D>::E) >= 8 ? 8 : 4;
+};
+
+#if defined(MCAST_EMULATE_MULTIMEM)
+// Emulation: the multicast offset (mc - data_mc, or mc - sync_mc) applied to every rank's unicast
+// address; reductions in rank order with f32 accumulation for 16-bit floats (as .acc::f32).
+template <int D, int O>
+__device__ __forceinline__ V16 mc_ld_reduce_v16(const McastArgs& a, u64 mc) {
+  const u64 off = mc - a.data_mc;
+  Vec<D> acc;
+  acc.load(ld16(a.data[0] + off));
+  for (u32 p = 1; p < a.nranks; ++p) acc.template reduce<O>(ld16(a.data[p] + off));
+  return acc.pack();
+}
+template <int D, int O>
+__device__ __forceinline__ u64 mc_ld_reduce_unit(const McastArgs& a, u64 mc) {
+  typedef typename Ty<D>::E E;
+  const u64 off = mc - a.data_mc;
+  const int n = McUnit<D>::bytes / sizeof(E);
+  union {
+    u64 b;
+    E e[8 / sizeof(E)];
+  } u;
+  u.b = 0;
+  for (int i = 0; i < n; ++i) {
+    typename Ty<D>::A acc = Ty<D>::up(*(const E*)(a.data[0] + off + i * sizeof(E)));
+    for (u32 p = 1; p < a.nranks; ++p) acc = Op<O>::f(acc, Ty<D>::up(*(const E*)(a.data[p] + off + i * sizeof(E))));
+    u.e[i] = Ty<D>::down(acc);
+  }
+  return u.b;
+}
+// Stores go to out (mc relative to out_mc), loads come from data (mc relative to data_mc).
+__device__ __forceinline__ void mc_st_v16(const McastArgs& a, u64 mc, V16 v) {
+  const u64 off = mc - a.out_mc;
+  for (u32 p = 0; p < a.nranks; ++p) st16(a.out[p] + off, v);
+}
+template <u32 U>
+__device__ __forceinline__ void mc_st_unit(const McastArgs& a, u64 mc, u64 bits) {
+  const u64 off = mc - a.out_mc;
+  for (u32 p = 0; p < a.nranks; ++p) {
+    if (U == 8)
+      *(u64*)(a.out[p] + off) = bits;
+    else
+      *(u32*)(a.out[p] + off) = (u32)bits;
+  }
+}
+__device__ void mc_red_signal(const McastArgs& a, u64 mc) {
+  const u64 off = mc - a.sync_mc;
+  for (u32 p = 0; p < a.nranks; ++p) red_release_sys_add(a.sync[p] + off, 1);
+}
+#else
+// Real multimem forms (reference/multimem.md, sm_90).
+#define MM "multimem.ld_reduce.relaxed.sys.global."
+template <int D, int O>
+__device__ __forceinline__ u32 mc_ldr32(u64 mc);
+template <int D, int O>
+__device__ __forceinline__ u64 mc_ldr64(u64 mc);
+#define LDR32(D, O, BODY)                                                          \
+  template <>                                                                      \
+  __device__ __forceinline__ u32 mc_ldr32<D, O>(u64 mc) {                          \
+    u32 v;                                                                         \
+    asm volatile(BODY : "=r"(v) : "l"(mc) : "memory");                             \
+    return v;                                                                      \
+  }
+#define LDR64(D, O, BODY)                                                          \
+  template <>                                                                      \
+  __device__ __forceinline__ u64 mc_ldr64<D, O>(u64 mc) {                          \
+    u64 v;                                                                         \
+    asm volatile(BODY : "=l"(v) : "l"(mc) : "memory");                             \
+    return v;                                                                      \
+  }
+LDR32(D_F32, O_SUM, "{.reg .f32 t; " MM "add.f32 t, [%1]; mov.b32 %0, t;}")
+LDR32(D_BF16, O_SUM, MM "add.acc::f32.bf16x2 %0, [%1];")
+LDR32(D_BF16, O_MIN, MM "min.bf16x2 %0, [%1];")
+LDR32(D_BF16, O_MAX, MM "max.bf16x2 %0, [%1];")
+LDR32(D_F16, O_SUM, MM "add.acc::f32.f16x2 %0, [%1];")
+LDR32(D_F16, O_MIN, MM "min.f16x2 %0, [%1];")
+LDR32(D_F16, O_MAX, MM "max.f16x2 %0, [%1];")
+LDR32(D_I32, O_SUM, MM "add.s32 %0, [%1];")
+LDR32(D_I32, O_MIN, MM "min.s32 %0, [%1];")
+LDR32(D_I32, O_MAX, MM "max.s32 %0, [%1];")
+LDR32(D_U32, O_SUM, MM "add.u32 %0, [%1];")
+LDR32(D_U32, O_MIN, MM "min.u32 %0, [%1];")
+LDR32(D_U32, O_MAX, MM "max.u32 %0, [%1];")
+LDR64(D_F64, O_SUM, "{.reg .f64 t; " MM "add.f64 t, [%1]; mov.b64 %0, t;}")
+LDR64(D_I64, O_SUM, MM "add.u64 %0, [%1];")  // same bits as s64 add
+LDR64(D_I64, O_MIN, MM "min.s64 %0, [%1];")
+LDR64(D_I64, O_MAX, MM "max.s64 %0, [%1];")
+LDR64(D_U64, O_SUM, MM "add.u64 %0, [%1];")
+LDR64(D_U64, O_MIN, MM "min.u64 %0, [%1];")
+LDR64(D_U64, O_MAX, MM "max.u64 %0, [%1];")
+
+template <int D, int O>
+__device__ __forceinline__ u64 mc_ld_reduce_unit(const McastArgs&, u64 mc) {
+  if constexpr (McUnit<D>::bytes == 8) return mc_ldr64<D, O>(mc);
+  else return mc_ldr32<D, O>(mc);
+}
+// Default 16-byte form: 4 (or 2) scalar ld_reduces (integers, f64: no vector forms).
+template <int D, int O>
+struct McV16 {
+  static __device__ __forceinline__ V16 ld(u64 mc) {
+    V16 v;
+    if constexpr (McUnit<D>::bytes == 8) {
+      const u64 lo = mc_ldr64<D, O>(mc), hi = mc_ldr64<D, O>(mc + 8);
+      v.x = (u32)lo;
+      v.y = (u32)(lo >> 32);
+      v.z = (u32)hi;
+      v.w = (u32)(hi >> 32);
+    } else {
+      v.x = mc_ldr32<D, O>(mc);
+      v.y = mc_ldr32<D, O>(mc + 4);
+      v.z = mc_ldr32<D, O>(mc + 8);
+      v.w = mc_ldr32<D, O>(mc + 12);
+    }
+    return v;
+  }
+};
+#define LDV4(D, O, BODY)                                                                   \
+  template <>                                                                              \
+  struct McV16<D, O> {                                                                     \
+    static __device__ __forceinline__ V16 ld(u64 mc) {                                     \
+      V16 v;                                                                               \
+      asm volatile(BODY : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(mc) : "memory"); \
+      return v;                                                                            \
+    }                                                                                      \
+  };
+LDV4(D_F32, O_SUM,
+     "{.reg .f32 a, b, c, d; " MM "add.v4.f32 {a, b, c, d}, [%4]; "
+     "mov.b32 %0, a; mov.b32 %1, b; mov.b32 %2, c; mov.b32 %3, d;}")
+LDV4(D_BF16, O_SUM, MM "add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
+LDV4(D_BF16, O_MIN, MM "min.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
+LDV4(D_BF16, O_MAX, MM "max.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
+LDV4(D_F16, O_SUM, MM "add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];")
+LDV4(D_F16, O_MIN, MM "min.v4.f16x2 {%0, %1, %2, %3}, [%4];")
+LDV4(D_F16, O_MAX, MM "max.v4.f16x2 {%0, %1, %2, %3}, [%4];")
+
+template <int D, int O>
+__device__ __forceinline__ V16 mc_ld_reduce_v16(const McastArgs&, u64 mc) {
+  return McV16<D, O>::ld(mc);
+}
+__device__ __forceinline__ void mc_st_v16(const McastArgs&, u64 mc, V16 v) {
+  asm volatile(
+      "{.reg .f32 a, b, c, d; mov.b32 a, %1; mov.b32 b, %2; mov.b32 c, %3; mov.b32 d, %4; "
+      "multimem.st.relaxed.sys.global.v4.f32 [%0], {a, b, c, d};}" ::"l"(mc),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
+template <u32 U>
+__device__ __forceinline__ void mc_st_unit(const McastArgs&, u64 mc, u64 bits) {
+  if (U == 8)
+    asm volatile("multimem.st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mc), "l"(bits) : "memory");
+  else
+    asm volatile("{.reg .f32 a; mov.b32 a, %1; multimem.st.relaxed.sys.global.f32 [%0], a;}" ::"l"(mc),
+                 "r"((u32)bits)
+                 : "memory");
+}
+__device__ void mc_red_signal(const McastArgs&, u64 mc) {
+  asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
+}
+#endif
+
+// Host preconditions of every kernel using these (checked by src/kernels before choosing them):
+// data_mc and the range are multiples of the scalar unit (4 bytes; 8 for 64-bit types), (D,O) has
+// a multimem form.

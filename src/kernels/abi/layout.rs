@@ -1,0 +1,159 @@
+//! The sync region of each rank (signal words, local state, team state), the push scratch and
+//! the staging area that follow it, and the launch geometry the kernels are built for; each value
+//! mirrors a `#define` of `kernels/abi.cuh` (a test parses the source and compares).
+
+use crate::kernels::SYNC_BYTES;
+
+/// Threads per block of every collective kernel (`MCAST_THREADS`).
+pub const THREADS: u32 = 512;
+/// 16-byte accesses in flight per thread (`MCAST_UNROLL`).
+pub const UNROLL: u32 = 4;
+/// Barrier slots in the sync region: the most blocks any kernel may use (`MCAST_MAX_BLOCKS`).
+pub const MAX_BLOCKS: u32 = 64;
+
+/// Sync region layout (per rank, [`SYNC_BYTES`] bytes, zeroed at team creation).
+///
+/// `[SIGNAL_OFFSET, LOCAL_OFFSET)`: signal words written by every rank of the team (by peers
+/// through peer mappings or `multimem.red`, and by the rank itself): one `u32` arrival counter per
+/// block slot `b` at `SIGNAL_OFFSET + b * SIGNAL_STRIDE`.
+pub const SIGNAL_OFFSET: usize = 0;
+/// Stride of the per-slot signal counters (one 128-byte line each).
+pub const SIGNAL_STRIDE: usize = 64;
+/// Start of the local state: written only by this rank's own kernels (never by peers).
+pub const LOCAL_OFFSET: usize = 4096;
+/// `u32` device error word: [`ERR_NONE`] or the first error code (set atomically, sticky). The
+/// runtime reads it after `cuStreamSynchronize`; while it is set every collective kernel of this
+/// rank returns at once without touching data (the barrier counters are no longer consistent:
+/// the runtime must quiesce all ranks and zero their sync regions, or drop the team).
+pub const ERROR_WORD_OFFSET: usize = 4096;
+/// `u32` detail of the first error: `(block slot + 1) | (barrier index in the kernel << 8)`.
+pub const ERROR_INFO_OFFSET: usize = 4100;
+/// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
+/// `b` (the target of slot `b`'s counter is that number times `nranks`).
+pub const EPOCH_OFFSET: usize = 4352;
+/// `u32` team state word ([`STATE_OK`] or [`STATE_ABORTED`]): written by the host (an abort
+/// writes it in every rank's sync region, through the peer mappings for ranks of other
+/// processes) and read by every barrier spin, so an abort ends device waits within
+/// microseconds. Outside the local state: peers write it.
+pub const STATE_OFFSET: usize = 8192;
+/// End of the used part of the sync region; the rest is reserved.
+pub const SYNC_USED_BYTES: usize = 8256;
+/// Start of the push all-reduce scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
+/// scratch follows the sync region in the team's first segment.
+pub const SCRATCH_OFFSET: usize = 65536;
+/// Bytes of one scratch row of a team of two: the most one block of the push all-reduce moves per
+/// step (`MCAST_PUSH_CHUNK`). Large, because each block waits once per step for its stores to
+/// reach the peer: measured on 2 x H200 (pointer form, bf16, CUDA graph), 16/32/64 KiB rows took
+/// 366/278/239 us at 64 MiB (before the loads were batched; after, 32/64 KiB: 219/214 us).
+pub const PUSH_CHUNK: u64 = 65536;
+/// Bytes of one scratch row of a team of three or four (`MCAST_PUSH_CHUNK_WIDE`): its scratch
+/// holds a row per peer.
+pub const PUSH_CHUNK_WIDE: u64 = 32768;
+
+/// Bytes of one push scratch row for a team of `nranks`.
+pub fn push_row_capacity(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        PUSH_CHUNK
+    } else {
+        PUSH_CHUNK_WIDE
+    }
+}
+/// Most ranks the push all-reduce serves (`MCAST_PUSH_MAX_RANKS`): its scratch grows with the team.
+pub const PUSH_MAX_RANKS: u32 = 4;
+/// Scratch slots per block slot (`MCAST_PUSH_SLOTS`): a rank stores step y + 1 while a peer may
+/// still reduce step y - 1, so three slots keep every row untouched until its reader is done.
+pub const PUSH_SLOTS: usize = 3;
+/// Offset, within a block slot's signal words, of the push flags: the `u32` at
+/// `SIGNAL_OFFSET + b * SIGNAL_STRIDE + PUSH_FLAG_OFFSET + 4 * writer` is the last push step
+/// `writer` published to this rank (`MCAST_PUSH_FLAG_OFFSET`).
+pub const PUSH_FLAG_OFFSET: usize = 4;
+/// `u32` per block slot `b` at `PUSH_SEQ_OFFSET + 4 * b` (local state): push steps this rank has
+/// completed on slot `b` (`MCAST_PUSH_SEQ_OFFSET`).
+pub const PUSH_SEQ_OFFSET: usize = 4608;
+
+/// Bytes of a team's scratch per rank: [`PUSH_SLOTS`] slots of one row per peer for every block
+/// slot, for teams the push all-reduce serves; none otherwise.
+pub fn scratch_bytes(nranks: u32) -> usize {
+    if (2..=PUSH_MAX_RANKS).contains(&nranks) {
+        PUSH_SLOTS * (nranks as usize - 1) * push_row_capacity(nranks) as usize * MAX_BLOCKS as usize
+    } else {
+        0
+    }
+}
+
+/// Bytes per rank of a team's staging area: where the pointer form (`mcast_team_*`) copies the
+/// caller's plain device memory before running the in-place kernels on it, in chunks of at most
+/// this size. 1 MiB keeps the first segment within the same multiple of a 2 MiB granularity for
+/// every team size.
+pub const STAGE_BYTES: usize = 1 << 20;
+
+/// Offset of the staging area from a rank's sync region: after the push scratch.
+pub fn stage_offset(nranks: u32) -> usize {
+    SCRATCH_OFFSET + scratch_bytes(nranks)
+}
+
+/// Bytes a team reserves per rank at the start of its first segment: the sync region, the push
+/// scratch, then the staging area.
+pub fn team_reserved_bytes(nranks: u32) -> usize {
+    stage_offset(nranks) + STAGE_BYTES
+}
+
+/// Error word value: no error.
+pub const ERR_NONE: u32 = 0;
+/// Error word value: a barrier wait exceeded `timeout_ns` (maps to `MCAST_ERROR_TIMEOUT`).
+pub const ERR_TIMEOUT: u32 = 1;
+/// Error word value: a barrier wait ended because the team was aborted (maps to
+/// `MCAST_ERROR_ABORTED`).
+pub const ERR_ABORTED: u32 = 2;
+/// State word value: the team is usable.
+pub const STATE_OK: u32 = 0;
+/// State word value: the team was aborted; every barrier returns at once.
+pub const STATE_ABORTED: u32 = 2;
+
+const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= PUSH_SEQ_OFFSET);
+const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(PUSH_FLAG_OFFSET >= 4 && PUSH_FLAG_OFFSET + 4 * PUSH_MAX_RANKS as usize <= SIGNAL_STRIDE);
+const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
+const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
+const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
+const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::source::SOURCE;
+    use crate::kernels::MAX_RANKS;
+
+    fn define(name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let line = SOURCE.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} not in source"));
+        line[prefix.len()..].trim().parse().unwrap_or_else(|_| panic!("{name}: {line}"))
+    }
+
+    #[test]
+    fn source_defines_match_rust_consts() {
+        assert_eq!(define("MCAST_MAX_RANKS"), MAX_RANKS as u64);
+        assert_eq!(define("MCAST_MAX_BLOCKS"), MAX_BLOCKS as u64);
+        assert_eq!(define("MCAST_THREADS"), THREADS as u64);
+        assert_eq!(define("MCAST_UNROLL"), UNROLL as u64);
+        assert_eq!(define("MCAST_SIGNAL_OFFSET"), SIGNAL_OFFSET as u64);
+        assert_eq!(define("MCAST_SIGNAL_STRIDE"), SIGNAL_STRIDE as u64);
+        assert_eq!(define("MCAST_SCRATCH_OFFSET"), SCRATCH_OFFSET as u64);
+        assert_eq!(define("MCAST_PUSH_CHUNK"), PUSH_CHUNK);
+        assert_eq!(define("MCAST_PUSH_CHUNK_WIDE"), PUSH_CHUNK_WIDE);
+        assert_eq!(define("MCAST_PUSH_MAX_RANKS"), PUSH_MAX_RANKS as u64);
+        assert_eq!(define("MCAST_PUSH_SLOTS"), PUSH_SLOTS as u64);
+        assert_eq!(define("MCAST_PUSH_FLAG_OFFSET"), PUSH_FLAG_OFFSET as u64);
+        assert_eq!(define("MCAST_PUSH_SEQ_OFFSET"), PUSH_SEQ_OFFSET as u64);
+        assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
+        assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
+        assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);
+        assert_eq!(define("MCAST_ERR_NONE"), ERR_NONE as u64);
+        assert_eq!(define("MCAST_ERR_TIMEOUT"), ERR_TIMEOUT as u64);
+        assert_eq!(define("MCAST_ERR_ABORTED"), ERR_ABORTED as u64);
+        assert_eq!(define("MCAST_STATE_OFFSET"), STATE_OFFSET as u64);
+        assert_eq!(define("MCAST_STATE_OK"), STATE_OK as u64);
+        assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
+    }
+}

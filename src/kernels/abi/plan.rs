@@ -1,0 +1,323 @@
+//! The kernel plan: which entry point, grid and push row one [`Launch`] runs, the same choice on
+//! every rank, with the size thresholds between the one-shot, push and two-shot all-reduces.
+
+use super::entry::{multimem_has_reduction, KernelId, KernelKind};
+use super::layout::{push_row_capacity, MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL};
+use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
+
+/// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
+/// about 16 blocks x 512 threads for NVLS on Hopper. Must not depend on the device or the rank:
+/// every rank of a collective must launch the same grid (block b pairs with block b).
+pub const GRID_MAX_BLOCKS: u32 = 64;
+/// Bytes of work per block before another block is added (one block-round of vectors).
+pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
+/// P2P all-reduce with more than two ranks: one-shot up to this many bytes, two-shot above
+/// (one-shot reads (N-1) x the message from peers, two-shot 2(N-1)/N x; PyTorch and vLLM switch
+/// at 256-512 KiB; to be measured on 4 and 8 GPUs).
+pub const ONE_SHOT_MAX_BYTES: u64 = 256 * 1024;
+/// Bytes per block of a one-shot all-reduce: small, so that mid-size messages get many blocks
+/// and many remote loads in flight (measured on 2 x H200: bench/results).
+pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
+
+/// The largest all-reduce that runs one-shot for `nranks` ranks. With two ranks one-shot moves
+/// the same remote bytes as two-shot with one barrier fewer, so it wins up to one round of the
+/// full grid (measured on 2 x H200: 13.7 us two-shot vs one-shot at 512 KiB, bench/results).
+pub fn one_shot_max_bytes(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        1 << 20
+    } else {
+        ONE_SHOT_MAX_BYTES
+    }
+}
+
+/// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when
+/// [`push_fits`]). With two ranks push moves the same bytes as two-shot, at the push rate and with
+/// no barrier: measured on 2 x H200 (bf16, CUDA graph, us) 12.2 vs 16.3 at 2 MiB, 19.2 vs 22.2
+/// at 4 MiB, 35.2 vs 34.2 at 8 MiB. With more ranks push moves (N-1) x the message, so it stops
+/// where one-shot does.
+pub fn push_max_bytes(nranks: u32) -> u64 {
+    if nranks <= 2 {
+        4 << 20
+    } else {
+        one_shot_max_bytes(nranks)
+    }
+}
+
+/// Bytes per block and step of the push all-reduce for a message of `bytes` on `blocks` blocks
+/// (`KernelArgs::push_row`): a multiple of 16 within a scratch row.
+pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
+    // A full row per block once the message fills the grid's rows; below that the message split
+    // evenly over the blocks in one step.
+    let cap = push_row_capacity(nranks);
+    bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
+}
+
+const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
+
+/// What to launch for one [`Launch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The entry point.
+    pub kernel: KernelId,
+    /// Blocks (same on every rank).
+    pub blocks: u32,
+    /// Why a multicast request runs a P2P kernel, when it does.
+    pub fallback: Option<&'static str>,
+    /// The push all-reduce's bytes per block and step ([`push_row_bytes`]); 0 for other kernels.
+    pub push_row: u32,
+}
+
+/// The grid cap of a launch (the same on every rank).
+fn block_cap(l: &Launch) -> u64 {
+    GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64
+}
+
+/// True when the push all-reduce serves a message at address `me` (this rank's data and out
+/// or-ed) in the buffer forms: a team it keeps scratch for and 16-byte aligned vectors (it
+/// would run element by element otherwise, where the pulling one-shot runs vectors).
+fn push_fits(l: &Launch, me: u64) -> bool {
+    l.nranks <= PUSH_MAX_RANKS && me % 16 == 0
+}
+
+/// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
+/// Depends only on values that are equal on every rank (collective, path, count, nranks and the
+/// alignment of the symmetric address), so every rank makes the same choice.
+pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
+    let n = l.nranks as usize;
+    if n == 0 || n > MAX_RANKS {
+        return Err(format!("nranks {} outside 1..={MAX_RANKS}", l.nranks));
+    }
+    if l.rank >= l.nranks {
+        return Err(format!("rank {} >= nranks {}", l.rank, l.nranks));
+    }
+    if l.data.len() != n || l.sync.len() != n || !(l.out.is_empty() || l.out.len() == n) {
+        return Err(format!(
+            "{} data, {} out and {} sync addresses for {n} ranks",
+            l.data.len(),
+            l.out.len(),
+            l.sync.len()
+        ));
+    }
+    if l.local_only && !(matches!(l.collective, Collective::AllReduce { .. }) && l.nranks <= PUSH_MAX_RANKS) {
+        return Err(format!(
+            "{:?} of {} ranks needs the peers' memory, which this launch cannot address",
+            l.collective, l.nranks
+        ));
+    }
+    if l.count == 0 {
+        return Ok(None);
+    }
+    let too_big = || format!("count {} overflows the address space", l.count);
+    let me = l.data[l.rank as usize];
+    let mc = l.path == Path::Multicast;
+    // Address whose alignment the multicast kernel sees (the multicast address, or in emulation
+    // this rank's copy: both have the same alignment modulo 16 as every rank's copy).
+    let mc_addr = l.data_mc.unwrap_or(me);
+    // Out of place: the multicast kernels move 16-byte vectors from data to out, so both must
+    // agree modulo 16 (they do on every rank alike: symmetric layouts).
+    let out_me = l.out.get(l.rank as usize).copied().unwrap_or(me);
+    // All-gather and reduce-scatter bases are shifted by this rank's block: compare the real
+    // addresses of rank 0's layout, and require whole 16-byte blocks, so that every rank makes
+    // the same choice.
+    let block = match l.collective {
+        Collective::AllGather => l.count,
+        Collective::ReduceScatter { dtype, .. } => l.count.saturating_mul(dtype.size() as u64),
+        _ => 0,
+    };
+    let shift = block.wrapping_mul(u64::from(l.rank));
+    let skewed = match l.collective {
+        _ if l.out.is_empty() => false,
+        Collective::AllGather => ((me.wrapping_add(shift) ^ out_me) & 15 != 0) || block % 16 != 0,
+        Collective::ReduceScatter { .. } => ((out_me.wrapping_add(shift) ^ me) & 15 != 0) || block % 16 != 0,
+        _ => (out_me ^ me) & 15 != 0,
+    };
+    const SKEW: &str = "send and recv disagree in alignment modulo 16";
+    let (kind, red, bytes, fallback) = match l.collective {
+        Collective::Broadcast { root } => {
+            if root >= l.nranks {
+                return Err(format!("broadcast root {root} >= nranks {}", l.nranks));
+            }
+            let fb = if !mc {
+                None
+            } else if l.count % 4 != 0 || mc_addr % 4 != 0 || l.out_mc.unwrap_or(mc_addr) % 4 != 0 {
+                Some("multimem.st needs 4-byte aligned ranges")
+            } else if skewed {
+                Some(SKEW)
+            } else {
+                None
+            };
+            let kind = if mc && fb.is_none() { KernelKind::BroadcastMc } else { KernelKind::BroadcastP2p };
+            (kind, None, l.count, fb)
+        }
+        Collective::AllGather => {
+            let total = l.count.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
+            let fb = if !mc {
+                None
+            } else if l.count % 4 != 0 || l.out_mc.unwrap_or(out_me) % 4 != 0 {
+                Some("multimem.st needs 4-byte aligned blocks")
+            } else if skewed {
+                Some(SKEW)
+            } else {
+                None
+            };
+            let kind = if mc && fb.is_none() { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            (kind, None, total, fb)
+        }
+        Collective::AllReduce { dtype, op } | Collective::ReduceScatter { dtype, op } => {
+            let es = dtype.size() as u64;
+            let bytes = l.count.checked_mul(es).ok_or_else(too_big)?;
+            let rs = matches!(l.collective, Collective::ReduceScatter { .. });
+            if rs {
+                bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
+            }
+            if me % es != 0 || out_me % es != 0 {
+                return Err(format!("address {me:#x} or {out_me:#x} not aligned to the {}-byte element", es));
+            }
+            let unit = es.max(4);
+            let fb = if !mc {
+                None
+            } else if !multimem_has_reduction(dtype, op) {
+                Some("multimem.ld_reduce has no min/max for f32/f64")
+            } else if bytes % unit != 0 || mc_addr % unit != 0 || out_me % unit != 0 {
+                Some("multimem has no 16-bit scalar forms (odd 16-bit count or 2-byte aligned start)")
+            } else if skewed {
+                Some(SKEW)
+            } else {
+                None
+            };
+            let kind = match (rs, mc && fb.is_none()) {
+                (false, _) if l.local_only => KernelKind::AllReduceP2pPush,
+                (true, true) => KernelKind::ReduceScatterMc,
+                (true, false) => KernelKind::ReduceScatterP2p,
+                (false, true) => KernelKind::AllReduceMc,
+                (false, false) if bytes <= push_max_bytes(l.nranks) && push_fits(l, me | out_me) => {
+                    KernelKind::AllReduceP2pPush
+                }
+                (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
+                (false, false) => KernelKind::AllReduceP2pTwoShot,
+            };
+            (kind, Some((dtype, op)), bytes, fb)
+        }
+    };
+    let per_block = match kind {
+        KernelKind::AllReduceP2p | KernelKind::AllReduceP2pPush => ONE_SHOT_BYTES_PER_BLOCK,
+        _ => BYTES_PER_BLOCK,
+    };
+    let blocks = bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32;
+    let push_row = match kind {
+        KernelKind::AllReduceP2pPush => push_row_bytes(bytes, blocks.into(), l.nranks),
+        _ => 0,
+    };
+    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback, push_row }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::{scratch_bytes, stage_offset, team_reserved_bytes, PUSH_CHUNK, STAGE_BYTES};
+    use super::super::test_launch as launch;
+    use super::*;
+    use crate::kernels::{DType, RedOp, SYNC_BYTES};
+
+    #[test]
+    fn plan_chooses_kernels_and_fallbacks() {
+        let ar = |d, o| Collective::AllReduce { dtype: d, op: o };
+        let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
+        assert_eq!(p.blocks, 1);
+        // The buffer forms push a 16-byte aligned message of a team of at most PUSH_MAX_RANKS;
+        // otherwise the pulling one-shot runs.
+        let mut unaligned = launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 1000);
+        unaligned.data = unaligned.data.iter().map(|a| a + 4).collect();
+        assert_eq!(plan(&unaligned).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        // The pointer form (local_only) pushes at any alignment and size, and refuses what
+        // push cannot run.
+        unaligned.local_only = true;
+        assert_eq!(plan(&unaligned).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        let mut huge = launch(ar(DType::F32, RedOp::Sum), Path::Multicast, 1 << 28);
+        huge.local_only = true;
+        assert_eq!(plan(&huge).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        let mut gather = launch(Collective::AllGather, Path::P2P, 64);
+        gather.local_only = true;
+        assert!(plan(&gather).is_err());
+        let mut big_team = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 100);
+        big_team.nranks = 5;
+        big_team.data = vec![0x1000_0000; 5];
+        big_team.sync = vec![0x3000_0000; 5];
+        assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        assert_eq!(scratch_bytes(5), 0);
+        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
+        assert_eq!(scratch_bytes(4), 3 * 3 * 32768 * 64);
+        assert_eq!(scratch_bytes(1), 0);
+        assert_eq!(stage_offset(5) % 16, 0);
+        // Two ranks push up to 4 MiB, in one step of full rows at the limit; two-shot above.
+        let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.blocks, p.push_row as u64), (KernelKind::AllReduceP2pPush, 64, PUSH_CHUNK));
+        let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, (1 << 20) + 4)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.push_row), (KernelKind::AllReduceP2pTwoShot, 0));
+        assert_eq!(p.blocks, GRID_MAX_BLOCKS);
+        // A small message is split evenly over its blocks (16-byte parts); the pointer form's
+        // large ones take full rows, several steps.
+        let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 50_000)).unwrap().unwrap();
+        assert_eq!((p.blocks, p.push_row), (13, 7696));
+        huge.path = Path::P2P;
+        let p = plan(&huge).unwrap().unwrap();
+        assert_eq!((p.blocks, p.push_row as u64), (GRID_MAX_BLOCKS, PUSH_CHUNK));
+        let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
+        assert!(p.fallback.is_some());
+        let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.fallback), (KernelKind::AllReduceMc, None));
+        let p = plan(&launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
+        let rs = Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Sum };
+        assert_eq!(plan(&launch(rs, Path::Multicast, 7)).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterMc);
+        let p = plan(&launch(Collective::AllGather, Path::Multicast, 6)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllGatherP2p);
+        let p = plan(&launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::BroadcastMc);
+        assert!(plan(&launch(Collective::Broadcast { root: 2 }, Path::P2P, 8)).is_err());
+        assert_eq!(plan(&launch(Collective::AllGather, Path::P2P, 0)).unwrap(), None);
+        let mut l = launch(Collective::AllGather, Path::P2P, 8);
+        l.data.pop();
+        assert!(plan(&l).is_err());
+    }
+
+    #[test]
+    fn plan_out_of_place() {
+        let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+        let mut l = launch(ar, Path::Multicast, 1024);
+        l.out = vec![0x5000_0000, 0x6000_0000];
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
+        // recv 4 bytes off send's alignment modulo 16: the multicast kernel cannot pair vectors.
+        l.out = vec![0x5000_0004, 0x6000_0004];
+        let p = plan(&l).unwrap().unwrap();
+        assert_eq!(
+            (p.kernel.kind, p.fallback),
+            (KernelKind::AllReduceP2p, Some("send and recv disagree in alignment modulo 16"))
+        );
+        // The push all-reduce needs 16-byte aligned recv too.
+        let mut l = launch(ar, Path::P2P, 1024);
+        l.out = vec![0x5000_0004, 0x6000_0004];
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        l.out = vec![0x5000_0002, 0x6000_0002];
+        assert!(plan(&l).is_err(), "recv not aligned to the element");
+        l.out = vec![0x5000_0000];
+        assert!(plan(&l).is_err(), "one out address for two ranks");
+        // All-gather out of place: the same choice on every rank, whatever its block's offset.
+        for count in [340u64, 352] {
+            let kinds: Vec<KernelKind> = (0..2u32)
+                .map(|rank| {
+                    let mut l = launch(Collective::AllGather, Path::Multicast, count);
+                    l.rank = rank;
+                    let send = 0x7000_0000u64;
+                    l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
+                    l.out = vec![0x5000_0000, 0x6000_0000];
+                    plan(&l).unwrap().unwrap().kernel.kind
+                })
+                .collect();
+            assert_eq!(kinds[0], kinds[1], "count {count}");
+            let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            assert_eq!(kinds[0], want, "count {count}");
+        }
+    }
+}

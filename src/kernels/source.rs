@@ -1,0 +1,118 @@
+//! The kernel source: the pieces of `kernels/` concatenated in compile order (NVRTC gets no
+//! headers), the whole for a full build and the shared part plus one collective for a module.
+//!
+//! Each piece starts with a `#line 1 "kernels/<piece>"` directive, so NVRTC messages name the
+//! file and line a developer edits. The cache key hashes the text a module compiles, so a change
+//! to any piece it holds gives a new key.
+
+use super::select::Family;
+
+/// The text of one piece of `kernels/`, preceded by its `#line` directive.
+macro_rules! piece {
+    ($file:literal) => {
+        concat!("#line 1 \"kernels/", $file, "\"\n", include_str!(concat!("../../kernels/", $file)))
+    };
+}
+
+/// The shared part followed by the given collective files.
+macro_rules! source {
+    ($($file:literal),*) => {
+        concat!(
+            piece!("abi.cuh"),
+            piece!("ptx.cuh"),
+            piece!("dtype.cuh"),
+            piece!("multimem.cuh"),
+            piece!("sync.cuh"),
+            piece!("layout.cuh"),
+            piece!("entry.cuh"),
+            $(piece!($file)),*
+        )
+    };
+}
+
+/// Every piece of `kernels/`, in compile order: the shared part, then one file per collective.
+pub const PIECES: [&str; 11] = [
+    "abi.cuh",
+    "ptx.cuh",
+    "dtype.cuh",
+    "multimem.cuh",
+    "sync.cuh",
+    "layout.cuh",
+    "entry.cuh",
+    "all_reduce.cu",
+    "reduce_scatter.cu",
+    "broadcast.cu",
+    "all_gather.cu",
+];
+
+/// The whole kernel source (header-free CUDA C++, compiled with NVRTC): every entry point.
+pub const SOURCE: &str = source!("all_reduce.cu", "reduce_scatter.cu", "broadcast.cu", "all_gather.cu");
+/// Name given to the source in NVRTC messages (each piece's `#line` names the file itself).
+pub const SOURCE_NAME: &str = "mcast-kernels.cu";
+
+const ALL_REDUCE: &str = source!("all_reduce.cu");
+const REDUCE_SCATTER: &str = source!("reduce_scatter.cu");
+const BROADCAST: &str = source!("broadcast.cu");
+const ALL_GATHER: &str = source!("all_gather.cu");
+
+/// The source a module of `family` compiles: the shared part and that collective's file.
+pub fn family_source(family: Family) -> &'static str {
+    match family {
+        Family::AllReduce => ALL_REDUCE,
+        Family::ReduceScatter => REDUCE_SCATTER,
+        Family::Broadcast => BROADCAST,
+        Family::AllGather => ALL_GATHER,
+    }
+}
+
+/// The file of `family` in `kernels/`.
+pub fn family_file(family: Family) -> &'static str {
+    match family {
+        Family::AllReduce => "all_reduce.cu",
+        Family::ReduceScatter => "reduce_scatter.cu",
+        Family::Broadcast => "broadcast.cu",
+        Family::AllGather => "all_gather.cu",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `#line` directives of `source`, in order.
+    fn lines(source: &str) -> Vec<&str> {
+        source.lines().filter_map(|l| l.strip_prefix("#line 1 \"kernels/")).map(|l| l.trim_end_matches('"')).collect()
+    }
+
+    #[test]
+    fn every_file_in_kernels_is_a_piece_in_order() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".cu") || f.ends_with(".cuh"))
+            .collect();
+        files.sort();
+        let mut pieces: Vec<String> = PIECES.iter().map(|p| p.to_string()).collect();
+        pieces.sort();
+        assert_eq!(files, pieces, "a file of kernels/ is missing from PIECES (or the reverse)");
+        assert_eq!(lines(SOURCE), PIECES);
+        for p in PIECES {
+            let text = std::fs::read_to_string(format!("{dir}/{p}")).unwrap();
+            assert!(text.ends_with('\n'), "{p} does not end with a newline");
+            assert!(text.starts_with(&format!("// kernels/{p}: ")), "{p} does not open with its doc line");
+            assert!(!text.lines().any(|l| l.trim_start().starts_with("#include")), "{p}: NVRTC gets no headers");
+        }
+    }
+
+    #[test]
+    fn a_family_compiles_the_shared_part_and_its_own_file() {
+        let shared = &PIECES[..7];
+        for f in Family::ALL {
+            let mut want = shared.to_vec();
+            want.push(family_file(f));
+            assert_eq!(lines(family_source(f)), want, "{f:?}");
+            assert!(family_source(f).len() < SOURCE.len());
+        }
+    }
+}
