@@ -12,7 +12,7 @@ use super::error::{Error, Result};
 use super::memory::UserMemory;
 use super::policy;
 use super::registry::Resources;
-use crate::driver::{Device, DeviceProps, Driver, Granularity, HandleTypes, MulticastProp};
+use crate::driver::{CuResult, Device, DeviceProps, DevicePtr, Driver, Granularity, HandleTypes, MulticastProp};
 
 /// What the context needs of a team it holds (implemented by `Team`).
 pub trait Member: Send + Sync {
@@ -115,6 +115,31 @@ impl Env {
         self.driver
             .can_access_peer(dev, peer)
             .map_err(|e| Error::driver(e, format_args!("asking whether device {dev} can access device {peer}")))
+    }
+
+    /// Checks `ptr` is memory of rank `rank`'s device `dev`, as the driver says
+    /// (`cuPointerGetAttribute`). In messages `name` names the pointer (`"send = 0x..."`), `verb`
+    /// says what the caller does with device memory (`"register"`, `"pass"`) and `asking`
+    /// describes the query.
+    pub fn check_pointer_device(
+        &self,
+        ptr: DevicePtr,
+        rank: usize,
+        dev: Device,
+        name: &str,
+        verb: &str,
+        asking: &dyn Fn() -> String,
+    ) -> Result<()> {
+        match self.driver.pointer_device(ptr) {
+            Ok(d) if d == dev => Ok(()),
+            Ok(d) => Err(Error::invalid_argument(format!(
+                "{name} is memory of device {d}, but rank {rank} runs on device {dev}"
+            ))),
+            Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => Err(Error::invalid_argument(format!(
+                "{name} is not device memory ({e}): {verb} device memory of rank {rank}'s device {dev}"
+            ))),
+            Err(e) => Err(Error::driver(e, asking())),
+        }
     }
 
     /// The granularity of memory of handle types `ht` shared by `devices`: the least common

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use super::pool::{Allocation, Pool};
 use super::{Team, BUFFER_ALIGN};
-use crate::driver::DevicePtr;
+use crate::driver::{Device, DevicePtr};
+use crate::runtime::env::Member;
 use crate::runtime::error::{Error, Result};
 use crate::runtime::segment::{External, Segment};
 
@@ -197,5 +198,29 @@ impl Team {
             self.env.park(seg);
         }
         errors
+    }
+}
+
+/// What the context asks of its teams: trim caches when memory runs out, count and, at
+/// shutdown, release what is left.
+impl Member for Team {
+    fn trim_cache(&self) -> u64 {
+        Team::trim_cache(self)
+    }
+
+    fn live_buffers(&self) -> usize {
+        Team::live_buffers(self)
+    }
+
+    fn size(&self) -> usize {
+        Team::size(self)
+    }
+
+    fn devices(&self) -> &[Device] {
+        Team::devices(self)
+    }
+
+    fn release_all(&self) -> Vec<Error> {
+        Team::release_all(self)
     }
 }

@@ -22,7 +22,7 @@ pub use pool::Allocation;
 pub use transport::Transport;
 
 use super::comm::Comm;
-use super::env::{Env, Member};
+use super::env::Env;
 use super::error::{Error, Result};
 use super::segment::Shape;
 use crate::driver::{Device, DevicePtr, HandleTypes, Stream};
@@ -227,27 +227,5 @@ impl Team {
             multicast_objects: mc,
             bytes_reserved: bytes,
         }
-    }
-}
-
-impl Member for Team {
-    fn trim_cache(&self) -> u64 {
-        Team::trim_cache(self)
-    }
-
-    fn live_buffers(&self) -> usize {
-        Team::live_buffers(self)
-    }
-
-    fn size(&self) -> usize {
-        Team::size(self)
-    }
-
-    fn devices(&self) -> &[Device] {
-        Team::devices(self)
-    }
-
-    fn release_all(&self) -> Vec<Error> {
-        Team::release_all(self)
     }
 }
