@@ -42,20 +42,8 @@ impl Buffer {
             if ptr == 0 {
                 return Err(Error::invalid_argument(format!("ptrs[{i}] is NULL")));
             }
-            match driver.pointer_device(ptr) {
-                Ok(d) if d == dev => {}
-                Ok(d) => {
-                    return Err(Error::invalid_argument(format!(
-                        "ptrs[{i}] = {ptr:#x} is memory of device {d}, but rank {i} runs on device {dev}"
-                    )))
-                }
-                Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => {
-                    return Err(Error::invalid_argument(format!(
-                        "ptrs[{i}] = {ptr:#x} is not device memory ({e}): register device memory of rank {i}'s device {dev}"
-                    )))
-                }
-                Err(e) => return Err(Error::driver(e, format_args!("asking which device ptrs[{i}] belongs to"))),
-            }
+            let asking = || format!("asking which device ptrs[{i}] belongs to");
+            ctx.check_pointer_device(ptr, i, dev, &format!("ptrs[{i}] = {ptr:#x}"), "register", &asking)?;
             if ptr.checked_add(bytes as u64).is_none() {
                 return Err(Error::invalid_argument(format!("ptrs[{i}] + {bytes} bytes overflows")));
             }
@@ -182,23 +170,8 @@ impl Buffer {
             if ptr == 0 {
                 return Err(Error::invalid_argument(format!("rank {r}: its pointer (ptrs[0]) is NULL")));
             }
-            match driver.pointer_device(ptr) {
-                Ok(d) if d == dev => {}
-                Ok(d) => {
-                    return Err(Error::invalid_argument(format!(
-                        "rank {r}: its pointer {ptr:#x} is memory of device {d}, but rank {r} runs on device {dev}"
-                    )))
-                }
-                Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => {
-                    return Err(Error::invalid_argument(format!(
-                        "rank {r}: its pointer {ptr:#x} is not device memory ({e}): register device memory of rank \
-                         {r}'s device {dev}"
-                    )))
-                }
-                Err(e) => {
-                    return Err(Error::driver(e, format_args!("rank {r}: asking which device {ptr:#x} belongs to")))
-                }
-            }
+            let asking = || format!("rank {r}: asking which device {ptr:#x} belongs to");
+            ctx.check_pointer_device(ptr, r, dev, &format!("rank {r}: its pointer {ptr:#x}"), "register", &asking)?;
             if ptr.checked_add(bytes as u64).is_none() {
                 return Err(Error::invalid_argument(format!(
                     "rank {r}: its pointer {ptr:#x} + {bytes} bytes overflows"

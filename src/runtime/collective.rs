@@ -206,20 +206,8 @@ pub fn run_ptr(
         if what == "recv" && p == send && len == send_len {
             continue;
         }
-        match driver.pointer_device(p) {
-            Ok(d) if d == dev => {}
-            Ok(d) => {
-                return Err(Error::invalid_argument(format!(
-                    "{what} = {p:#x} is memory of device {d}, but rank {rank} runs on device {dev}"
-                )))
-            }
-            Err(e) if e.code == crate::driver::CuResult::ERROR_INVALID_VALUE => {
-                return Err(Error::invalid_argument(format!(
-                    "{what} = {p:#x} is not device memory ({e}): pass device memory of rank {rank}'s device {dev}"
-                )))
-            }
-            Err(e) => return Err(Error::driver(e, format_args!("asking which device {what} belongs to"))),
-        }
+        let asking = || format!("asking which device {what} belongs to");
+        team.context().check_pointer_device(p, rank as usize, dev, &format!("{what} = {p:#x}"), "pass", &asking)?;
         // The whole range in one allocation: checked on the simulator, where a copy or kernel
         // past the end would otherwise fail in the driver (on CUDA it costs one more driver
         // call per pointer and call, left to the caller as NCCL does).

@@ -1,35 +1,31 @@
-//! A context: one driver (CUDA or simulated), its configuration, the teams created in it and
-//! every driver resource they hold.
+//! A context: picks the backend (CUDA or simulated), builds the [`Env`] its teams share, and
+//! reports devices, live counts and, at shutdown, what was left.
 
+use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
-
 use super::config::{Backend, Config};
+use super::env::{Env, Member};
 use super::error::{Error, ErrorKind, Result};
-use super::memory::UserMemory;
-use super::policy;
-use super::registry::{ResourceCounts, Resources};
-use super::segment::Segment;
-use super::team::Team;
+use super::registry::ResourceCounts;
 use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{parse_faults, SimConfig, SimDriver};
 use crate::driver::{Device, DeviceProps, Driver, Granularity, HandleTypes, MulticastProp};
 
-/// A context.
+/// A context. It dereferences to its `Arc<Env>`, so `&ctx` is what teams, buffers and user
+/// memory take, and `ctx.driver()`, `ctx.resources` and `ctx.memory` read the shared part.
 pub struct Context {
-    config: Config,
-    driver: Arc<dyn Driver>,
+    env: Arc<Env>,
     backend: Backend,
     backend_reason: String,
-    /// Every driver resource held by this context's teams.
-    pub resources: Resources,
-    props: Vec<OnceLock<DeviceProps>>,
-    teams: Mutex<Vec<Arc<Team>>>,
-    /// Segments whose release failed part-way; retried at shutdown.
-    parked: Mutex<Vec<Arc<Segment>>>,
-    /// `mcast_mem_alloc` memory and live registrations.
-    pub memory: UserMemory,
+}
+
+impl Deref for Context {
+    type Target = Arc<Env>;
+
+    fn deref(&self) -> &Arc<Env> {
+        &self.env
+    }
 }
 
 /// What `mcast_device_get_info` reports.
@@ -106,17 +102,7 @@ impl Context {
         };
         let count = driver.device_count().map_err(|e| Error::driver(e, "counting devices"))?.max(0) as usize;
         tracing::info!("context on backend {} ({backend_reason}), {count} device(s)", driver.backend_name());
-        Ok(Context {
-            config,
-            driver,
-            backend,
-            backend_reason,
-            resources: Resources::default(),
-            props: (0..count).map(|_| OnceLock::new()).collect(),
-            teams: Mutex::new(Vec::new()),
-            parked: Mutex::new(Vec::new()),
-            memory: UserMemory::default(),
-        })
+        Ok(Context { env: Arc::new(Env::new(driver, config, count)), backend, backend_reason })
     }
 
     fn simulator(config: &Config) -> Result<SimDriver> {
@@ -137,61 +123,19 @@ impl Context {
         }))
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The driver.
-    pub fn driver(&self) -> &Arc<dyn Driver> {
-        &self.driver
-    }
-
     /// The backend in use (never `Auto`) and why it was chosen.
     pub fn backend(&self) -> (Backend, &str) {
         (self.backend, &self.backend_reason)
-    }
-
-    /// Number of devices.
-    pub fn device_count(&self) -> usize {
-        self.props.len()
-    }
-
-    /// Checks `dev` is a device of this context.
-    pub fn check_device(&self, dev: i32, what: &str) -> Result<Device> {
-        if dev < 0 || dev as usize >= self.props.len() {
-            return Err(Error::invalid_argument(format!(
-                "{what} {dev} is out of range: this context has {} device(s)",
-                self.props.len()
-            )));
-        }
-        Ok(dev)
-    }
-
-    /// The driver's properties of `dev` (queried once).
-    pub fn props(&self, dev: Device) -> Result<DeviceProps> {
-        let dev = self.check_device(dev, "device")?;
-        let cell = &self.props[dev as usize];
-        if let Some(p) = cell.get() {
-            return Ok(p.clone());
-        }
-        let p = self.driver.device_props(dev).map_err(|e| Error::driver(e, format_args!("querying device {dev}")))?;
-        Ok(cell.get_or_init(|| p).clone())
-    }
-
-    /// Why `dev` cannot use multicast, or `None`.
-    pub fn multicast_reason(&self, dev: Device) -> Result<Option<String>> {
-        let props = self.props(dev)?;
-        Ok(policy::device_reason(self.config.multicast, self.driver.has_multicast_api(), dev, &props))
     }
 
     /// Everything `mcast_device_get_info` reports.
     pub fn device_info(&self, dev: i32) -> Result<DeviceInfo> {
         let props = self.props(dev)?;
         let reason = self.multicast_reason(dev)?;
-        let (granularity_min, granularity_recommended) = if self.driver.has_multicast_api() {
+        let driver = self.driver();
+        let (granularity_min, granularity_recommended) = if driver.has_multicast_api() {
             let prop = MulticastProp { num_devices: 1, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
-            let g = |o| self.driver.multicast_granularity(&prop, o).map(|g| g as u64).unwrap_or(0);
+            let g = |o| driver.multicast_granularity(&prop, o).map(|g| g as u64).unwrap_or(0);
             (g(Granularity::Minimum), g(Granularity::Recommended))
         } else {
             (0, 0)
@@ -206,41 +150,14 @@ impl Context {
         })
     }
 
-    /// `cuDeviceCanAccessPeer` (a device reaches itself).
-    pub fn can_access_peer(&self, dev: i32, peer: i32) -> Result<bool> {
-        let dev = self.check_device(dev, "device")?;
-        let peer = self.check_device(peer, "peer")?;
-        if dev == peer {
-            return Ok(true);
-        }
-        self.driver
-            .can_access_peer(dev, peer)
-            .map_err(|e| Error::driver(e, format_args!("asking whether device {dev} can access device {peer}")))
-    }
-
-    /// Remembers a team created in this context.
-    pub fn add_team(&self, team: Arc<Team>) {
-        self.teams.lock().push(team);
-    }
-
-    /// Forgets a destroyed team.
-    pub fn remove_team(&self, team: &Arc<Team>) {
-        self.teams.lock().retain(|t| !Arc::ptr_eq(t, team));
-    }
-
-    /// Keeps a segment whose release failed part-way, to retry at shutdown.
-    pub fn park(&self, seg: Arc<Segment>) {
-        self.parked.lock().push(seg);
+    /// The shared part, as teams hold it.
+    pub fn env(&self) -> &Arc<Env> {
+        &self.env
     }
 
     /// The live teams.
-    pub fn teams(&self) -> Vec<Arc<Team>> {
-        self.teams.lock().clone()
-    }
-
-    /// Releases every empty segment every team keeps cached; returns the bytes freed per rank.
-    pub fn trim_caches(&self) -> u64 {
-        self.teams().iter().map(|t| t.trim_cache()).sum()
+    pub fn teams(&self) -> Vec<Arc<dyn Member>> {
+        self.env.members()
     }
 
     /// Teams, buffers and resources alive now.
@@ -256,7 +173,7 @@ impl Context {
     /// Destroys every team still alive (their buffers first) and returns what was left, as a
     /// report (empty when nothing was).
     pub fn shutdown(&self) -> String {
-        let teams = std::mem::take(&mut *self.teams.lock());
+        let teams = self.env.take_members();
         let mut report = String::new();
         for team in &teams {
             let buffers = team.live_buffers();
@@ -278,11 +195,9 @@ impl Context {
             }
         }
         // After the teams: registered buffers unbind and unmap before the memory goes.
-        self.memory.release_all(self);
-        for seg in std::mem::take(&mut *self.parked.lock()) {
-            for e in seg.teardown(self) {
-                tracing::error!("releasing what an earlier failed release left: {e}");
-            }
+        self.memory.release_all(&self.env);
+        for e in self.env.release_leftovers() {
+            tracing::error!("releasing what an earlier failed release left: {e}");
         }
         if !self.resources.is_empty() {
             tracing::error!("driver resources still tracked after shutdown:\n{}", self.resources.report());

@@ -38,8 +38,8 @@ pub fn context(id: u64) -> Result<Arc<Context>> {
 /// Unregisters a context and every team and buffer in it; returns it.
 pub fn remove_context(id: u64) -> Result<Arc<Context>> {
     let ctx = CONTEXTS.lock().remove(id).ok_or_else(|| describe(id, "context"))?;
-    BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team().context(), &ctx));
-    TEAMS.lock().remove_where(|t| Arc::ptr_eq(t.context(), &ctx));
+    BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team().context(), ctx.env()));
+    TEAMS.lock().remove_where(|t| Arc::ptr_eq(t.context(), ctx.env()));
     Ok(ctx)
 }
 

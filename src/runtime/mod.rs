@@ -6,6 +6,7 @@ pub mod collective;
 pub mod comm;
 pub mod config;
 pub mod context;
+pub mod env;
 pub mod error;
 pub mod handles;
 pub mod logging;

@@ -1,42 +1,61 @@
 //! The one retry policy for steps that can run out of memory or find the system not ready:
 //! trim caches, back off `retry_backoff_ms * 2^k`, retry up to `oom_retries` times; on final
 //! failure an error that names the driver call, the bytes asked, the live multicast objects and
-//! what to try.
+//! what to try. [`retry`] for one process, [`lockstep`] for the ranks of a multi-process team.
 
 use std::time::Duration;
 
 use super::comm::Comm;
-use super::context::Context;
+use super::env::Env;
 use super::error::{Error, Result};
 use crate::driver::{CuResult, DResult, DriverError};
 
-/// Runs `step` under the retry policy of `ctx`. `what` describes the step for messages, `bytes`
+/// Codes a later attempt may not get: out of memory, system not ready, illegal state.
+fn retryable(code: CuResult) -> bool {
+    matches!(code, CuResult::ERROR_OUT_OF_MEMORY | CuResult::ERROR_SYSTEM_NOT_READY | CuResult::ERROR_ILLEGAL_STATE)
+}
+
+/// `"; asked for N bytes"`, or nothing for a step that allocates nothing.
+fn asked(bytes: u64) -> String {
+    if bytes > 0 {
+        format!("; asked for {bytes} bytes")
+    } else {
+        String::new()
+    }
+}
+
+/// Before attempt `attempt + 1`: frees what `trim` and every team of `env` keep cached, tells
+/// `log` the bytes freed and the back-off, then sleeps `retry_backoff_ms * 2^attempt` ms.
+fn back_off(env: &Env, attempt: u32, trim: &mut dyn FnMut() -> u64, log: impl FnOnce(u64, u64)) {
+    let freed = trim() + env.trim_caches();
+    let backoff = u64::from(env.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
+    log(freed, backoff);
+    std::thread::sleep(Duration::from_millis(backoff));
+}
+
+/// Runs `step` under the retry policy of `env`. `what` describes the step for messages, `bytes`
 /// is what it asks for (0 if not an allocation), and `trim` frees cached memory the caller holds
 /// (the context's other teams are trimmed too).
 pub fn retry<T>(
-    ctx: &Context,
+    env: &Env,
     what: &dyn Fn() -> String,
     bytes: u64,
     trim: &mut dyn FnMut() -> u64,
     mut step: impl FnMut() -> DResult<T>,
 ) -> Result<T> {
-    let retries = ctx.config().oom_retries;
+    let retries = env.config().oom_retries;
     let mut attempt = 0u32;
     loop {
         let err = match step() {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let retryable = matches!(
-            err.code,
-            CuResult::ERROR_OUT_OF_MEMORY | CuResult::ERROR_SYSTEM_NOT_READY | CuResult::ERROR_ILLEGAL_STATE
-        );
-        if !retryable {
+        if !retryable(err.code) {
             return Err(Error::driver(err, what()));
         }
         if attempt >= retries {
-            let live_mc = ctx.resources.counts().multicast_objects;
-            let asked = if bytes > 0 { format!("; asked for {bytes} bytes") } else { String::new() };
+            let live_mc = env.resources.counts().multicast_objects;
+            let asked = asked(bytes);
             let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
             let hint = if err.code == CuResult::ERROR_OUT_OF_MEMORY {
                 "free buffers or destroy teams, lower the request, or raise MCAST_OOM_RETRIES"
@@ -52,10 +71,9 @@ pub fn retry<T>(
             );
             return Err(e);
         }
-        let freed = trim() + ctx.trim_caches();
-        let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
-        tracing::info!("{} returned {}: freed {freed} cached bytes, retrying in {backoff} ms", err.func, err.code);
-        std::thread::sleep(Duration::from_millis(backoff));
+        back_off(env, attempt, trim, |freed, backoff| {
+            tracing::info!("{} returned {}: freed {freed} cached bytes, retrying in {backoff} ms", err.func, err.code)
+        });
         attempt += 1;
     }
 }
@@ -68,7 +86,7 @@ pub fn retry<T>(
 #[allow(clippy::too_many_arguments)]
 pub fn lockstep<T>(
     comm: &Comm,
-    ctx: &Context,
+    env: &Env,
     label: &str,
     what: &dyn Fn() -> String,
     bytes: u64,
@@ -76,7 +94,7 @@ pub fn lockstep<T>(
     mut step: impl FnMut() -> DResult<T>,
     mut keep: impl FnMut(T),
 ) -> Result<()> {
-    let retries = ctx.config().oom_retries;
+    let retries = env.config().oom_retries;
     let mut attempt = 0u32;
     let mut done = false;
     loop {
@@ -90,12 +108,6 @@ pub fn lockstep<T>(
                 Err(e) => failed = Some(e),
             }
         }
-        let retryable = |c: CuResult| {
-            matches!(
-                c,
-                CuResult::ERROR_OUT_OF_MEMORY | CuResult::ERROR_SYSTEM_NOT_READY | CuResult::ERROR_ILLEGAL_STATE
-            )
-        };
         // Payload: 0 = ok, 1 = retryable failure, 2 = final failure.
         let verdict: u32 = match failed {
             None => 0,
@@ -104,8 +116,8 @@ pub fn lockstep<T>(
         };
         let status = match (verdict, failed) {
             (2, Some(e)) => {
-                let live_mc = ctx.resources.counts().multicast_objects;
-                let asked = if bytes > 0 { format!("; asked for {bytes} bytes") } else { String::new() };
+                let live_mc = env.resources.counts().multicast_objects;
+                let asked = asked(bytes);
                 Err(Error::driver(e, what()).context(format!(
                     "failed after {attempt} lockstep retries{asked}; {live_mc} multicast object(s) live in this context"
                 )))
@@ -117,12 +129,11 @@ pub fn lockstep<T>(
         if !any_retry {
             return Ok(());
         }
-        let freed = trim() + ctx.trim_caches();
-        let backoff = u64::from(ctx.config().retry_backoff_ms).saturating_mul(1u64 << attempt.min(16));
-        tracing::info!(
-            "{label}: a rank ran out of memory; freed {freed} cached bytes, all ranks retry in {backoff} ms"
-        );
-        std::thread::sleep(Duration::from_millis(backoff));
+        back_off(env, attempt, trim, |freed, backoff| {
+            tracing::info!(
+                "{label}: a rank ran out of memory; freed {freed} cached bytes, all ranks retry in {backoff} ms"
+            )
+        });
         attempt += 1;
     }
 }

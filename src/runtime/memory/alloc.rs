@@ -1,101 +1,20 @@
-//! Memory the application owns: `mcast_mem_alloc` / `mcast_mem_free` (device memory any team
-//! holding that device can register, like NCCL's `ncclMemAlloc`), and the context's list of live
-//! registrations (no two may overlap; registered memory cannot be freed).
+//! The driver work behind [`UserMemory`]: `mcast_mem_alloc` (granularity, shareable handle
+//! types, retries, rollback) and `mcast_mem_free`.
 
-use std::collections::BTreeMap;
-
-use parking_lot::Mutex;
-
-use super::context::Context;
-use super::error::{Error, Result};
-use super::registry::{ResourceId, ResourceKind};
-use super::retry::retry;
-use crate::driver::{CuResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, MulticastProp};
-
-/// Owner name of `mcast_mem_alloc` memory in the leak report.
-const OWNER: &str = "mcast_mem_alloc";
-
-/// One `mcast_mem_alloc` allocation: the physical memory mapped read-write for its device.
-struct UserAlloc {
-    dev: Device,
-    handle: MemHandle,
-    size: usize,
-    /// Physical allocation, reservation, mapping: `None` once released.
-    ids: [Option<ResourceId>; 3],
-}
-
-/// A live registration: `[start, end)` on `dev`, made for buffer registration `serial`.
-#[derive(Clone, Copy, Debug)]
-struct Registration {
-    serial: u64,
-    dev: Device,
-    start: u64,
-    end: u64,
-}
-
-/// The application's memory in one context.
-#[derive(Default)]
-pub struct UserMemory {
-    /// `mcast_mem_alloc` allocations by address.
-    allocs: Mutex<BTreeMap<DevicePtr, UserAlloc>>,
-    /// Live registrations.
-    registrations: Mutex<Vec<Registration>>,
-    next_serial: Mutex<u64>,
-    /// Devices whose fabric allocations the driver refused (no IMEX channel): later
-    /// allocations there ask for POSIX descriptors only, without a failing call each time.
-    no_fabric: Mutex<Vec<Device>>,
-}
+use super::{UserAlloc, UserMemory, OWNER};
+use crate::driver::{CuResult, Device, DevicePtr, HandleTypes};
+use crate::runtime::env::Env;
+use crate::runtime::error::{Error, Result};
+use crate::runtime::registry::ResourceKind;
+use crate::runtime::retry::retry;
 
 impl UserMemory {
-    /// Records the ranges of one registration (every rank this process holds) unless one of them
-    /// overlaps a live registration; returns its serial.
-    pub fn register(&self, ranges: &[(Device, DevicePtr, usize)]) -> Result<u64> {
-        let mut regs = self.registrations.lock();
-        for (i, &(dev, start, len)) in ranges.iter().enumerate() {
-            let end = start + len as u64;
-            if let Some(r) = regs.iter().find(|r| r.start < end && start < r.end) {
-                return Err(Error::invalid_argument(format!(
-                    "ptrs[{i}] = {start:#x} + {len} bytes (device {dev}) overlaps a live registration ({:#x} + {} bytes on \
-                     device {}): free that buffer first",
-                    r.start,
-                    r.end - r.start,
-                    r.dev
-                )));
-            }
-            if let Some(j) = ranges[..i].iter().position(|&(_, s, l)| s < end && start < s + l as u64) {
-                return Err(Error::invalid_argument(format!(
-                    "ptrs[{i}] and ptrs[{j}] overlap: every rank registers its own memory"
-                )));
-            }
-        }
-        let mut next = self.next_serial.lock();
-        *next += 1;
-        let serial = *next;
-        regs.extend(ranges.iter().map(|&(dev, start, len)| Registration {
-            serial,
-            dev,
-            start,
-            end: start + len as u64,
-        }));
-        Ok(serial)
-    }
-
-    /// Forgets registration `serial`.
-    pub fn unregister(&self, serial: u64) {
-        self.registrations.lock().retain(|r| r.serial != serial);
-    }
-
-    /// Number of live registrations (one per registered buffer and rank).
-    pub fn registrations(&self) -> usize {
-        self.registrations.lock().len()
-    }
-
     /// Allocates `bytes` on `dev`: physical memory with the shareable handle types the device
     /// exports (POSIX file descriptors, plus fabric handles where supported), rounded up to the
     /// allocation and multicast granularities, mapped read-write for `dev` and for every device
     /// that can access `dev`'s memory peer to peer (as `ncclMemAlloc` does). Retried on
     /// out-of-memory; rolled back on failure.
-    pub fn alloc(&self, ctx: &Context, dev: i32, bytes: usize) -> Result<DevicePtr> {
+    pub fn alloc(&self, ctx: &Env, dev: i32, bytes: usize) -> Result<DevicePtr> {
         let dev = ctx.check_device(dev, "device")?;
         if bytes == 0 {
             return Err(Error::invalid_argument("bytes is 0: an allocation needs at least one byte"));
@@ -118,18 +37,7 @@ impl UserMemory {
         if props.fabric_supported && !self.no_fabric.lock().contains(&dev) {
             types = with_fabric;
         }
-        let mut g = driver
-            .mem_granularity(dev, Granularity::Minimum, types)
-            .map_err(|e| Error::driver(e, format_args!("asking the allocation granularity of device {dev}")))?
-            .max(1);
-        if driver.has_multicast_api() && props.multicast_supported {
-            let prop = MulticastProp { num_devices: 1, size: 0, handle_types: types, flags: 0 };
-            let m = driver
-                .multicast_granularity(&prop, Granularity::Minimum)
-                .map_err(|e| Error::driver(e, format_args!("asking the multicast granularity of device {dev}")))?
-                .max(1);
-            g = g / gcd(g, m) * m;
-        }
+        let g = ctx.granularity(&[dev], types, driver.has_multicast_api() && props.multicast_supported)?;
         let size = bytes
             .checked_next_multiple_of(g)
             .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
@@ -195,7 +103,7 @@ impl UserMemory {
 
     /// Frees `mcast_mem_alloc` memory at `ptr` (0: nothing), after the work in flight on its
     /// device. Refused while a registration lies in it.
-    pub fn free(&self, ctx: &Context, ptr: DevicePtr) -> Result<()> {
+    pub fn free(&self, ctx: &Env, ptr: DevicePtr) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
@@ -229,7 +137,7 @@ impl UserMemory {
     }
 
     /// Frees every allocation still alive (context destroy); returns how many there were.
-    pub fn release_all(&self, ctx: &Context) -> usize {
+    pub fn release_all(&self, ctx: &Env) -> usize {
         let allocs = std::mem::take(&mut *self.allocs.lock());
         self.registrations.lock().clear();
         let n = allocs.len();
@@ -240,11 +148,6 @@ impl UserMemory {
         }
         n
     }
-
-    /// Live `mcast_mem_alloc` allocations.
-    pub fn live(&self) -> usize {
-        self.allocs.lock().len()
-    }
 }
 
 /// One release step of an allocation.
@@ -254,7 +157,7 @@ impl UserAlloc {
     /// Unmaps, frees the reservation and releases the memory, skipping what an earlier call
     /// released; stops at the first failure (what is left stays tracked, for a retry, and shows
     /// in the leak report).
-    fn release(&mut self, ctx: &Context, va: DevicePtr) -> Result<()> {
+    fn release(&mut self, ctx: &Env, va: DevicePtr) -> Result<()> {
         let driver = ctx.driver();
         let res = &ctx.resources;
         let size = self.size;
@@ -275,13 +178,5 @@ impl UserAlloc {
             self.ids[i] = None;
         }
         Ok(())
-    }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }

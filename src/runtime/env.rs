@@ -1,0 +1,216 @@
+//! What teams, segments, retries and user memory need of their context, as one value:
+//! [`Env`] (driver, configuration, resource ledger, device checks, the teams and leftovers the
+//! context drains at shutdown). `Context` builds it and hands out `Arc<Env>`; `Env` never names a
+//! team or a segment, it sees them as [`Member`] and [`Leftover`].
+
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::config::Config;
+use super::error::{Error, Result};
+use super::memory::UserMemory;
+use super::policy;
+use super::registry::Resources;
+use crate::driver::{CuResult, Device, DeviceProps, DevicePtr, Driver, Granularity, HandleTypes, MulticastProp};
+
+/// What the context needs of a team it holds (implemented by `Team`).
+pub trait Member: Send + Sync {
+    /// Releases every cached empty segment; returns the bytes freed per rank.
+    fn trim_cache(&self) -> u64;
+    /// Buffers alive.
+    fn live_buffers(&self) -> usize;
+    /// Ranks.
+    fn size(&self) -> usize;
+    /// Device of each rank.
+    fn devices(&self) -> &[Device];
+    /// Releases everything the team holds, live buffers or not; returns the teardown errors.
+    fn release_all(&self) -> Vec<Error>;
+}
+
+/// What a failed release left (implemented by `Segment`): released again at shutdown.
+pub trait Leftover: Send + Sync {
+    /// Retries the release; returns what still fails.
+    fn release(&self, env: &Env) -> Vec<Error>;
+}
+
+/// The shared part of a context.
+pub struct Env {
+    driver: Arc<dyn Driver>,
+    config: Config,
+    /// Every driver resource held by this context's teams.
+    pub resources: Resources,
+    /// `mcast_mem_alloc` memory and live registrations.
+    pub memory: UserMemory,
+    props: Vec<OnceLock<DeviceProps>>,
+    members: Mutex<Vec<Arc<dyn Member>>>,
+    /// Releases that failed part-way; retried at shutdown.
+    leftovers: Mutex<Vec<Arc<dyn Leftover>>>,
+}
+
+impl Env {
+    /// The environment of a context over `driver`, which reports `devices` devices.
+    pub fn new(driver: Arc<dyn Driver>, config: Config, devices: usize) -> Env {
+        Env {
+            driver,
+            config,
+            resources: Resources::default(),
+            memory: UserMemory::default(),
+            props: (0..devices).map(|_| OnceLock::new()).collect(),
+            members: Mutex::new(Vec::new()),
+            leftovers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> usize {
+        self.props.len()
+    }
+
+    /// Checks `dev` is a device of this context.
+    pub fn check_device(&self, dev: i32, what: &str) -> Result<Device> {
+        if dev < 0 || dev as usize >= self.props.len() {
+            return Err(Error::invalid_argument(format!(
+                "{what} {dev} is out of range: this context has {} device(s)",
+                self.props.len()
+            )));
+        }
+        Ok(dev)
+    }
+
+    /// The driver's properties of `dev` (queried once).
+    pub fn props(&self, dev: Device) -> Result<DeviceProps> {
+        let dev = self.check_device(dev, "device")?;
+        let cell = &self.props[dev as usize];
+        if let Some(p) = cell.get() {
+            return Ok(p.clone());
+        }
+        let p = self.driver.device_props(dev).map_err(|e| Error::driver(e, format_args!("querying device {dev}")))?;
+        Ok(cell.get_or_init(|| p).clone())
+    }
+
+    /// Why `dev` cannot use multicast, or `None`.
+    pub fn multicast_reason(&self, dev: Device) -> Result<Option<String>> {
+        let props = self.props(dev)?;
+        Ok(policy::device_reason(self.config.multicast, self.driver.has_multicast_api(), dev, &props))
+    }
+
+    /// `cuDeviceCanAccessPeer` (a device reaches itself).
+    pub fn can_access_peer(&self, dev: i32, peer: i32) -> Result<bool> {
+        let dev = self.check_device(dev, "device")?;
+        let peer = self.check_device(peer, "peer")?;
+        if dev == peer {
+            return Ok(true);
+        }
+        self.driver
+            .can_access_peer(dev, peer)
+            .map_err(|e| Error::driver(e, format_args!("asking whether device {dev} can access device {peer}")))
+    }
+
+    /// Checks `ptr` is memory of rank `rank`'s device `dev`, as the driver says
+    /// (`cuPointerGetAttribute`). In messages `name` names the pointer (`"send = 0x..."`), `verb`
+    /// says what the caller does with device memory (`"register"`, `"pass"`) and `asking`
+    /// describes the query.
+    pub fn check_pointer_device(
+        &self,
+        ptr: DevicePtr,
+        rank: usize,
+        dev: Device,
+        name: &str,
+        verb: &str,
+        asking: &dyn Fn() -> String,
+    ) -> Result<()> {
+        match self.driver.pointer_device(ptr) {
+            Ok(d) if d == dev => Ok(()),
+            Ok(d) => Err(Error::invalid_argument(format!(
+                "{name} is memory of device {d}, but rank {rank} runs on device {dev}"
+            ))),
+            Err(e) if e.code == CuResult::ERROR_INVALID_VALUE => Err(Error::invalid_argument(format!(
+                "{name} is not device memory ({e}): {verb} device memory of rank {rank}'s device {dev}"
+            ))),
+            Err(e) => Err(Error::driver(e, asking())),
+        }
+    }
+
+    /// The granularity of memory of handle types `ht` shared by `devices`: the least common
+    /// multiple of each device's minimum allocation granularity and, with `multicast`, of the
+    /// multicast granularity of an object over all of them.
+    pub fn granularity(&self, devices: &[Device], ht: HandleTypes, multicast: bool) -> Result<usize> {
+        let mut g = 1usize;
+        for &d in devices {
+            let m = self
+                .driver
+                .mem_granularity(d, Granularity::Minimum, ht)
+                .map_err(|e| Error::driver(e, format_args!("asking the allocation granularity of device {d}")))?;
+            g = lcm(g, m.max(1));
+        }
+        if multicast {
+            let prop = MulticastProp { num_devices: devices.len() as u32, size: 0, handle_types: ht, flags: 0 };
+            let m = self.driver.multicast_granularity(&prop, Granularity::Minimum).map_err(|e| match devices {
+                [d] => Error::driver(e, format_args!("asking the multicast granularity of device {d}")),
+                _ => Error::driver(e, "asking the multicast granularity"),
+            })?;
+            g = lcm(g, m.max(1));
+        }
+        Ok(g)
+    }
+
+    /// Remembers a team created in this context.
+    pub fn join(&self, member: Arc<dyn Member>) {
+        self.members.lock().push(member);
+    }
+
+    /// Forgets a destroyed team.
+    pub fn leave(&self, member: &dyn Member) {
+        let me = member as *const dyn Member as *const ();
+        self.members.lock().retain(|m| Arc::as_ptr(m) as *const () != me);
+    }
+
+    /// The live teams.
+    pub fn members(&self) -> Vec<Arc<dyn Member>> {
+        self.members.lock().clone()
+    }
+
+    /// Forgets every live team and returns them (shutdown).
+    pub fn take_members(&self) -> Vec<Arc<dyn Member>> {
+        std::mem::take(&mut *self.members.lock())
+    }
+
+    /// Releases every empty segment every team keeps cached; returns the bytes freed per rank.
+    pub fn trim_caches(&self) -> u64 {
+        self.members().iter().map(|t| t.trim_cache()).sum()
+    }
+
+    /// Keeps what a release failed to free, to retry at shutdown.
+    pub fn park(&self, leftover: Arc<dyn Leftover>) {
+        self.leftovers.lock().push(leftover);
+    }
+
+    /// Retries every parked release; returns what still fails.
+    pub fn release_leftovers(&self) -> Vec<Error> {
+        let leftovers = std::mem::take(&mut *self.leftovers.lock());
+        leftovers.iter().flat_map(|l| l.release(self)).collect()
+    }
+}
+
+/// Least common multiple of two positive numbers.
+pub fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}

@@ -1,0 +1,152 @@
+//! A team's failures: the sticky error (a device timeout), abort (`mcast_team_abort`: every
+//! wait ends, here and in peer processes) and the asynchronous error read from the device words.
+
+use std::sync::atomic::Ordering;
+
+use super::Team;
+use crate::kernels::abi::{ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET};
+use crate::runtime::error::{Error, ErrorKind, Result};
+
+impl Team {
+    /// The sticky error, if a collective of this team failed on the device or the team was
+    /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout). Cheap: it
+    /// reads only what this process already knows (see [`Team::async_error`] for more).
+    pub fn error(&self) -> Option<Error> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Some(self.aborted_error());
+        }
+        self.error.lock().clone()
+    }
+
+    /// Records the first device error; later calls report it until the team is destroyed.
+    pub fn set_error(&self, e: Error) {
+        if e.kind == ErrorKind::Aborted {
+            self.mark_aborted(&e.message);
+            return;
+        }
+        self.error.lock().get_or_insert(e);
+    }
+
+    /// Fails with the team's sticky error (aborted, or a device timeout); `what` names the call.
+    pub fn check_usable(&self, what: &str) -> Result<()> {
+        match self.error() {
+            Some(e) => Err(e.context(what)),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails with [`ErrorKind::Aborted`] once the team was aborted; `what` names the call.
+    pub fn check_not_aborted(&self, what: &str) -> Result<()> {
+        match self.error() {
+            Some(e) if e.kind == ErrorKind::Aborted => Err(e.context(what)),
+            _ => Ok(()),
+        }
+    }
+
+    /// True once the team was aborted (here, or noticed from a peer).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    fn aborted_error(&self) -> Error {
+        let msg = self.error.lock().as_ref().filter(|e| e.kind == ErrorKind::Aborted).map(|e| e.message.clone());
+        Error::aborted(msg.unwrap_or_else(|| "the team was aborted".to_string()))
+    }
+
+    /// Records an abort (sticky; wins over a timeout).
+    fn mark_aborted(&self, why: &str) {
+        let mut err = self.error.lock();
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            *err = Some(Error::aborted(format!(
+                "the team was aborted ({why}); every call on it returns MCAST_ERROR_ABORTED: destroy it and make a new \
+                 one"
+            )));
+        }
+    }
+
+    /// Aborts the team (`mcast_team_abort`): every wait on it ends promptly, on the device
+    /// (the state word of every rank, peers' through the peer mappings, is set and every
+    /// barrier spin reads it) and on the host (rendezvous waits poll the abort; peer processes
+    /// are told over the rendezvous connections); every later call on the team returns
+    /// [`ErrorKind::Aborted`]. Callable from any thread, while others are blocked on the team.
+    pub fn abort(&self) {
+        let who = match self.local_rank() {
+            Some(r) => format!("mcast_team_abort by rank {r}'s process"),
+            None => "mcast_team_abort in this process".to_string(),
+        };
+        self.mark_aborted(&who);
+        if let Some(c) = &self.comm {
+            c.abort(&who);
+        }
+        self.stop_device_waits(true);
+    }
+
+    /// Sets the device state word of this process's ranks (and, with `peers`, of every rank
+    /// through this rank's peer mappings) to aborted, so that every barrier spin ends.
+    /// Writes nothing once the team's memory was released.
+    pub(super) fn stop_device_waits(&self, peers: bool) {
+        let live = self.sync_live.read();
+        if !*live {
+            return;
+        }
+        let driver = self.env.driver();
+        let n = self.devices.len();
+        for r in self.own_ranks() {
+            let targets: Vec<usize> = if peers && self.comm.is_some() { (0..n).collect() } else { vec![r] };
+            for q in targets {
+                let at = self.sync[r][q] + STATE_OFFSET as u64;
+                if let Err(e) = driver.poke_u32(self.devices[r], at, STATE_ABORTED) {
+                    tracing::warn!("aborting: writing rank {q}'s state word from rank {r}: {e}");
+                }
+            }
+        }
+    }
+
+    /// The team's asynchronous error without waiting (`mcast_team_get_error`): `None`,
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Aborted`]. Besides the host's sticky error it
+    /// reads this process's ranks' device words (a peer process's abort, a barrier timeout)
+    /// without waiting for any stream.
+    pub fn async_error(&self) -> Option<ErrorKind> {
+        if let Some(e) = self.error() {
+            return Some(e.kind);
+        }
+        // A peer process's abort message, not consumed (rendezvous waits see it too).
+        if let Some(why) = self.comm.as_ref().and_then(|c| c.aborted()) {
+            self.mark_aborted(&why);
+            return Some(ErrorKind::Aborted);
+        }
+        let live = self.sync_live.read();
+        if !*live {
+            return None;
+        }
+        let driver = self.env.driver();
+        for r in self.own_ranks() {
+            let (dev, base) = (self.devices[r], self.sync[r][r]);
+            if driver.peek_u32(dev, base + STATE_OFFSET as u64).is_ok_and(|w| w == STATE_ABORTED) {
+                drop(live);
+                self.mark_aborted("by a peer process: its rank wrote this rank's state word");
+                return Some(ErrorKind::Aborted);
+            }
+            match driver.peek_u32(dev, base + ERROR_WORD_OFFSET as u64) {
+                Ok(ERR_TIMEOUT) => {
+                    let timeout_ms = self.env.config().timeout_ms;
+                    self.set_error(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "rank {r}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms; the team \
+                             reports this error until it is destroyed"
+                        ),
+                    ));
+                    return Some(ErrorKind::Timeout);
+                }
+                Ok(ERR_ABORTED) => {
+                    drop(live);
+                    self.mark_aborted("seen on the device");
+                    return Some(ErrorKind::Aborted);
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
