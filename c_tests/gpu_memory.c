@@ -85,11 +85,12 @@ static void run(mcast_context_t ctx, const int *devices) {
    * offsets, an odd count: recv[i] = sum of send[i + 1] over the ranks. */
   {
     const int odd = COUNT - 11;
-    for (r = 0; r < N; r++) {
-      to_device(plain_in[r], host[r], bytes);
+    /* Uploads first: a cudaMemcpy between the ranks' launches would wait for rank 0's kernel,
+     * which waits for rank 1's. */
+    for (r = 0; r < N; r++) to_device(plain_in[r], host[r], bytes);
+    for (r = 0; r < N; r++)
       CHECK_OK(mcast_team_all_reduce(team, r, (float *)plain_in[r] + 1, (float *)plain_out[r] + 2 + r, odd, MCAST_FLOAT32,
                                      MCAST_SUM, streams[r]));
-    }
     for (r = 0; r < N; r++) CHECK_OK(mcast_synchronize(team, r, streams[r]));
     for (r = 0; r < N; r++) {
       int i;
