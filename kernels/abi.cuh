@@ -3,7 +3,7 @@
 //
 // The kernel source is header-free CUDA C++ compiled at run time by NVRTC (no CUDA headers, no
 // #include): src/kernels/source.rs concatenates the pieces of kernels/ in this order:
-//   abi.cuh ptx.cuh dtype.cuh multimem.cuh sync.cuh layout.cuh entry.cuh   (shared)
+//   abi.cuh ptx.cuh dtype.cuh multimem.cuh sync.cuh layout.cuh ll.cuh entry.cuh   (shared)
 //   all_reduce.cu reduce_scatter.cu broadcast.cu all_gather.cu             (one per collective)
 // and a module of one collective (src/kernels/select.rs) compiles the shared part and its file.
 //
@@ -37,7 +37,8 @@
 //   MCAST_ERROR_OFFSET       u32 error code (0 = none), first error wins (atomic CAS);
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
-//   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b.
+//   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b;
+//   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh).
 // [8192, 8256): team state: MCAST_STATE_OFFSET u32 (MCAST_STATE_OK, or nonzero once the team
 //   was aborted), written by the host (mcast_team_abort, in every rank's region, peers' included)
 //   and read by every barrier spin: an abort ends device waits within microseconds.

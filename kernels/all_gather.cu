@@ -1,5 +1,5 @@
-// kernels/all_gather.cu: the all-gather kernels (P2P pull, multicast push) and their entry points
-// mcast_all_gather_p2p and mcast_all_gather_mc.
+// kernels/all_gather.cu: the all-gather kernels (P2P pull, LL, multicast push) and their entry points
+// mcast_all_gather_{p2p,ll,mc}.
 
 // All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
 // out, for every q != r (and q == r out of place).
@@ -20,4 +20,5 @@ __device__ void all_gather_mc(const McastArgs& a) {
 
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
     KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
-    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); })
+    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); }
+    KERNEL mcast_all_gather_ll(ARGS) { ll_copy(a, true); })

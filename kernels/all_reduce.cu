@@ -1,5 +1,5 @@
-// kernels/all_reduce.cu: the all-reduce kernels (P2P one-shot, push and two-shot; multicast) and
-// their entry points mcast_all_reduce_{p2p,p2p_push,p2p_twoshot,mc}_<dtype>_<op>.
+// kernels/all_reduce.cu: the all-reduce kernels (P2P one-shot, push and two-shot; LL, see ll.cuh;
+// multicast) and their entry points mcast_all_reduce_{p2p,p2p_push,p2p_twoshot,ll,mc}_<dtype>_<op>.
 
 // One-shot all-reduce, in rounds of gthreads()*UNROLL vectors (block 0 also takes the scalars, one
 // per thread per round): each round loads and reduces every rank's values into registers in rank
@@ -249,7 +249,8 @@ __device__ void all_reduce_mc(const McastArgs& a) {
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                              \
       KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }          \
       KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }        \
-      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); })
+      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); }  \
+      KERNEL mcast_all_reduce_ll_##DN##_##ON(ARGS) { ll_reduce<D, O>(a, 0, a.count * sizeof(typename Ty<D>::E)); })
 #define ALL_REDUCE_MC(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
       KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })

@@ -1,5 +1,5 @@
-// kernels/broadcast.cu: the broadcast kernels (P2P pull, multicast push) and their entry points
-// mcast_broadcast_p2p and mcast_broadcast_mc.
+// kernels/broadcast.cu: the broadcast kernels (P2P pull, LL, multicast push) and their entry points
+// mcast_broadcast_{p2p,ll,mc}.
 
 // Broadcast (pull): every rank copies count bytes from the root's data into its out (the root
 // only out of place).
@@ -19,4 +19,5 @@ __device__ void broadcast_mc(const McastArgs& a) {
 
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
     KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
-    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); })
+    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); }
+    KERNEL mcast_broadcast_ll(ARGS) { ll_copy(a, false); })

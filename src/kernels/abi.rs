@@ -34,5 +34,6 @@ pub(crate) fn test_launch(collective: super::Collective, path: super::Path, coun
         timeout_ns: 5,
         max_blocks: GRID_MAX_BLOCKS,
         local_only: false,
+        ll: false,
     }
 }

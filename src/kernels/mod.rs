@@ -187,4 +187,7 @@ pub struct Launch {
     /// rank maps): only the push all-reduce may run, which reads nothing but this rank's own
     /// memory and the scratch the peers write into.
     pub local_only: bool,
+    /// The team keeps an LL landing area and runs the LL kernels where they serve
+    /// ([`abi::ll_serves`]). The same on every rank.
+    pub ll: bool,
 }

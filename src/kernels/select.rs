@@ -2,8 +2,8 @@
 //!
 //! Compiling every entry point of `kernels/` takes NVRTC tens of seconds on a fresh machine, so
 //! a call compiles (or finds in the cache) only its [`Unit`]: one collective for one dtype and
-//! operator, with every algorithm the kernel plan may pick for it (P2P one-shot, push all-reduce,
-//! two-shot, multicast), so a change of message size never waits for a compile. The source keeps
+//! operator, with every algorithm the kernel plan may pick for it (LL, P2P one-shot, push
+//! all-reduce, two-shot, multicast), so a change of message size never waits for a compile. The source keeps
 //! its entry points behind `MCAST_WHEN(MCAST_SEL_<collective>, MCAST_SEL_<dtype>, MCAST_SEL_<op>)`
 //! guards; [`Unit::defines`] selects one unit, and no selection compiles everything (what
 //! `scripts/check-kernels` checks).
@@ -49,10 +49,13 @@ impl Family {
             KernelKind::AllReduceP2p
             | KernelKind::AllReduceP2pPush
             | KernelKind::AllReduceP2pTwoShot
-            | KernelKind::AllReduceMc => Family::AllReduce,
-            KernelKind::ReduceScatterP2p | KernelKind::ReduceScatterMc => Family::ReduceScatter,
-            KernelKind::BroadcastP2p | KernelKind::BroadcastMc => Family::Broadcast,
-            KernelKind::AllGatherP2p | KernelKind::AllGatherMc => Family::AllGather,
+            | KernelKind::AllReduceMc
+            | KernelKind::AllReduceLl => Family::AllReduce,
+            KernelKind::ReduceScatterP2p | KernelKind::ReduceScatterMc | KernelKind::ReduceScatterLl => {
+                Family::ReduceScatter
+            }
+            KernelKind::BroadcastP2p | KernelKind::BroadcastMc | KernelKind::BroadcastLl => Family::Broadcast,
+            KernelKind::AllGatherP2p | KernelKind::AllGatherMc | KernelKind::AllGatherLl => Family::AllGather,
         }
     }
 }
@@ -160,7 +163,8 @@ mod tests {
                 "mcast_all_reduce_p2p_bf16_sum",
                 "mcast_all_reduce_p2p_push_bf16_sum",
                 "mcast_all_reduce_p2p_twoshot_bf16_sum",
-                "mcast_all_reduce_mc_bf16_sum"
+                "mcast_all_reduce_mc_bf16_sum",
+                "mcast_all_reduce_ll_bf16_sum"
             ]
         );
         assert_eq!(u.name(), "all_reduce-bf16-sum");
@@ -172,11 +176,11 @@ mod tests {
         assert_eq!(d.iter().filter(|x| x.ends_with("=1")).count(), 3, "{d:?}");
         // f32 min has no multicast form: its unit holds the P2P kernels the plan falls back to.
         let u = Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)) };
-        assert_eq!(u.kernels().len(), 3);
+        assert_eq!(u.kernels().len(), 4);
         let b = Unit { family: Family::Broadcast, red: None };
         assert_eq!(
             b.kernels().iter().map(|k| k.name()).collect::<Vec<_>>(),
-            ["mcast_broadcast_p2p", "mcast_broadcast_mc"]
+            ["mcast_broadcast_p2p", "mcast_broadcast_mc", "mcast_broadcast_ll"]
         );
         assert_eq!(b.defines().iter().filter(|x| x.ends_with("=1")).count(), 1 + 8 + 3);
     }

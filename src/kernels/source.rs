@@ -24,6 +24,7 @@ macro_rules! source {
             piece!("multimem.cuh"),
             piece!("sync.cuh"),
             piece!("layout.cuh"),
+            piece!("ll.cuh"),
             piece!("entry.cuh"),
             $(piece!($file)),*
         )
@@ -31,13 +32,14 @@ macro_rules! source {
 }
 
 /// Every piece of `kernels/`, in compile order: the shared part, then one file per collective.
-pub const PIECES: [&str; 11] = [
+pub const PIECES: [&str; 12] = [
     "abi.cuh",
     "ptx.cuh",
     "dtype.cuh",
     "multimem.cuh",
     "sync.cuh",
     "layout.cuh",
+    "ll.cuh",
     "entry.cuh",
     "all_reduce.cu",
     "reduce_scatter.cu",
@@ -107,7 +109,7 @@ mod tests {
 
     #[test]
     fn a_family_compiles_the_shared_part_and_its_own_file() {
-        let shared = &PIECES[..7];
+        let shared = &PIECES[..8];
         for f in Family::ALL {
             let mut want = shared.to_vec();
             want.push(family_file(f));

@@ -158,11 +158,15 @@ pub fn run_into(
 /// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
 /// pointer `send` to `recv` (the layouts of [`run_into`]; `send == recv` and NCCL's other
 /// in-place forms work in place). Where both ranges lie in registered buffers of the team it
-/// runs zero-copy as [`run_into`]. Otherwise an all-reduce of a team of at most
+/// runs zero-copy as [`run_into`]. Otherwise a small message of a team with the LL kernels
+/// ([`ll_serves`](crate::kernels::abi::ll_serves)) runs them in one launch, any collective (each
+/// rank stores what its peers need from `send` into their landing areas and combines what they
+/// stored into `recv`); an all-reduce of a team of at most
 /// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push all-reduce in one
 /// launch (it copies this rank's `send` step by step into its peers' scratch and reduces what
-/// they pushed into `recv`: the copy-in is fused into the kernel), and every other case goes
-/// through the team's staging area ([`run_staged`]). Every rank must take the same route (all registered or none).
+/// they pushed into `recv`: the copy-in is fused into the kernel); every other case goes
+/// through the team's staging area ([`run_staged`]). Every rank must take the same route (all
+/// registered or none).
 #[allow(clippy::too_many_arguments)]
 pub fn run_ptr(
     team: &Arc<Team>,
@@ -247,18 +251,27 @@ pub fn run_ptr(
         let rv = Buffer::view(team, ra);
         return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
     }
-    // The push all-reduce reads nothing but this rank's own memory (peers see only their
-    // scratch rows): an all-reduce of a team it serves runs it in one launch at any size and
-    // alignment, the copy-in fused into the kernel. The route depends only on values equal on
-    // every rank (collective, team size).
+    // The LL kernels (small messages, any collective) and the push all-reduce (any size, teams
+    // of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers see only their
+    // landing rows or scratch): they run in one launch at any alignment, the copy-in fused into
+    // the kernel. The route depends only on values equal on every rank (collective, count, team).
+    let ll = team.ll() && crate::kernels::abi::ll_serves(collective, n as u32, count as u64, team.max_blocks());
     let push = matches!(collective, Collective::AllReduce { .. }) && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
-    if !push {
+    if !ll && !push {
         return run_staged(team, r, send, recv, collective, stream, block, in_place);
     }
+    // This rank's addresses in the kernels' layout: all-gather's data and reduce-scatter's out
+    // are bases the kernel adds this rank's block offset to.
+    let shift = (r * block) as u64;
+    let (me_data, me_out) = match collective {
+        Collective::AllGather => (send.wrapping_sub(shift), recv),
+        Collective::ReduceScatter { .. } => (send, recv.wrapping_sub(shift)),
+        _ => (send, recv),
+    };
     let mut data = vec![0; n];
     let mut out = vec![0; n];
-    data[r] = send;
-    out[r] = recv;
+    data[r] = me_data;
+    out[r] = me_out;
     launch_with(team, r, count, collective, stream, data, None, Some((out, None)), true, None)
 }
 
@@ -401,6 +414,7 @@ fn launch_with(
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
         max_blocks: team.max_blocks(),
         local_only,
+        ll: team.ll(),
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued

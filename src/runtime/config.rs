@@ -36,6 +36,18 @@ pub enum HandleTypeMode {
     Fabric,
 }
 
+/// Whether teams use the LL (low-latency) kernels for small messages on the P2P path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlMode {
+    /// On the simulator, where they are verified; off on CUDA until they are measured on
+    /// hardware (issue 16).
+    Auto,
+    /// Always (where a team of 2..=8 ranks has the landing area).
+    On,
+    /// Never.
+    Off,
+}
+
 /// Everything a context is configured with.
 /// Most GPUs the simulator models in one process: the 72 of an NVL72 rack, so the largest teams
 /// are tested without hardware.
@@ -66,6 +78,9 @@ pub struct Config {
     /// Value of the simulated fabric-handle-supported attribute (`MCAST_SIM_FABRIC`; not in
     /// the C config struct).
     pub sim_fabric_supported: bool,
+    /// LL kernels for small messages (`MCAST_LL`; not in the C config struct). The ranks of a
+    /// team agree at creation: LL runs only where every rank has it on.
+    pub ll: LlMode,
 }
 
 impl Default for Config {
@@ -82,6 +97,7 @@ impl Default for Config {
             sim_multicast_supported: true,
             handle_type: HandleTypeMode::Auto,
             sim_fabric_supported: true,
+            ll: LlMode::Auto,
         }
     }
 }
@@ -141,6 +157,14 @@ impl Config {
             match parse_bool(&v) {
                 Some(b) => self.sim_fabric_supported = b,
                 None => warn_malformed("MCAST_SIM_FABRIC", &v, "0 or 1"),
+            }
+        }
+        if let Some(v) = get("MCAST_LL") {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => self.ll = LlMode::Auto,
+                "on" | "1" => self.ll = LlMode::On,
+                "off" | "0" => self.ll = LlMode::Off,
+                _ => warn_malformed("MCAST_LL", &v, "auto, on or off"),
             }
         }
         self
@@ -205,6 +229,7 @@ mod tests {
         assert_eq!((c.sim_devices, c.sim_device_memory, c.sim_multicast_slots), (4, 1 << 30, 128));
         assert!(c.sim_multicast_supported && c.sim_fabric_supported);
         assert_eq!(c.handle_type, HandleTypeMode::Auto);
+        assert_eq!(c.ll, LlMode::Auto);
         assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
     }
 
@@ -220,7 +245,10 @@ mod tests {
             ("MCAST_SIM_MULTICAST", "0"),
             ("MCAST_HANDLE_TYPE", "Posix"),
             ("MCAST_SIM_FABRIC", "off"),
+            ("MCAST_LL", "On"),
         ]);
+        assert_eq!(c.ll, LlMode::On);
+        assert_eq!(with(&[("MCAST_LL", "0")]).ll, LlMode::Off);
         assert_eq!(c.handle_type, HandleTypeMode::Posix);
         assert!(!c.sim_fabric_supported);
         assert_eq!(c.backend, Backend::Sim);
@@ -242,6 +270,7 @@ mod tests {
             ("MCAST_TIMEOUT_MS", "1e3"),
             ("MCAST_HANDLE_TYPE", "nvlink"),
             ("MCAST_SIM_FABRIC", "2"),
+            ("MCAST_LL", "fast"),
         ]);
         assert_eq!(c, Config::default());
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::config::Config;
+use super::config::{Config, LlMode};
 use super::error::{Error, Result};
 use super::memory::UserMemory;
 use super::policy;
@@ -65,6 +65,16 @@ impl Env {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Whether this process wants the LL kernels for its teams ([`LlMode`]: `auto` is on where
+    /// they are verified, the simulator).
+    pub fn ll_wanted(&self) -> bool {
+        match self.config.ll {
+            LlMode::On => true,
+            LlMode::Off => false,
+            LlMode::Auto => self.driver.as_sim().is_some(),
+        }
     }
 
     /// The driver.

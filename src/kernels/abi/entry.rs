@@ -14,6 +14,10 @@ pub enum KernelKind {
     AllReduceP2pTwoShot,
     /// `mcast_reduce_scatter_p2p_<d>_<op>`.
     ReduceScatterP2p,
+    /// `mcast_all_reduce_ll_<d>_<op>` (one-shot, flags carried in the data: no barrier).
+    AllReduceLl,
+    /// `mcast_reduce_scatter_ll_<d>_<op>`.
+    ReduceScatterLl,
     /// `mcast_all_reduce_mc_<d>_<op>`.
     AllReduceMc,
     /// `mcast_reduce_scatter_mc_<d>_<op>`.
@@ -26,18 +30,40 @@ pub enum KernelKind {
     AllGatherP2p,
     /// `mcast_all_gather_mc`.
     AllGatherMc,
+    /// `mcast_broadcast_ll`.
+    BroadcastLl,
+    /// `mcast_all_gather_ll`.
+    AllGatherLl,
 }
 
-const REDUCING: [KernelKind; 6] = [
+const REDUCING: [KernelKind; 8] = [
     KernelKind::AllReduceP2p,
     KernelKind::AllReduceP2pPush,
     KernelKind::AllReduceP2pTwoShot,
     KernelKind::ReduceScatterP2p,
     KernelKind::AllReduceMc,
     KernelKind::ReduceScatterMc,
+    KernelKind::AllReduceLl,
+    KernelKind::ReduceScatterLl,
 ];
-const COPYING: [KernelKind; 4] =
-    [KernelKind::BroadcastP2p, KernelKind::BroadcastMc, KernelKind::AllGatherP2p, KernelKind::AllGatherMc];
+const COPYING: [KernelKind; 6] = [
+    KernelKind::BroadcastP2p,
+    KernelKind::BroadcastMc,
+    KernelKind::AllGatherP2p,
+    KernelKind::AllGatherMc,
+    KernelKind::BroadcastLl,
+    KernelKind::AllGatherLl,
+];
+
+impl KernelKind {
+    /// True for the LL kernels (`kernels/ll.cuh`): flags in the data, no barrier.
+    pub fn is_ll(self) -> bool {
+        matches!(
+            self,
+            KernelKind::AllReduceLl | KernelKind::ReduceScatterLl | KernelKind::AllGatherLl | KernelKind::BroadcastLl
+        )
+    }
+}
 
 /// Number of kernel ids (some reducing ids have no entry point, see [`KernelId::exists`]).
 pub const KERNEL_IDS: usize = REDUCING.len() * 24 + COPYING.len();
@@ -102,6 +128,10 @@ impl KernelId {
             KernelKind::BroadcastMc => "broadcast_mc",
             KernelKind::AllGatherP2p => "all_gather_p2p",
             KernelKind::AllGatherMc => "all_gather_mc",
+            KernelKind::AllReduceLl => "all_reduce_ll",
+            KernelKind::ReduceScatterLl => "reduce_scatter_ll",
+            KernelKind::BroadcastLl => "broadcast_ll",
+            KernelKind::AllGatherLl => "all_gather_ll",
         };
         match self.red {
             Some((d, o)) => format!("mcast_{stem}_{}_{}", d.name(), o.name()),
@@ -126,7 +156,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 4 * 24 + 2 * 20 + 4);
+        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 6);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(

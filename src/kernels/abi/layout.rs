@@ -1,5 +1,5 @@
-//! The sync region of each rank (signal words, local state, team state), the push scratch and
-//! the staging area that follow it, and the launch geometry the kernels are built for; each value
+//! The sync region of each rank (signal words, local state, team state), the push scratch, the
+//! staging area and the LL landing area that follow it, and the launch geometry the kernels are built for; each value
 //! mirrors a `#define` of `kernels/abi.cuh` (a test parses the source and compares).
 
 use crate::kernels::SYNC_BYTES;
@@ -92,10 +92,40 @@ pub fn stage_offset(nranks: u32) -> usize {
     SCRATCH_OFFSET + scratch_bytes(nranks)
 }
 
-/// Bytes a team reserves per rank at the start of its first segment: the sync region, the push
-/// scratch, then the staging area.
-pub fn team_reserved_bytes(nranks: u32) -> usize {
+/// Most ranks the LL kernels serve (`MCAST_LL_MAX_RANKS`): their landing area grows with the team.
+pub const LL_MAX_RANKS: u32 = 8;
+/// Most blocks of an LL kernel (`MCAST_LL_MAX_BLOCKS`): LL block slots in the landing area.
+pub const LL_MAX_BLOCKS: u32 = 32;
+/// LL lines one thread sends per call (`MCAST_LL_LINES`).
+pub const LL_LINES: u32 = 2;
+/// Payload bytes one block of an LL kernel sends to each peer (`MCAST_LL_PART`): 8 per line.
+pub const LL_PART: u64 = THREADS as u64 * LL_LINES as u64 * 8;
+/// Bytes of one LL row (`MCAST_LL_ROW`): 16-byte lines carrying 8 payload bytes each.
+pub const LL_ROW: u64 = 2 * LL_PART;
+/// `u32` per block slot `b` at `LL_SEQ_OFFSET + 4 * b` (local state): the flag of the last LL
+/// call this rank made on slot `b` (`MCAST_LL_SEQ_OFFSET`).
+pub const LL_SEQ_OFFSET: usize = 4864;
+
+/// Offset of the LL landing area from a rank's sync region: after the staging area.
+pub fn ll_offset(nranks: u32) -> usize {
     stage_offset(nranks) + STAGE_BYTES
+}
+
+/// Bytes of a team's LL landing area per rank: per LL block slot, two parities of one row per
+/// writer other than the rank, for teams the LL kernels serve; none otherwise.
+pub fn ll_bytes(nranks: u32) -> usize {
+    if (2..=LL_MAX_RANKS).contains(&nranks) {
+        LL_MAX_BLOCKS as usize * 2 * (nranks as usize - 1) * LL_ROW as usize
+    } else {
+        0
+    }
+}
+
+/// Bytes a team reserves per rank at the start of its first segment: the sync region, the push
+/// scratch, the staging area, then, for a team that runs the LL kernels (`ll`), their landing
+/// area.
+pub fn team_reserved_bytes(nranks: u32, ll: bool) -> usize {
+    ll_offset(nranks) + if ll { ll_bytes(nranks) } else { 0 }
 }
 
 /// Error word value: no error.
@@ -111,7 +141,9 @@ pub const STATE_OK: u32 = 0;
 pub const STATE_ABORTED: u32 = 2;
 
 const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= PUSH_SEQ_OFFSET);
-const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= LL_SEQ_OFFSET);
+const _: () = assert!(LL_SEQ_OFFSET + 4 * LL_MAX_BLOCKS as usize <= STATE_OFFSET);
+const _: () = assert!(LL_MAX_BLOCKS <= MAX_BLOCKS);
 const _: () = assert!(PUSH_FLAG_OFFSET >= 4 && PUSH_FLAG_OFFSET + 4 * PUSH_MAX_RANKS as usize <= SIGNAL_STRIDE);
 const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
@@ -146,6 +178,13 @@ mod tests {
         assert_eq!(define("MCAST_PUSH_FLAG_OFFSET"), PUSH_FLAG_OFFSET as u64);
         assert_eq!(define("MCAST_PUSH_SEQ_OFFSET"), PUSH_SEQ_OFFSET as u64);
         assert_eq!(define("MCAST_LOCAL_OFFSET"), LOCAL_OFFSET as u64);
+        assert_eq!(define("MCAST_LL_MAX_RANKS"), LL_MAX_RANKS as u64);
+        assert_eq!(define("MCAST_LL_MAX_BLOCKS"), LL_MAX_BLOCKS as u64);
+        assert_eq!(define("MCAST_LL_LINES"), LL_LINES as u64);
+        assert_eq!(define("MCAST_LL_PART"), LL_PART);
+        assert_eq!(define("MCAST_LL_ROW"), LL_ROW);
+        assert_eq!(define("MCAST_LL_SEQ_OFFSET"), LL_SEQ_OFFSET as u64);
+        assert_eq!(define("MCAST_STAGE_BYTES"), STAGE_BYTES as u64);
         assert_eq!(define("MCAST_ERROR_OFFSET"), ERROR_WORD_OFFSET as u64);
         assert_eq!(define("MCAST_ERROR_INFO_OFFSET"), ERROR_INFO_OFFSET as u64);
         assert_eq!(define("MCAST_EPOCH_OFFSET"), EPOCH_OFFSET as u64);

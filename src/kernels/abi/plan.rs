@@ -2,7 +2,9 @@
 //! every rank, with the size thresholds between the one-shot, push and two-shot all-reduces.
 
 use super::entry::{multimem_has_reduction, KernelId, KernelKind};
-use super::layout::{push_row_capacity, MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL};
+use super::layout::{
+    push_row_capacity, LL_MAX_BLOCKS, LL_MAX_RANKS, LL_PART, MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL,
+};
 use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
 
 /// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
@@ -52,6 +54,39 @@ pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
     bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
 }
 
+/// The largest payload (bytes each rank sends each peer) the LL kernels carry: the whole landing
+/// area (256 KiB). LL moves twice the bytes (a flag beside every 4 payload bytes) with no
+/// barrier, so it wins where latency dominates; where it stops winning is to be measured on
+/// hardware (issue 16) and may differ per collective.
+pub const LL_MAX_BYTES: u64 = LL_MAX_BLOCKS as u64 * LL_PART;
+
+/// The payload of `collective` with `count`: the bytes each sender sends each peer.
+fn ll_payload(collective: Collective, count: u64) -> Option<u64> {
+    match collective {
+        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => {
+            count.checked_mul(dtype.size() as u64)
+        }
+        Collective::AllGather | Collective::Broadcast { .. } => Some(count),
+    }
+}
+
+/// Blocks of an LL launch of `payload` bytes.
+fn ll_blocks(payload: u64) -> u64 {
+    payload.div_ceil(LL_PART).max(1)
+}
+
+/// True when the LL kernels serve `collective` of `count` on a team of `nranks` whose launches
+/// may use `max_blocks` blocks: teams of 2..=[`LL_MAX_RANKS`] (they keep an LL landing area),
+/// payloads up to [`LL_MAX_BYTES`] that fit the grid. Depends only on values equal on every
+/// rank; the pointer forms route by it (no staging where it holds).
+pub fn ll_serves(collective: Collective, nranks: u32, count: u64, max_blocks: u32) -> bool {
+    let Some(payload) = ll_payload(collective, count) else { return false };
+    (2..=LL_MAX_RANKS).contains(&nranks)
+        && payload > 0
+        && payload <= LL_MAX_BYTES
+        && ll_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
+}
+
 const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
 
 /// What to launch for one [`Launch`].
@@ -98,7 +133,8 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             l.sync.len()
         ));
     }
-    if l.local_only && !(matches!(l.collective, Collective::AllReduce { .. }) && l.nranks <= PUSH_MAX_RANKS) {
+    let ll = l.ll && ll_serves(l.collective, l.nranks, l.count, l.max_blocks);
+    if l.local_only && !ll && !(matches!(l.collective, Collective::AllReduce { .. }) && l.nranks <= PUSH_MAX_RANKS) {
         return Err(format!(
             "{:?} of {} ranks needs the peers' memory, which this launch cannot address",
             l.collective, l.nranks
@@ -146,7 +182,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = if mc && fb.is_none() { KernelKind::BroadcastMc } else { KernelKind::BroadcastP2p };
+            let kind = match (mc && fb.is_none() && !l.local_only, ll) {
+                (true, _) => KernelKind::BroadcastMc,
+                (false, true) => KernelKind::BroadcastLl,
+                (false, false) => KernelKind::BroadcastP2p,
+            };
             (kind, None, l.count, fb)
         }
         Collective::AllGather => {
@@ -160,7 +200,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = if mc && fb.is_none() { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            let kind = match (mc && fb.is_none() && !l.local_only, ll) {
+                (true, _) => KernelKind::AllGatherMc,
+                (false, true) => KernelKind::AllGatherLl,
+                (false, false) => KernelKind::AllGatherP2p,
+            };
             (kind, None, total, fb)
         }
         Collective::AllReduce { dtype, op } | Collective::ReduceScatter { dtype, op } => {
@@ -186,7 +230,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 None
             };
             let kind = match (rs, mc && fb.is_none()) {
+                (true, false) if ll => KernelKind::ReduceScatterLl,
+                (false, false) if ll => KernelKind::AllReduceLl,
+                (false, _) if l.local_only && ll => KernelKind::AllReduceLl,
                 (false, _) if l.local_only => KernelKind::AllReduceP2pPush,
+                (true, _) if l.local_only => KernelKind::ReduceScatterLl,
                 (true, true) => KernelKind::ReduceScatterMc,
                 (true, false) => KernelKind::ReduceScatterP2p,
                 (false, true) => KernelKind::AllReduceMc,
@@ -203,7 +251,12 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         KernelKind::AllReduceP2p | KernelKind::AllReduceP2pPush => ONE_SHOT_BYTES_PER_BLOCK,
         _ => BYTES_PER_BLOCK,
     };
-    let blocks = bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32;
+    // LL: one block per LL_PART of payload, so that no block's part is empty (every block
+    // exchanges lines with every peer in every call: the landing's reuse relies on it).
+    let blocks = match kind {
+        k if k.is_ll() => ll_payload(l.collective, l.count).map_or(1, ll_blocks) as u32,
+        _ => bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32,
+    };
     let push_row = match kind {
         KernelKind::AllReduceP2pPush => push_row_bytes(bytes, blocks.into(), l.nranks),
         _ => 0,
@@ -245,7 +298,10 @@ mod tests {
         big_team.sync = vec![0x3000_0000; 5];
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
-        assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
+        assert_eq!(team_reserved_bytes(2, false), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
+        assert_eq!(team_reserved_bytes(2, true), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES + 32 * 2 * 16384);
+        assert_eq!(team_reserved_bytes(8, true), SYNC_BYTES + STAGE_BYTES + 32 * 2 * 7 * 16384);
+        assert_eq!(team_reserved_bytes(9, true), team_reserved_bytes(9, false));
         assert_eq!(scratch_bytes(4), 3 * 3 * 32768 * 64);
         assert_eq!(scratch_bytes(1), 0);
         assert_eq!(stage_offset(5) % 16, 0);
@@ -280,6 +336,69 @@ mod tests {
         let mut l = launch(Collective::AllGather, Path::P2P, 8);
         l.data.pop();
         assert!(plan(&l).is_err());
+    }
+
+    #[test]
+    fn plan_chooses_ll_for_small_messages_of_teams_that_have_it() {
+        let ar = Collective::AllReduce { dtype: DType::BF16, op: RedOp::Sum };
+        let rs = Collective::ReduceScatter { dtype: DType::F64, op: RedOp::Max };
+        let ll = |c, path, count| {
+            let mut l = launch(c, path, count);
+            l.ll = true;
+            l
+        };
+        // One block per LL_PART bytes of payload (what each rank sends each peer), up to the
+        // landing area's 32 blocks; above, the other kernels.
+        for (c, count, kind, blocks) in [
+            (ar, 1, KernelKind::AllReduceLl, 1),
+            (ar, 4096, KernelKind::AllReduceLl, 1),
+            (ar, 4097, KernelKind::AllReduceLl, 2),
+            (ar, 128 * 1024, KernelKind::AllReduceLl, 32),
+            (ar, 128 * 1024 + 1, KernelKind::AllReduceP2pPush, 0),
+            (rs, 1024, KernelKind::ReduceScatterLl, 1),
+            (rs, 32 * 1024, KernelKind::ReduceScatterLl, 32),
+            (rs, 32 * 1024 + 1, KernelKind::ReduceScatterP2p, 0),
+            (Collective::AllGather, 5, KernelKind::AllGatherLl, 1),
+            (Collective::AllGather, LL_MAX_BYTES, KernelKind::AllGatherLl, 32),
+            (Collective::AllGather, LL_MAX_BYTES + 1, KernelKind::AllGatherP2p, 0),
+            (Collective::Broadcast { root: 0 }, 3 * 8192, KernelKind::BroadcastLl, 3),
+        ] {
+            let p = plan(&ll(c, Path::P2P, count)).unwrap().unwrap();
+            assert_eq!(p.kernel.kind, kind, "{c:?} {count}");
+            if kind.is_ll() {
+                assert_eq!(p.blocks, blocks, "{c:?} {count}");
+            }
+            // Without LL (a team of CUDA ranks by default), the kernels before it.
+            assert!(!plan(&launch(c, Path::P2P, count)).unwrap().unwrap().kernel.kind.is_ll());
+        }
+        // LL replaces P2P kernels only: the multicast kernels stay, their fallbacks take LL.
+        assert_eq!(plan(&ll(ar, Path::Multicast, 64)).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
+        let f32_min = Collective::AllReduce { dtype: DType::F32, op: RedOp::Min };
+        assert_eq!(plan(&ll(f32_min, Path::Multicast, 64)).unwrap().unwrap().kernel.kind, KernelKind::AllReduceLl);
+        // The grid must fit the team's cap (ranks sharing a device), else the other kernels.
+        let mut capped = ll(ar, Path::P2P, 8192);
+        capped.max_blocks = 1;
+        assert_eq!(plan(&capped).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        // Teams of 2..=8 ranks.
+        let mut big = ll(ar, Path::P2P, 64);
+        big.nranks = 9;
+        big.data = vec![0x1000_0000; 9];
+        big.sync = vec![0x3000_0000; 9];
+        assert_eq!(plan(&big).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
+        // The pointer form (local_only) runs LL for every collective it serves, and refuses the
+        // copies LL cannot carry.
+        let mut l = ll(Collective::AllGather, Path::Multicast, 100);
+        l.local_only = true;
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllGatherLl);
+        let mut l = ll(rs, Path::P2P, 3);
+        l.local_only = true;
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterLl);
+        l.count = 1 << 20;
+        assert!(plan(&l).is_err());
+        let mut l = ll(ar, Path::P2P, 1 << 20);
+        l.local_only = true;
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        assert!(ll_serves(ar, 2, 1, 64) && !ll_serves(ar, 1, 1, 64) && !ll_serves(ar, 2, 0, 64));
     }
 
     #[test]

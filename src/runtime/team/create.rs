@@ -14,6 +14,7 @@ use super::transport::{self, handle_type_label, Transport};
 use super::Team;
 use crate::bootstrap::{host, Bootstrap};
 use crate::driver::{Device, HandleTypes};
+use crate::kernels::abi::ll_bytes;
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
 use crate::runtime::config::MulticastMode;
@@ -53,7 +54,8 @@ impl Team {
             comm: None,
             handle_type: HandleTypes::NONE,
         };
-        let (seg, reserved) = first_segment(env, &shape)?;
+        let ll = env.ll_wanted() && ll_bytes(devices.len() as u32) > 0;
+        let (seg, reserved) = first_segment(env, &shape, ll)?;
         let max_blocks = match transport::block_cap(env, devices) {
             Ok(m) => m,
             Err(e) => {
@@ -61,8 +63,8 @@ impl Team {
                 return Err(e);
             }
         };
-        let team = Team::assemble(env, shape, transport, reason, max_blocks, seg, reserved);
-        tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}", team.reason);
+        let team = Team::assemble(env, shape, transport, reason, max_blocks, ll, seg, reserved);
+        tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
     }
 
@@ -177,17 +179,21 @@ impl Team {
         let mut e = Enc::default();
         e.u64(*local.as_ref().unwrap_or(&1) as u64);
         e.u32(*sms.as_ref().unwrap_or(&1));
+        e.u32(u32::from(env.ll_wanted()));
         let ok = local.as_ref().map(|_| ()).map_err(Clone::clone).and(sms.as_ref().map(|_| ()).map_err(Clone::clone));
         let parts = comm.exchange("granularity", ok, &e.0, &[])?;
         let mut granularity = 1usize;
         // The grid cap must be the same on every rank: the smallest share of SMs any rank's
         // device gives each of the ranks it hosts.
         let mut max_blocks = u32::MAX;
+        // LL only where every rank has it on (the ranks must pick the same kernels).
+        let mut ll = ll_bytes(n as u32) > 0;
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             granularity = lcm(granularity, (d.u64()? as usize).max(1));
             let sharing = devices.iter().filter(|&&x| x == devices[q]).count() as u32;
             max_blocks = max_blocks.min(d.u32()?.max(1) / sharing);
+            ll &= d.u32()? != 0;
         }
         let max_blocks = max_blocks.max(1);
         if !granularity.is_power_of_two() {
@@ -204,10 +210,10 @@ impl Team {
             comm: Some(comm),
             handle_type,
         };
-        let (seg, reserved) = first_segment(env, &shape)?;
-        let team = Team::assemble(env, shape, transport, reason, max_blocks, seg, reserved);
+        let (seg, reserved) = first_segment(env, &shape, ll)?;
+        let team = Team::assemble(env, shape, transport, reason, max_blocks, ll, seg, reserved);
         tracing::debug!(
-            "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles",
+            "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
             handle_type_label(handle_type)
         );
         Ok(team)
@@ -215,12 +221,14 @@ impl Team {
 
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         env: &Arc<Env>,
         shape: Shape,
         transport: Transport,
         reason: String,
         max_blocks: u32,
+        ll: bool,
         seg: Segment,
         reserved: usize,
     ) -> Arc<Team> {
@@ -239,6 +247,7 @@ impl Team {
             comm: shape.comm.clone(),
             shape,
             max_blocks,
+            ll,
             error: Mutex::new(None),
             state: Mutex::new(state),
             aborted: AtomicBool::new(false),
@@ -254,9 +263,9 @@ impl Team {
 /// The first segment of a team over `shape`: the sync regions (zeroed; by every rank of a
 /// multi-process team, voted) and the push all-reduce's scratch, rounded up to the
 /// granularity. Returns it with the bytes reserved at its start.
-fn first_segment(env: &Env, shape: &Shape) -> Result<(Segment, usize)> {
+fn first_segment(env: &Env, shape: &Shape, ll: bool) -> Result<(Segment, usize)> {
     let n = shape.devices.len();
-    let reserved = crate::kernels::abi::team_reserved_bytes(n as u32);
+    let reserved = crate::kernels::abi::team_reserved_bytes(n as u32, ll);
     let size = reserved.checked_next_multiple_of(shape.alignment).expect("small");
     let seg = Segment::create(env, shape, size, &mut || 0)?;
     let own: Vec<usize> = match &shape.comm {

@@ -49,6 +49,8 @@ pub struct Team {
     shape: Shape,
     /// Most blocks per collective kernel (see [`Team::max_blocks`]).
     max_blocks: u32,
+    /// The team runs the LL kernels for small messages (see [`Team::ll`]).
+    ll: bool,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     error: Mutex<Option<Error>>,
     /// Multi-process team: its connections (this process owns rank `comm.rank()` only).
@@ -88,6 +90,12 @@ impl Team {
     /// busiest device hosts.
     pub fn max_blocks(&self) -> u32 {
         self.max_blocks
+    }
+
+    /// True when the team runs the LL kernels for small messages on the P2P path: every rank
+    /// wanted them at creation (`MCAST_LL`) and the team keeps their landing area (2..=8 ranks).
+    pub fn ll(&self) -> bool {
+        self.ll
     }
 
     /// How multi-process ranks share memory: [`HandleTypes::FABRIC`] or

@@ -1,0 +1,258 @@
+// kernels/ll.cuh: the low-latency (LL) one-shot protocol shared by the four collectives' small-
+// message kernels: no barrier, no fence, no flag word of its own; the flag travels with the data.
+//
+// Every rank stores what each peer needs from it (its whole vector for all-reduce, the peer's
+// block for reduce-scatter, its own block for all-gather, the root's range for broadcast) straight
+// into that peer's LL landing area, as LL lines: 16 bytes = two 8-byte lanes {4 payload bytes,
+// 4-byte flag}, each lane written and read in one 64-bit access (single-copy atomic), so a lane
+// whose flag is the current one carries the current payload. The receiver polls its own landing
+// (local memory) until every lane it needs carries the flag, and combines (reduces or copies)
+// into its out. It reads nothing of the peers' memory: the pointer forms on plain memory run it
+// as they are.
+//
+// Landing of rank p (after its sync region, push scratch and staging area; see ll_row): per
+// block slot b (< MCAST_LL_MAX_BLOCKS), parity s (0, 1), and writer w (the nranks - 1 ranks other
+// than p), one row of MCAST_LL_ROW bytes: the LL lines of the writer's part for block b
+// (at most MCAST_LL_PART payload bytes, MCAST_LL_LINES lines per thread).
+//
+// Flags: per block slot, the local-state word MCAST_LL_SEQ_OFFSET + 4b counts this rank's LL
+// calls on slot b (every rank makes the same calls with the same grid, so the counts agree). A
+// call's flag is the next count in 1..0xfffffffe (never 0, the value of a line never written; the
+// cycle has even length, so the parity alternates across the wrap), its parity flag & 1.
+// Reuse: in every LL call every rank stores at least one line into every peer's landing, for
+// every block slot of the call, at its start, and waits for the peers' (broadcast's other ranks
+// send acknowledgement lines, see ll_copy). So a rank writes parity s of a peer's landing in call
+// k + 2 only after it finished call k + 1, which needed a line the peer stored at the start of
+// its call k + 1, after its call k (the last to read parity s) had completed on its stream. Two
+// parities suffice, whatever mix of LL collectives runs, and no line is ever reset. Stale lines carry an older flag, never the current one
+// (unless a line of a slot stays untouched for 2^32 - 2 calls on that slot).
+
+#define MCAST_LL_MAX_RANKS 8
+#define MCAST_LL_MAX_BLOCKS 32
+#define MCAST_LL_LINES 2
+#define MCAST_LL_PART 8192
+#define MCAST_LL_ROW 16384
+#define MCAST_LL_SEQ_OFFSET 4864
+#define MCAST_STAGE_BYTES 1048576
+static_assert(MCAST_LL_PART == MCAST_THREADS * MCAST_LL_LINES * 8, "LL part: lines per thread x 8 payload bytes");
+static_assert(MCAST_LL_ROW == 2 * MCAST_LL_PART, "an LL line carries 8 payload bytes in 16");
+static_assert(MCAST_LL_MAX_BLOCKS <= MCAST_MAX_BLOCKS, "LL slots are block slots");
+
+// Bytes of the push scratch of a team of n (scratch_bytes in src/kernels/abi/layout.rs).
+__device__ __forceinline__ u64 push_scratch_bytes(u32 n) {
+  if (n < 2 || n > MCAST_PUSH_MAX_RANKS) return 0;
+  return (u64)MCAST_PUSH_SLOTS * (n - 1) * (n <= 2 ? MCAST_PUSH_CHUNK : MCAST_PUSH_CHUNK_WIDE) * MCAST_MAX_BLOCKS;
+}
+
+// Row of `writer` in rank p's landing, block slot b, parity s (ll_offset in layout.rs).
+__device__ __forceinline__ u64 ll_row(const McastArgs& a, u32 p, u32 b, u32 s, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;
+  return a.sync[p] + MCAST_SCRATCH_OFFSET + push_scratch_bytes(a.nranks) + MCAST_STAGE_BYTES +
+         (((u64)b * 2 + s) * (a.nranks - 1) + w) * MCAST_LL_ROW;
+}
+
+// n (<= 8) payload bytes at p, little-endian in a u64 (zero-padded); one load when aligned.
+__device__ __forceinline__ u64 ld_payload(u64 p, u32 n) {
+  if (n == 8 && (p & 7) == 0) return *(const u64*)p;
+  u64 v = 0;
+  for (u32 i = 0; i < n; ++i) v |= (u64)(*(const unsigned char*)(p + i)) << (8 * i);
+  return v;
+}
+__device__ __forceinline__ void st_payload(u64 p, u64 v, u32 n) {
+  if (n == 8 && (p & 7) == 0) {
+    *(u64*)p = v;
+    return;
+  }
+  for (u32 i = 0; i < n; ++i) *(unsigned char*)(p + i) = (unsigned char)(v >> (8 * i));
+}
+
+// One LL line: payload bytes 0-3 with the flag in lane 0, bytes 4-7 with the flag in lane 1.
+__device__ __forceinline__ void ll_store(u64 addr, u64 v, u32 flag) {
+  const u64 x = (v & 0xffffffffull) | ((u64)flag << 32), y = (v >> 32) | ((u64)flag << 32);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(addr), "l"(x), "l"(y) : "memory");
+}
+__device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
+  u64 x, y;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
+  if ((u32)(x >> 32) != flag || (u32)(y >> 32) != flag) return false;
+  *v = (x & 0xffffffffull) | (y << 32);
+  return true;
+}
+
+// Polls the LL line at addr until it carries flag. False once the team is aborted, the timeout
+// passes (both recorded) or another thread of this rank recorded an error; *start is the
+// thread's first timer reading (0 before).
+__device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start) {
+  u32 spins = 0;
+  while (!ll_load(addr, flag, v)) {
+    if ((++spins & 255u) != 0) continue;
+    if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 0);
+      return false;
+    }
+    if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
+    if (a.timeout_ns != 0) {
+      const u64 now = globaltimer();
+      if (*start == 0) {
+        *start = now;
+      } else if (now - *start > a.timeout_ns) {
+        record_error(a, MCAST_ERR_TIMEOUT, blockIdx.x, 0);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// One block's share of an LL call: payload bytes [lo, hi) of the S each writer sends (16-byte
+// vectors of payload never straddle two blocks: parts are multiples of 8 bytes), the flag and
+// its parity. live is false when this rank must not take part (an earlier error, or an aborted
+// team, recorded here).
+struct LlPart {
+  u64 lo, hi;
+  u32 flag, parity;
+  bool live;
+};
+__device__ LlPart ll_begin(const McastArgs& a, u64 S) {
+  __shared__ u32 s_flag, s_live;
+  if (threadIdx.x == 0) {
+    volatile u32* seq = (volatile u32*)sync_local(a, MCAST_LL_SEQ_OFFSET + 4 * blockIdx.x);
+    const u32 f = *seq >= 0xfffffffeu ? 1u : *seq + 1u;
+    s_flag = f;
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
+      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 0);
+      s_live = 0;
+    }
+    if (s_live) *seq = f;
+  }
+  __syncthreads();
+  LlPart p;
+  const u64 C = ((S + gridDim.x - 1) / gridDim.x + 7) & ~(u64)7;
+  p.lo = (u64)blockIdx.x * C < S ? (u64)blockIdx.x * C : S;
+  p.hi = p.lo + C < S ? p.lo + C : S;
+  p.flag = s_flag;
+  p.parity = s_flag & 1u;
+  p.live = s_live != 0;
+  return p;
+}
+
+// Payload bytes of line i of part p (8 but for the last line of the message).
+__device__ __forceinline__ u32 ll_line_bytes(const LlPart& p, u64 i) {
+  const u64 left = p.hi - p.lo - i * 8;
+  return left < 8 ? (u32)left : 8u;
+}
+__device__ __forceinline__ u64 ll_lines(const LlPart& p) { return (p.hi - p.lo + 7) / 8; }
+
+// Accumulators for the elements of 8 payload bytes (reduced in rank order, rounded once).
+template <int D>
+struct Acc8 {
+  typedef typename Ty<D>::E E;
+  typedef typename Ty<D>::A A;
+  static const int K = 8 / sizeof(E);
+  union U {
+    u64 v;
+    E e[K];
+  };
+  A a[K];
+  __device__ __forceinline__ void load(u64 v) {
+    U u;
+    u.v = v;
+#pragma unroll
+    for (int i = 0; i < K; ++i) a[i] = Ty<D>::up(u.e[i]);
+  }
+  template <int O>
+  __device__ __forceinline__ void reduce(u64 v) {
+    U u;
+    u.v = v;
+#pragma unroll
+    for (int i = 0; i < K; ++i) a[i] = Op<O>::f(a[i], Ty<D>::up(u.e[i]));
+  }
+  __device__ __forceinline__ u64 pack() const {
+    U u;
+#pragma unroll
+    for (int i = 0; i < K; ++i) u.e[i] = Ty<D>::down(a[i]);
+    return u.v;
+  }
+};
+
+// Reducing LL call (all-reduce: block = 0, S = the whole vector; reduce-scatter: block = the
+// bytes of one block, S = block): rank r sends bytes [lo, hi) of block p of its data to every
+// peer p (all-reduce: the one vector), then reduces block r of every rank, in rank order, into
+// block r of its out.
+template <int D, int O>
+__device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
+  const LlPart p = ll_begin(a, S);
+  if (!p.live) return;
+  const u32 me = a.rank, b = blockIdx.x;
+  const u64 src = a.data[me], nl = ll_lines(p);
+  u64 mine[MCAST_LL_LINES];
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = threadIdx.x + (u64)k * blockDim.x;
+    if (i >= nl) break;
+    const u64 off = p.lo + i * 8;
+    const u32 n = ll_line_bytes(p, i);
+    mine[k] = ld_payload(src + (u64)me * block + off, n);
+    for (u32 q = 0; q < a.nranks; ++q)
+      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
+  }
+  u64 start = 0;
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = threadIdx.x + (u64)k * blockDim.x;
+    if (i >= nl) break;
+    Acc8<D> acc;
+    for (u32 q = 0; q < a.nranks; ++q) {
+      u64 v = mine[k];
+      if (q != me && !ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start)) return;
+      if (q == 0)
+        acc.load(v);
+      else
+        acc.template reduce<O>(v);
+    }
+    st_payload(a.out[me] + (u64)me * block + p.lo + i * 8, acc.pack(), ll_line_bytes(p, i));
+  }
+}
+
+// Copying LL call (all-gather: every rank sends its block r of S = count bytes; broadcast: the
+// root sends its S = count bytes, block 0): every receiver stores each sender's part into the
+// sender's block of its out; a sender out of place also copies its own part. Broadcast's other
+// ranks send each peer one acknowledgement line (payload 0) and wait for theirs: every rank
+// hears from every peer in every call, which the reuse of the landing relies on.
+__device__ void ll_copy(const McastArgs& a, bool gather) {
+  const u64 S = a.count;
+  const LlPart p = ll_begin(a, S);
+  if (!p.live) return;
+  const u32 me = a.rank, b = blockIdx.x, t = threadIdx.x;
+  const u64 nl = ll_lines(p);
+  const bool sends = gather || me == a.root;
+  const u64 blk = gather ? (u64)me * S : 0;
+  if (!sends && t < a.nranks && t != me) ll_store(ll_row(a, t, b, p.parity, me), 0, p.flag);
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = t + (u64)k * blockDim.x;
+    if (i >= nl || !sends) break;
+    const u64 off = blk + p.lo + i * 8;
+    const u32 n = ll_line_bytes(p, i);
+    const u64 v = ld_payload(a.data[me] + off, n);
+    for (u32 q = 0; q < a.nranks; ++q)
+      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, v, p.flag);
+    if (a.out[me] != a.data[me]) st_payload(a.out[me] + off, v, n);
+  }
+  u64 start = 0, v;
+  if (!gather && t < a.nranks && t != me && t != a.root &&
+      !ll_wait(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start))
+    return;
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = t + (u64)k * blockDim.x;
+    if (i >= nl) break;
+    const u32 n = ll_line_bytes(p, i);
+    for (u32 q = 0; q < a.nranks; ++q) {
+      if (q == me || (!gather && q != a.root)) continue;
+      if (!ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start)) return;
+      st_payload(a.out[me] + (gather ? (u64)q * S : 0) + p.lo + i * 8, v, n);
+    }
+  }
+}
