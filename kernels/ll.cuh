@@ -80,14 +80,14 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
 }
 
 // Polls the LL line at addr until it carries flag. False once the team is aborted, the timeout
-// passes (both recorded) or another thread of this rank recorded an error; *start is the
-// thread's first timer reading (0 before).
+// passes (both recorded, as wait 1 of the collective) or another thread of this rank recorded
+// an error; *start is the thread's first timer reading (0 before).
 __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start) {
   u32 spins = 0;
   while (!ll_load(addr, flag, v)) {
     if ((++spins & 255u) != 0) continue;
     if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 0);
+      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 1);
       return false;
     }
     if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
@@ -96,7 +96,7 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
       if (*start == 0) {
         *start = now;
       } else if (now - *start > a.timeout_ns) {
-        record_error(a, MCAST_ERR_TIMEOUT, blockIdx.x, 0);
+        record_error(a, MCAST_ERR_TIMEOUT, blockIdx.x, 1);
         return false;
       }
     }
