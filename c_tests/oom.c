@@ -1,5 +1,5 @@
 /* API.md "MCAST_ERROR_OUT_OF_MEMORY" and the retry policy, on the simulator. argv[1]:
- *   exhaust    MCAST_SIM_DEVICE_MEMORY=16M: allocate until OUT_OF_MEMORY; the message names
+ *   exhaust    MCAST_SIM_DEVICE_MEMORY=24M: allocate until OUT_OF_MEMORY; the message names
  *              cuMemCreate and CUDA_ERROR_OUT_OF_MEMORY; the failure leaves nothing behind and the
  *              team works again once a buffer is freed.
  *   transient  MCAST_SIM_FAULTS=cuMulticastCreate=OUT_OF_MEMORY@2x1: the 2nd cuMulticastCreate of
@@ -61,7 +61,7 @@ static void exhaust(void) {
   mcast_status_t status = MCAST_SUCCESS;
   int n = 0, i;
 
-  check_env("MCAST_SIM_DEVICE_MEMORY", "16M");
+  check_env("MCAST_SIM_DEVICE_MEMORY", "24M");
   ctx = create_context(1);
   CHECK_OK(mcast_team_create(ctx, devices, 2, &team));
   while (n < MAX_BUFFERS) {
@@ -71,7 +71,7 @@ static void exhaust(void) {
     if (status != MCAST_SUCCESS) break;
     bufs[n++] = failed;
   }
-  /* 16 MiB per device holds fewer than 8 buffers of 2 MiB next to the team's own segment. */
+  /* 24 MiB per device holds fewer than 8 buffers of 2 MiB next to the team's own 16 MiB segment. */
   CHECK_STATUS(status, MCAST_ERROR_OUT_OF_MEMORY);
   CHECK(n >= 1 && n < 8);
   CHECK(failed.id == 0x66u);
@@ -86,7 +86,7 @@ static void exhaust(void) {
   CHECK(after.mappings == before.mappings);
   CHECK(after.reservations == before.reservations);
   CHECK(after.device_bytes == before.device_bytes);
-  CHECK(after.device_bytes <= 2 * 16 * MIB);
+  CHECK(after.device_bytes <= 2 * 24 * MIB);
   for (i = 0; i < n; i++) check_usable(bufs[i], 2 * MIB);
 
   /* Free one buffer: the same allocation succeeds again, and the team works. */

@@ -24,6 +24,8 @@ const MODES: [bool; 2] = [false, true];
 const ROLE: &str = "MCAST_MP_CHILD";
 /// The handle type a child expects its team to use: `fabric` or `posix`.
 const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
+/// Whether a rank expects its team to run the LL kernels ("1", "0"); unset: not checked.
+const EXPECT_LL: &str = "MCAST_MP_EXPECT_LL";
 /// Set: a killed peer must be reported within timeout_ms + 1 s.
 const TIGHT: &str = "MCAST_MP_TIGHT";
 /// The case a `register-errors` child runs.
@@ -63,6 +65,8 @@ fn spawn_in(
                 .env_remove("MCAST_SIM_FAULTS")
                 .env_remove("MCAST_HANDLE_TYPE")
                 .env_remove("MCAST_SIM_FABRIC")
+                .env_remove("MCAST_LL")
+                .env_remove(EXPECT_LL)
                 .env_remove(EXPECT_HT)
                 .env_remove("MCAST_HOST_ID")
                 .env_remove("MCAST_BOOTSTRAP_ADDR")
@@ -212,6 +216,23 @@ fn collectives_over_posix_descriptors_2_3_processes() {
                 v
             }));
         }
+    }
+}
+
+/// The ranks agree on the LL kernels at creation: on (the simulator's default) where every
+/// process has them on, off everywhere when one process sets `MCAST_LL=off` (else the ranks
+/// would launch different kernels and wait for each other forever).
+#[test]
+fn the_ranks_agree_on_the_ll_kernels() {
+    for off in [None, Some(1usize)] {
+        all_ok(&spawn(3, "collectives", false, |r| {
+            let mut v = expect("fabric");
+            v.push((EXPECT_LL, if off.is_some() { "0" } else { "1" }.into()));
+            if off == Some(r) {
+                v.push(("MCAST_LL", "off".into()));
+            }
+            v
+        }));
     }
 }
 
@@ -473,7 +494,7 @@ fn context(multicast: bool) -> Arc<Context> {
     }
     // The handle type and the simulated fabric support come from the environment.
     .with_env(|name| match name {
-        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" => std::env::var(name).ok(),
+        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" => std::env::var(name).ok(),
         _ => None,
     });
     Arc::new(Context::new(config).unwrap())
@@ -566,6 +587,9 @@ fn child() {
                 Ok("fabric") => assert_eq!(team.handle_type(), HandleTypes::FABRIC, "rank {r}"),
                 Ok("posix") => assert_eq!(team.handle_type(), HandleTypes::POSIX_FD, "rank {r}"),
                 other => panic!("rank {r}: no expected handle type ({other:?})"),
+            }
+            if let Ok(ll) = std::env::var(EXPECT_LL) {
+                assert_eq!(team.ll(), ll == "1", "rank {r}: LL");
             }
             // Ranks of other processes are refused.
             let other = ((r + 1) % n) as i32;

@@ -188,9 +188,9 @@ fn leak_report_and_counts() {
     assert_eq!((counts.teams, counts.buffers), (1, 1));
     assert_eq!(counts.multicast_objects, 2);
     assert_eq!(counts.physical_allocations, 4);
-    // Per rank: the first segment (sync region, push scratch and staging area, 14 MiB for two ranks) and a
-    // 6 MiB segment for the 5 MiB buffer.
-    assert_eq!(counts.device_bytes, 2 * (14 * MIB as u64) + 2 * (6 * MIB as u64));
+    // Per rank: the first segment (sync region, push scratch, staging and LL landing areas, 16 MiB
+    // for two ranks) and a 6 MiB segment for the 5 MiB buffer.
+    assert_eq!(counts.device_bytes, 2 * (16 * MIB as u64) + 2 * (6 * MIB as u64));
     // SAFETY: NULL with len 0 asks for the length.
     let need = unsafe { mcast_context_leak_report(ctx, std::ptr::null_mut(), 0) };
     let mut buf = vec![0i8; need + 1];
@@ -245,13 +245,13 @@ fn multicast_slot_exhaustion_is_a_clean_error() {
 
 #[test]
 fn cached_segments_are_trimmed_when_memory_runs_out() {
-    // 24 MiB per device: the team (14 MiB) plus a cached 8 MiB segment leave too little for a
+    // 26 MiB per device: the team (16 MiB) plus a cached 8 MiB segment leave too little for a
     // 10 MiB buffer until the cache is trimmed by the retry policy.
-    let cfg = sim_config(2, |c| c.sim_device_memory = 24 * MIB as u64);
+    let cfg = sim_config(2, |c| c.sim_device_memory = 26 * MIB as u64);
     let (ctx, c) = context(&cfg);
     let team = team_create(ctx, &[0, 1]).unwrap();
     let first = team_info(team).bytes_reserved;
-    assert_eq!(first, 14 * MIB as u64, "sync region, push scratch and staging area of a two-rank team");
+    assert_eq!(first, 16 * MIB as u64, "sync region, push scratch, staging and LL landing areas of a two-rank team");
     let a = alloc(team, 8 * MIB).unwrap();
     assert_eq!(mcast_buffer_free(a), OK);
     assert_eq!(team_info(team).bytes_reserved, first + 8 * MIB as u64, "the empty segment is cached");
@@ -278,7 +278,7 @@ fn device_memory_exhaustion_leaves_the_team_usable() {
     assert_eq!(err.0, st(MCAST_ERROR_OUT_OF_MEMORY));
     assert!(err.1.contains("cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY"), "{}", err.1);
     assert!(err.1.contains("asked for 4194304 bytes"), "{}", err.1);
-    assert_eq!(live.len(), 6, "14 MiB for the team, then 6 x 4 MiB in 40 MiB");
+    assert_eq!(live.len(), 6, "16 MiB for the team, then 6 x 4 MiB in 40 MiB");
     // Still usable: write, read, free one, allocate again.
     let v = [7u8; 16];
     // SAFETY: valid pointer and length.
