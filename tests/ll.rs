@@ -248,9 +248,9 @@ fn replayed_from_graphs() {
     let count = 3000usize;
     let buf = Buffer::alloc(&team, 4 * count * 3).unwrap();
     let i32_sum = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
-    for r in 0..3 {
-        let bytes: Vec<u8> = (0..count).flat_map(|j| (((j % 5) as i32 - 2) * (r as i32 + 1)).to_ne_bytes()).collect();
-        buf.write(r as i32, 0, &bytes).unwrap();
+    for r in 0..3i32 {
+        let bytes: Vec<u8> = (0..count).flat_map(|j| (((j % 5) as i32 - 2) * (r + 1)).to_ne_bytes()).collect();
+        buf.write(r, 0, &bytes).unwrap();
     }
     let streams: Vec<Stream> = devices.iter().map(|&d| driver.stream_create(d).unwrap()).collect();
     let mut execs = vec![];
@@ -363,11 +363,11 @@ fn random_results(team: &Arc<Team>, specs: &[(Collective, usize)]) -> Vec<Vec<u8
             buf.write(r as i32, 0, &bytes).unwrap();
         }
         let s = rank_streams(team);
-        for r in 0..n {
-            run(&buf, r as i32, 0, count, c, s[r]).unwrap();
+        for (r, &stream) in s.iter().enumerate() {
+            run(&buf, r as i32, 0, count, c, stream).unwrap();
         }
-        for r in 0..n {
-            synchronize(team, r as i32, s[r]).unwrap();
+        for (r, &stream) in s.iter().enumerate() {
+            synchronize(team, r as i32, stream).unwrap();
             let mut bytes = vec![0u8; elems * dtype.size()];
             buf.read(r as i32, 0, &mut bytes).unwrap();
             out.push(bytes);

@@ -338,6 +338,9 @@ impl Job {
     /// Spins (then yields, then sleeps) until `done`; false once the team is aborted or the
     /// timeout passes, recorded in this rank's error word with `index`, as a kernel's wait does.
     fn wait_until(&self, index: u32, done: impl Fn() -> bool) -> bool {
+        if done() {
+            return true;
+        }
         let me = self.sync.0[self.rank];
         let start = Instant::now();
         let mut spins = 0u32;
@@ -424,7 +427,7 @@ impl Job {
                 (0..n).filter(|&q| q != r).for_each(|q| store(q, b, 0, 0));
             }
         }
-        if root.is_none_or(|root| root == r) {
+        if root.map_or(true, |root| root == r) {
             for b in 0..g {
                 let (lo, hi) = part(b);
                 for q in (0..n).filter(|&q| q != r) {
@@ -453,7 +456,7 @@ impl Job {
                 }
             }
             let mut rows: Vec<Vec<u8>> = vec![Vec::new(); n];
-            for q in (0..n).filter(|&q| q != r && root.is_none_or(|root| root == q)) {
+            for q in (0..n).filter(|&q| q != r && root.map_or(true, |root| root == q)) {
                 let mut got = vec![0u8; (hi - lo).div_ceil(8) * 8];
                 for (i, chunk) in got.chunks_mut(8).enumerate() {
                     let Some(v) = fetch(b, q, i) else { return };
