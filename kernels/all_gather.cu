@@ -21,4 +21,5 @@ __device__ void all_gather_mc(const McastArgs& a) {
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
     KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
     KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); }
-    KERNEL mcast_all_gather_ll(ARGS) { ll_copy(a, true); })
+    MCAST_IF_LL(
+    KERNEL mcast_all_gather_ll(ARGS) { ll_copy(a, true); }))

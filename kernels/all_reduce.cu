@@ -250,7 +250,9 @@ __device__ void all_reduce_mc(const McastArgs& a) {
       KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }          \
       KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }        \
       KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); }  \
-      KERNEL mcast_all_reduce_ll_##DN##_##ON(ARGS) { ll_reduce<D, O>(a, 0, a.count * sizeof(typename Ty<D>::E)); })
+      MCAST_IF_LL(KERNEL mcast_all_reduce_ll_##DN##_##ON(ARGS) {                                   \
+        ll_reduce<D, O>(a, 0, a.count * sizeof(typename Ty<D>::E));                               \
+      }))
 #define ALL_REDUCE_MC(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
       KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })

@@ -20,4 +20,5 @@ __device__ void broadcast_mc(const McastArgs& a) {
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
     KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
     KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); }
-    KERNEL mcast_broadcast_ll(ARGS) { ll_copy(a, false); })
+    MCAST_IF_LL(
+    KERNEL mcast_broadcast_ll(ARGS) { ll_copy(a, false); }))

@@ -25,6 +25,7 @@
 #define MCAST_SEL_sum 1
 #define MCAST_SEL_min 1
 #define MCAST_SEL_max 1
+#define MCAST_SEL_ll 1
 #endif
 // MCAST_WHEN(c, d, o)(definitions...) keeps the definitions when all three flags are 1. The
 // flags are expanded before MCAST_PASTE4 pastes them (they are not operands of ## here).
@@ -38,6 +39,14 @@
 #define MCAST_WHEN_010(...)
 #define MCAST_WHEN_001(...)
 #define MCAST_WHEN_000(...)
+
+// MCAST_IF_LL(definitions...) keeps the LL entry points when MCAST_SEL_ll is 1 (teams that run
+// them; the others' modules leave them out).
+#define MCAST_PASTE2(a, b) a##b
+#define MCAST_IF_LL_(f) MCAST_PASTE2(MCAST_IF_LL_, f)
+#define MCAST_IF_LL MCAST_IF_LL_(MCAST_SEL_ll)
+#define MCAST_IF_LL_1(...) __VA_ARGS__
+#define MCAST_IF_LL_0(...)
 
 // The (dtype, operator) pairs, as M(dtype name, dtype code, operator name, operator code): those
 // with a multimem.ld_reduce form (f32/f64 min/max have none, the host uses P2P for them), and

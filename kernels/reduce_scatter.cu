@@ -43,9 +43,9 @@ __device__ void reduce_scatter_mc(const McastArgs& a) {
 #define REDUCE_SCATTER_P2P(DN, D, ON, O)                                 \
   MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
       KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); }              \
-      KERNEL mcast_reduce_scatter_ll_##DN##_##ON(ARGS) {                                          \
+      MCAST_IF_LL(KERNEL mcast_reduce_scatter_ll_##DN##_##ON(ARGS) {                              \
         ll_reduce<D, O>(a, a.count * sizeof(typename Ty<D>::E), a.count * sizeof(typename Ty<D>::E)); \
-      })
+      }))
 #define REDUCE_SCATTER_MC(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
       KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); })

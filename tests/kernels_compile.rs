@@ -65,7 +65,8 @@ fn every_kernel_variant_compiles_for_sm_90() {
 /// The modules a call compiles: one [`Unit`] (a collective for one dtype and operator, every
 /// algorithm of it). Each compiles without warnings and holds exactly its unit's entry points;
 /// the time of the first bf16 all-reduce's module (what a fresh machine waits for) is printed.
-/// Representative units by default; `MCAST_CHECK_ALL_UNITS=1` compiles all 50 in both variants.
+/// Representative units by default (with and without the LL kernels); `MCAST_CHECK_ALL_UNITS=1`
+/// compiles all 50 (with them) in both variants.
 #[test]
 fn selected_units_compile_to_exactly_their_entry_points() {
     let nv = match nvrtc::nvrtc() {
@@ -78,16 +79,19 @@ fn selected_units_compile_to_exactly_their_entry_points() {
     };
     let arch = std::env::var("MCAST_CHECK_ARCH").unwrap_or_else(|_| "sm_90".into());
     let all_units = std::env::var("MCAST_CHECK_ALL_UNITS").as_deref() == Ok("1");
-    let bf16_sum = Unit { family: Family::AllReduce, red: Some((DType::BF16, RedOp::Sum)) };
+    // A CUDA team's first bf16 all-reduce without the LL kernels (their default there), and with.
+    let bf16_sum = Unit { family: Family::AllReduce, red: Some((DType::BF16, RedOp::Sum)), ll: false };
     let units: Vec<Unit> = if all_units {
         Unit::all()
     } else {
         vec![
             bf16_sum,
-            Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)) },
-            Unit { family: Family::ReduceScatter, red: Some((DType::U64, RedOp::Max)) },
-            Unit { family: Family::Broadcast, red: None },
-            Unit { family: Family::AllGather, red: None },
+            Unit { ll: true, ..bf16_sum },
+            Unit { family: Family::Broadcast, red: None, ll: false },
+            Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)), ll: true },
+            Unit { family: Family::ReduceScatter, red: Some((DType::U64, RedOp::Max)), ll: true },
+            Unit { family: Family::Broadcast, red: None, ll: true },
+            Unit { family: Family::AllGather, red: None, ll: true },
         ]
     };
     let every: Vec<String> = KernelId::all().into_iter().filter(|k| k.exists()).map(|k| k.name()).collect();

@@ -122,7 +122,7 @@ pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
         );
     }
     let variant = variant_for(l);
-    let module = prepare(driver, l.dev, variant, Unit::of(plan.kernel))?;
+    let module = prepare(driver, l.dev, variant, Unit::of(plan.kernel, l.ll))?;
     let func = module.functions[plan.kernel.index()]
         .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", plan.kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, variant);

@@ -60,34 +60,39 @@ impl Family {
     }
 }
 
-/// The entry points of one module: a family, and for the reducing ones a dtype and operator.
+/// The entry points of one module: a family, for the reducing ones a dtype and operator, and
+/// whether the LL kernels are in (teams that run them; the others do not compile them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Unit {
     /// The collective.
     pub family: Family,
     /// Dtype and operator (reducing families only).
     pub red: Option<(DType, RedOp)>,
+    /// The LL entry points are in the module.
+    pub ll: bool,
 }
 
 impl Unit {
-    /// The unit holding `kernel`.
-    pub fn of(kernel: KernelId) -> Unit {
+    /// The unit holding `kernel` for a team that runs the LL kernels (`ll`) or not (an LL
+    /// kernel is only in units with them).
+    pub fn of(kernel: KernelId, ll: bool) -> Unit {
         let family = Family::of(kernel.kind);
-        Unit { family, red: if family.reduces() { kernel.red } else { None } }
+        Unit { family, red: if family.reduces() { kernel.red } else { None }, ll: ll || kernel.kind.is_ll() }
     }
 
-    /// Every unit: each reducing family for every dtype and operator, and the copying families.
+    /// Every unit with the LL kernels (each holds every entry point of its family, dtype and
+    /// operator): each reducing family for every dtype and operator, and the copying families.
     pub fn all() -> Vec<Unit> {
         let mut v = vec![];
         for family in Family::ALL {
             if family.reduces() {
                 for dtype in DType::ALL {
                     for op in RedOp::ALL {
-                        v.push(Unit { family, red: Some((dtype, op)) });
+                        v.push(Unit { family, red: Some((dtype, op)), ll: true });
                     }
                 }
             } else {
-                v.push(Unit { family, red: None });
+                v.push(Unit { family, red: None, ll: true });
             }
         }
         v
@@ -95,7 +100,8 @@ impl Unit {
 
     /// True when the module of this unit defines `kernel`'s entry point (if the source has one).
     pub fn contains(self, kernel: KernelId) -> bool {
-        Unit::of(kernel) == self
+        let of = Unit::of(kernel, self.ll);
+        (of.family, of.red) == (self.family, self.red) && (self.ll || !kernel.kind.is_ll())
     }
 
     /// The entry points of this unit that the source defines.
@@ -103,11 +109,17 @@ impl Unit {
         KernelId::all().into_iter().filter(|k| k.exists() && self.contains(*k)).collect()
     }
 
-    /// Short name for cache files and messages: `all_reduce-bf16-sum`, `broadcast`.
+    /// Short name for cache files and messages: `all_reduce-bf16-sum`, `broadcast`; `-noll`
+    /// appended without the LL kernels.
     pub fn name(self) -> String {
-        match self.red {
+        let base = match self.red {
             Some((d, o)) => format!("{}-{}-{}", self.family.name(), d.name(), o.name()),
             None => self.family.name().to_string(),
+        };
+        if self.ll {
+            base
+        } else {
+            base + "-noll"
         }
     }
 
@@ -126,6 +138,7 @@ impl Unit {
         for o in RedOp::ALL {
             v.push(flag(o.name(), self.red.map_or(true, |(_, x)| x == o)));
         }
+        v.push(flag("ll", self.ll));
         v
     }
 }
@@ -143,7 +156,7 @@ mod tests {
         for u in &units {
             for k in u.kernels() {
                 assert!(seen.insert(k.name()), "{} in two units", k.name());
-                assert_eq!(Unit::of(k), *u);
+                assert_eq!(Unit::of(k, true), *u);
             }
             assert!(!u.kernels().is_empty(), "{} is empty", u.name());
         }
@@ -155,7 +168,7 @@ mod tests {
 
     #[test]
     fn an_all_reduce_unit_holds_every_algorithm_of_its_dtype_and_op() {
-        let u = Unit { family: Family::AllReduce, red: Some((DType::BF16, RedOp::Sum)) };
+        let u = Unit { family: Family::AllReduce, red: Some((DType::BF16, RedOp::Sum)), ll: true };
         let names: Vec<String> = u.kernels().iter().map(|k| k.name()).collect();
         assert_eq!(
             names,
@@ -169,26 +182,35 @@ mod tests {
         );
         assert_eq!(u.name(), "all_reduce-bf16-sum");
         let d = u.defines();
-        assert_eq!(d.len(), 1 + 4 + 8 + 3);
-        for on in ["-DMCAST_SEL_all_reduce=1", "-DMCAST_SEL_bf16=1", "-DMCAST_SEL_sum=1"] {
+        assert_eq!(d.len(), 1 + 4 + 8 + 3 + 1);
+        for on in ["-DMCAST_SEL_all_reduce=1", "-DMCAST_SEL_bf16=1", "-DMCAST_SEL_sum=1", "-DMCAST_SEL_ll=1"] {
             assert!(d.contains(&on.to_string()), "{d:?}");
         }
-        assert_eq!(d.iter().filter(|x| x.ends_with("=1")).count(), 3, "{d:?}");
+        assert_eq!(d.iter().filter(|x| x.ends_with("=1")).count(), 4, "{d:?}");
+        // Without LL (CUDA teams by default): the same unit less the LL kernel, under its own name.
+        let plain = Unit { ll: false, ..u };
+        assert_eq!(plain.kernels().len(), 4);
+        assert!(plain.kernels().iter().all(|k| !k.kind.is_ll()));
+        assert_eq!(plain.name(), "all_reduce-bf16-sum-noll");
+        assert!(plain.defines().contains(&"-DMCAST_SEL_ll=0".to_string()));
+        let ll = u.kernels()[4];
+        assert_eq!(Unit::of(ll, false), u, "an LL kernel is only in units with LL");
+        assert_eq!(Unit::of(u.kernels()[0], false), plain);
         // f32 min has no multicast form: its unit holds the P2P kernels the plan falls back to.
-        let u = Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)) };
+        let u = Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)), ll: true };
         assert_eq!(u.kernels().len(), 4);
-        let b = Unit { family: Family::Broadcast, red: None };
+        let b = Unit { family: Family::Broadcast, red: None, ll: true };
         assert_eq!(
             b.kernels().iter().map(|k| k.name()).collect::<Vec<_>>(),
             ["mcast_broadcast_p2p", "mcast_broadcast_mc", "mcast_broadcast_ll"]
         );
-        assert_eq!(b.defines().iter().filter(|x| x.ends_with("=1")).count(), 1 + 8 + 3);
+        assert_eq!(b.defines().iter().filter(|x| x.ends_with("=1")).count(), 1 + 8 + 3 + 1);
     }
 
     #[test]
     fn the_source_guards_every_flag_the_host_sets() {
         let source = super::super::abi::SOURCE;
-        let unit = Unit { family: Family::AllReduce, red: None };
+        let unit = Unit { family: Family::AllReduce, red: None, ll: true };
         for d in unit.defines().iter().skip(1) {
             let name = &d[2..d.find('=').unwrap()];
             assert!(source.contains(&format!("#define {name} 1")), "{name} has no default in the source");
