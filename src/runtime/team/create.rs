@@ -14,7 +14,7 @@ use super::transport::{self, handle_type_label, Transport};
 use super::Team;
 use crate::bootstrap::{host, Bootstrap};
 use crate::driver::{Device, HandleTypes};
-use crate::kernels::abi::ll_bytes;
+use crate::kernels::abi::{ll_bytes, ll_offset};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
 use crate::runtime::config::MulticastMode;
@@ -261,8 +261,9 @@ impl Team {
 }
 
 /// The first segment of a team over `shape`: the sync regions (zeroed; by every rank of a
-/// multi-process team, voted) and the push all-reduce's scratch, rounded up to the
-/// granularity. Returns it with the bytes reserved at its start.
+/// multi-process team, voted), the push all-reduce's scratch, the staging area and, with `ll`,
+/// the LL landing area (zeroed), rounded up to the granularity. Returns it with the bytes
+/// reserved at its start.
 fn first_segment(env: &Env, shape: &Shape, ll: bool) -> Result<(Segment, usize)> {
     let n = shape.devices.len();
     let reserved = crate::kernels::abi::team_reserved_bytes(n as u32, ll);
@@ -272,10 +273,21 @@ fn first_segment(env: &Env, shape: &Shape, ll: bool) -> Result<(Segment, usize)>
         Some(c) => vec![c.rank()],
         None => (0..n).collect(),
     };
+    // The LL landing area too: a line left there by an earlier owner of the memory could carry
+    // the flag of this team's first calls.
+    let landing = if ll { Some((ll_offset(n as u32), ll_bytes(n as u32))) } else { None };
     let zero = |r: usize| {
+        let base = seg.peer_base(r, r);
         env.driver()
-            .memset_d8(shape.devices[r], seg.peer_base(r, r), 0, SYNC_BYTES)
-            .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")))
+            .memset_d8(shape.devices[r], base, 0, SYNC_BYTES)
+            .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")))?;
+        match landing {
+            Some((off, len)) => env
+                .driver()
+                .memset_d8(shape.devices[r], base + off as u64, 0, len)
+                .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s LL landing area"))),
+            None => Ok(()),
+        }
     };
     let mut zeroed = own.into_iter().try_for_each(zero);
     if let Some(comm) = &shape.comm {
