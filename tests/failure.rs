@@ -120,6 +120,33 @@ fn abort_ends_a_synchronize_blocked_in_another_thread() {
     assert_clean(&ctx);
 }
 
+/// Destroying a timed-out team that still has a buffer is refused (IN_USE) and leaves the team
+/// as it was: its device state words are not set to aborted (a collective already queued on a
+/// rank would otherwise end as ABORTED on a team nobody aborted), and destroy works once the
+/// buffer is freed.
+#[test]
+fn a_refused_destroy_leaves_the_team_alone() {
+    let ctx = sim_context(2, 200, false);
+    let team = Team::create(&ctx, &[0, 1]).unwrap();
+    let buf = Buffer::alloc(&team, 4096).unwrap();
+    let s = rank_streams(&team);
+    run(&buf, 0, 0, 256, AR, s[0]).unwrap();
+    assert_eq!(synchronize(&team, 0, s[0]).unwrap_err().kind, ErrorKind::Timeout);
+    assert_eq!(team.destroy().unwrap_err().kind, ErrorKind::InUse);
+    for r in 0..2 {
+        let state = team.sync_base(r, r) + mcast::kernels::abi::STATE_OFFSET as u64;
+        // SAFETY: simulated device memory is host memory; the team's sync regions are live.
+        let word = unsafe { (state as *const u32).read_volatile() };
+        assert_eq!(word, mcast::kernels::abi::STATE_OK, "rank {r}'s state word after a refused destroy");
+    }
+    assert!(!team.is_aborted());
+    assert_eq!(synchronize(&team, 1, s[1]).unwrap_err().kind, ErrorKind::Timeout);
+    drop_rank_streams(&team, s);
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    assert_clean(&ctx);
+}
+
 #[test]
 fn abort_racing_destroy_from_16_threads() {
     if on_gpu() {

@@ -147,6 +147,14 @@ impl Team {
         // An aborted team goes with its buffers (they can no longer be freed one by one); a
         // timed-out one frees them first, as a healthy one.
         let aborted = self.is_aborted();
+        // A team that keeps its buffers is refused before anything is done to it: stopping the
+        // device waits of a team that stays alive would fail its later collectives as aborted.
+        if !aborted && self.live_buffers() > 0 {
+            return Err(Error::in_use(format!(
+                "the team still has {} live buffer(s); free them with mcast_buffer_free first",
+                self.live_buffers()
+            )));
+        }
         let waited = if failed {
             self.stop_device_waits(false);
             self.quiesce()
