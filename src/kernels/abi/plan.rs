@@ -241,8 +241,8 @@ mod tests {
         assert!(plan(&gather).is_err());
         let mut big_team = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 100);
         big_team.nranks = 5;
-        big_team.data = vec![0x1000_0000; 5];
-        big_team.sync = vec![0x3000_0000; 5];
+        big_team.data = vec![0x1000_0000; 5].into();
+        big_team.sync = vec![0x3000_0000; 5].into();
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
         assert_eq!(team_reserved_bytes(2), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
@@ -286,10 +286,10 @@ mod tests {
     fn plan_out_of_place() {
         let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
         let mut l = launch(ar, Path::Multicast, 1024);
-        l.out = vec![0x5000_0000, 0x6000_0000];
+        l.out = vec![0x5000_0000, 0x6000_0000].into();
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
         // recv 4 bytes off send's alignment modulo 16: the multicast kernel cannot pair vectors.
-        l.out = vec![0x5000_0004, 0x6000_0004];
+        l.out = vec![0x5000_0004, 0x6000_0004].into();
         let p = plan(&l).unwrap().unwrap();
         assert_eq!(
             (p.kernel.kind, p.fallback),
@@ -297,11 +297,11 @@ mod tests {
         );
         // The push all-reduce needs 16-byte aligned recv too.
         let mut l = launch(ar, Path::P2P, 1024);
-        l.out = vec![0x5000_0004, 0x6000_0004];
+        l.out = vec![0x5000_0004, 0x6000_0004].into();
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
-        l.out = vec![0x5000_0002, 0x6000_0002];
+        l.out = vec![0x5000_0002, 0x6000_0002].into();
         assert!(plan(&l).is_err(), "recv not aligned to the element");
-        l.out = vec![0x5000_0000];
+        l.out = vec![0x5000_0000].into();
         assert!(plan(&l).is_err(), "one out address for two ranks");
         // All-gather out of place: the same choice on every rank, whatever its block's offset.
         for count in [340u64, 352] {
@@ -311,7 +311,7 @@ mod tests {
                     l.rank = rank;
                     let send = 0x7000_0000u64;
                     l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
-                    l.out = vec![0x5000_0000, 0x6000_0000];
+                    l.out = vec![0x5000_0000, 0x6000_0000].into();
                     plan(&l).unwrap().unwrap().kernel.kind
                 })
                 .collect();
