@@ -11,6 +11,8 @@ mod create;
 mod pool;
 mod split;
 mod streams;
+#[cfg(test)]
+mod tests;
 mod transport;
 
 use std::sync::atomic::AtomicBool;

@@ -87,6 +87,18 @@ impl Claims {
         Ok(round)
     }
 
+    /// Rank `r`'s `(device group, place in it)`.
+    #[cfg(test)]
+    pub(super) fn place_of(&self, r: usize) -> (usize, usize) {
+        self.place[r]
+    }
+
+    /// Locks device group `g` (what a claim of a rank on that device holds).
+    #[cfg(test)]
+    pub(super) fn group_lock(&self, g: usize) -> impl Sized + '_ {
+        self.groups[g].1.lock()
+    }
+
     /// Forgets rank `r`'s claim of `round` (its launch failed: nothing was enqueued).
     pub(super) fn unclaim(&self, r: usize, round: u64) {
         let (g, i) = self.place[r];
