@@ -3,19 +3,26 @@
 //! A module holds one [`Unit`] (one collective for one dtype and operator, every algorithm of it),
 //! so the first call compiles only what it needs. Modules are loaded once per (driver, device,
 //! variant, unit) and their entry points are resolved at load time, so a launch after warm-up
-//! does no allocation and no host synchronization (it is CUDA-graph capturable): look-up under a
-//! lock, build the argument struct on the stack, `cuLaunchKernel`.
+//! does no allocation, no host synchronization (it is CUDA-graph capturable) and takes no lock:
+//! the look-up is a thread-local cache hit and an atomic load, the argument struct is built on
+//! the stack, then `cuLaunchKernel`.
+//!
+//! The module table: one [`DeviceModules`] per (driver, device), made on first use and kept for
+//! the life of the process (as the modules are), with one `OnceLock` slot per (variant, unit),
+//! indexed directly (no hashing). Each thread remembers the last few tables it used, so a
+//! rank's thread finds its device's table without touching the shared list; loading a module
+//! (the first call of a collective) is serialised by one lock, off the launch path.
 
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-use super::abi::{self, KernelArgs, Variant, KERNEL_IDS};
+use super::abi::{self, KernelArgs, KernelId, Variant, KERNEL_IDS};
 use super::error::KernelError;
-use super::select::Unit;
-use super::{cache, nvrtc, Launch, Path};
+use super::select::{Family, Unit};
+use super::{cache, nvrtc, DType, Launch, Path, RedOp};
 use crate::driver::{Device, Driver, Function, LaunchConfig, Module};
 
 /// One module loaded on one device, with its unit's entry points by [`abi::KernelId::index`].
@@ -25,15 +32,96 @@ pub struct LoadedModule {
     functions: Vec<Option<Function>>,
 }
 
-type Key = (usize, Device, Variant, Unit);
+/// Slots per variant: every (family, dtype, operator), copying families in their first slot,
+/// with and without the LL kernels.
+const SLOTS_PER_VARIANT: usize = 2 * Family::ALL.len() * DType::ALL.len() * RedOp::ALL.len();
 
-fn modules() -> &'static Mutex<HashMap<Key, Arc<LoadedModule>>> {
-    static M: OnceLock<Mutex<HashMap<Key, Arc<LoadedModule>>>> = OnceLock::new();
-    M.get_or_init(Default::default)
+/// The slot of `unit` in `variant` in a [`DeviceModules`].
+fn slot(variant: Variant, unit: Unit) -> usize {
+    let family = Family::ALL.iter().position(|f| *f == unit.family).unwrap_or(0);
+    let red = unit.red.map_or(0, |(d, o)| d as usize * RedOp::ALL.len() + o as usize);
+    let v = match variant {
+        Variant::Multimem => 0,
+        Variant::Emulated => 1,
+    };
+    v * SLOTS_PER_VARIANT
+        + usize::from(unit.ll) * (SLOTS_PER_VARIANT / 2)
+        + family * DType::ALL.len() * RedOp::ALL.len()
+        + red
+}
+
+/// The modules loaded on one device by one driver.
+struct DeviceModules {
+    driver: usize,
+    dev: Device,
+    slots: [OnceLock<Arc<LoadedModule>>; 2 * SLOTS_PER_VARIANT],
+}
+
+/// Every (driver, device) table made so far; never shrinks (the tables are leaked, so that
+/// threads may cache plain references to them).
+static TABLES: RwLock<Vec<&'static DeviceModules>> = RwLock::new(Vec::new());
+
+/// Serialises module loads, so that one module per (driver, device, variant, unit) is kept.
+static LOADING: Mutex<()> = Mutex::new(());
+
+/// How many tables each thread remembers.
+const RECENT: usize = 4;
+
+thread_local! {
+    /// The tables this thread used last (most rank threads drive one device: one entry).
+    static RECENT_TABLES: Cell<[Option<&'static DeviceModules>; RECENT]> = const { Cell::new([None; RECENT]) };
 }
 
 fn driver_key(driver: &dyn Driver) -> usize {
     driver as *const dyn Driver as *const () as usize
+}
+
+/// The module table of `driver`'s device `dev`: a thread-local hit, else the shared list (read
+/// lock), else a new table (write lock, first use of the device).
+fn device_modules(driver: &dyn Driver, dev: Device) -> &'static DeviceModules {
+    let key = driver_key(driver);
+    let recent = RECENT_TABLES.try_with(Cell::get).unwrap_or([None; RECENT]);
+    if let Some(t) = recent.iter().flatten().find(|t| t.driver == key && t.dev == dev) {
+        return t;
+    }
+    let found = TABLES.read().iter().copied().find(|t| t.driver == key && t.dev == dev);
+    let table = found.unwrap_or_else(|| {
+        let mut tables = TABLES.write();
+        match tables.iter().copied().find(|t| t.driver == key && t.dev == dev) {
+            Some(t) => t,
+            None => {
+                let t: &'static DeviceModules = Box::leak(Box::new(DeviceModules {
+                    driver: key,
+                    dev,
+                    slots: std::array::from_fn(|_| OnceLock::new()),
+                }));
+                tables.push(t);
+                t
+            }
+        }
+    });
+    // Remember it, dropping the oldest.
+    let mut next = [None; RECENT];
+    next[0] = Some(table);
+    next[1..].copy_from_slice(&recent[..RECENT - 1]);
+    let _ = RECENT_TABLES.try_with(|c| c.set(next));
+    table
+}
+
+/// The entry point of `kernel` in the module of `unit` in `variant` on `dev` if it is loaded (no
+/// lock, no allocation); `None` when it is not loaded yet.
+fn loaded_function(
+    driver: &dyn Driver,
+    dev: Device,
+    variant: Variant,
+    unit: Unit,
+    kernel: KernelId,
+) -> Option<Result<Function, KernelError>> {
+    let module = device_modules(driver, dev).slots[slot(variant, unit)].get()?;
+    Some(
+        module.functions[kernel.index()]
+            .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", kernel.name()))),
+    )
 }
 
 /// True when `MCAST_EMULATE_MULTIMEM=1` asks for the emulated multicast kernels even where a
@@ -63,8 +151,8 @@ pub fn prepare(
     variant: Variant,
     unit: Unit,
 ) -> Result<Arc<LoadedModule>, KernelError> {
-    let key = (driver_key(driver), dev, variant, unit);
-    if let Some(m) = modules().lock().get(&key) {
+    let cell = &device_modules(driver, dev).slots[slot(variant, unit)];
+    if let Some(m) = cell.get() {
         return Ok(m.clone());
     }
     let props = driver.device_props(dev)?;
@@ -81,13 +169,29 @@ pub fn prepare(
         )));
     }
     let arch = nvrtc::arch_for(props.cc_major, props.cc_minor);
-    let image = cache::cubin(&arch, variant, Some(unit))?;
     // Compile outside the lock (slow); load under it so that one module per key is kept.
-    let mut map = modules().lock();
-    if let Some(m) = map.get(&key) {
+    let image = cache::cubin(&arch, variant, Some(unit))?;
+    load(driver, dev, variant, unit, &image)
+}
+
+/// Loads `image` (a cubin, fatbin or PTX of `unit` built as `variant`) on `dev` as the module
+/// launches of that unit use, resolving its entry points, unless one is loaded already (then
+/// that one is returned). [`prepare`] calls it with the compiled image; tests call it with a
+/// stand-in image on the simulator to run the launch path's look-ups without NVRTC.
+#[doc(hidden)]
+pub fn load(
+    driver: &dyn Driver,
+    dev: Device,
+    variant: Variant,
+    unit: Unit,
+    image: &[u8],
+) -> Result<Arc<LoadedModule>, KernelError> {
+    let cell = &device_modules(driver, dev).slots[slot(variant, unit)];
+    let _loading = LOADING.lock();
+    if let Some(m) = cell.get() {
         return Ok(m.clone());
     }
-    let module = driver.module_load(dev, &image)?;
+    let module = driver.module_load(dev, image)?;
     let mut functions = vec![None; KERNEL_IDS];
     for id in unit.kernels() {
         let name = CString::new(id.name()).expect("kernel names have no NUL");
@@ -100,19 +204,42 @@ pub fn prepare(
         }
     }
     let m = Arc::new(LoadedModule { module, functions });
-    map.insert(key, m.clone());
+    // Under `LOADING` and checked empty above: the set succeeds.
+    let _ = cell.set(m.clone());
     Ok(m)
 }
 
 /// Enqueues `l` on `l.stream`: chooses the entry point (multicast kernel, or its P2P fallback;
 /// one-shot or two-shot all-reduce by [`abi::one_shot_max_bytes`]) and launches it. No host sync;
-/// no allocation once the module of this device and build is loaded.
+/// no allocation and no lock once the module of this device and build is loaded.
 pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
     if driver.as_sim().is_some() {
         return Err(KernelError::Unsupported("the simulator runs collectives on the host, not with kernels".into()));
     }
-    let Some(plan) = abi::plan(l).map_err(KernelError::Unsupported)? else {
+    let Some(mut k) = resolve(driver, l)? else {
         return Ok(());
+    };
+    let mut params = [&mut k.args as *mut KernelArgs as *mut c_void];
+    driver.launch(l.dev, k.func, &k.config, l.stream, &mut params)?;
+    Ok(())
+}
+
+/// What [`launch`] hands `cuLaunchKernel` for one [`Launch`].
+#[derive(Clone, Copy, Debug)]
+pub struct Resolved {
+    /// The entry point.
+    pub func: Function,
+    /// Grid and block.
+    pub config: LaunchConfig,
+    /// The kernel's argument.
+    pub args: KernelArgs,
+}
+
+/// Everything [`launch`] does before `cuLaunchKernel`: the plan, the entry point (loading its
+/// module on first use) and the argument. `Ok(None)`: nothing to launch (count 0).
+pub fn resolve(driver: &dyn Driver, l: &Launch) -> Result<Option<Resolved>, KernelError> {
+    let Some(plan) = abi::plan(l).map_err(KernelError::Unsupported)? else {
+        return Ok(None);
     };
     if let Some(why) = plan.fallback {
         tracing::debug!(
@@ -122,13 +249,16 @@ pub fn launch(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
         );
     }
     let variant = variant_for(l);
-    let module = prepare(driver, l.dev, variant, Unit::of(plan.kernel, l.ll))?;
-    let func = module.functions[plan.kernel.index()]
-        .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", plan.kernel.name())))?;
+    let unit = Unit::of(plan.kernel, l.ll);
+    let func = match loaded_function(driver, l.dev, variant, unit, plan.kernel) {
+        Some(f) => f?,
+        None => {
+            prepare(driver, l.dev, variant, unit)?;
+            loaded_function(driver, l.dev, variant, unit, plan.kernel).expect("loaded by prepare")?
+        }
+    };
     let mut args: KernelArgs = abi::kernel_args(l, variant);
     args.push_row = plan.push_row;
     let config = LaunchConfig { grid: [plan.blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
-    let mut params = [&mut args as *mut KernelArgs as *mut c_void];
-    driver.launch(l.dev, func, &config, l.stream, &mut params)?;
-    Ok(())
+    Ok(Some(Resolved { func, config, args }))
 }

@@ -146,7 +146,128 @@ pub enum Path {
     P2P,
 }
 
+/// One address per rank (at most [`MAX_RANKS`]), stored inline: building a [`Launch`] allocates
+/// nothing. Reads as a slice of its ranks (`len`, indexing, `iter`, `is_empty`).
+#[derive(Clone, Copy)]
+pub struct RankPtrs {
+    len: usize,
+    ptrs: [DevicePtr; MAX_RANKS],
+}
+
+impl RankPtrs {
+    /// No address (an empty `out`: in place).
+    pub const EMPTY: RankPtrs = RankPtrs { len: 0, ptrs: [0; MAX_RANKS] };
+
+    /// `n` zero addresses. Panics when `n > MAX_RANKS` (a team never has more ranks).
+    pub fn zeroed(n: usize) -> RankPtrs {
+        assert!(n <= MAX_RANKS, "{n} ranks: at most {MAX_RANKS}");
+        RankPtrs { len: n, ptrs: [0; MAX_RANKS] }
+    }
+
+    /// `f(p)` for each rank `p` of `0..n`; the first error ends it. Panics when `n > MAX_RANKS`.
+    pub fn try_from_fn<E>(n: usize, mut f: impl FnMut(usize) -> Result<DevicePtr, E>) -> Result<RankPtrs, E> {
+        let mut a = RankPtrs::zeroed(n);
+        for (p, slot) in a.iter_mut().enumerate() {
+            *slot = f(p)?;
+        }
+        Ok(a)
+    }
+
+    /// Appends `p`. Panics past [`MAX_RANKS`] addresses.
+    pub fn push(&mut self, p: DevicePtr) {
+        assert!(self.len < MAX_RANKS, "more than {MAX_RANKS} rank addresses");
+        self.ptrs[self.len] = p;
+        self.len += 1;
+    }
+
+    /// Removes and returns the last address.
+    pub fn pop(&mut self) -> Option<DevicePtr> {
+        self.len = self.len.checked_sub(1)?;
+        Some(self.ptrs[self.len])
+    }
+
+    /// The addresses of `ptrs` (at most [`MAX_RANKS`]; panics beyond).
+    pub fn from_slice(ptrs: &[DevicePtr]) -> RankPtrs {
+        let mut a = RankPtrs::zeroed(ptrs.len());
+        a.copy_from_slice(ptrs);
+        a
+    }
+}
+
+impl Default for RankPtrs {
+    fn default() -> Self {
+        RankPtrs::EMPTY
+    }
+}
+
+impl std::ops::Deref for RankPtrs {
+    type Target = [DevicePtr];
+
+    fn deref(&self) -> &[DevicePtr] {
+        &self.ptrs[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for RankPtrs {
+    fn deref_mut(&mut self) -> &mut [DevicePtr] {
+        &mut self.ptrs[..self.len]
+    }
+}
+
+impl PartialEq for RankPtrs {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for RankPtrs {}
+
+impl std::fmt::Debug for RankPtrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl<'a> IntoIterator for &'a RankPtrs {
+    type Item = &'a DevicePtr;
+    type IntoIter = std::slice::Iter<'a, DevicePtr>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl From<&[DevicePtr]> for RankPtrs {
+    fn from(ptrs: &[DevicePtr]) -> Self {
+        RankPtrs::from_slice(ptrs)
+    }
+}
+
+impl From<Vec<DevicePtr>> for RankPtrs {
+    fn from(ptrs: Vec<DevicePtr>) -> Self {
+        RankPtrs::from_slice(&ptrs)
+    }
+}
+
+impl<const N: usize> From<[DevicePtr; N]> for RankPtrs {
+    fn from(ptrs: [DevicePtr; N]) -> Self {
+        RankPtrs::from_slice(&ptrs)
+    }
+}
+
+impl FromIterator<DevicePtr> for RankPtrs {
+    /// Panics past [`MAX_RANKS`] addresses.
+    fn from_iter<I: IntoIterator<Item = DevicePtr>>(iter: I) -> Self {
+        let mut a = RankPtrs::EMPTY;
+        for p in iter {
+            a.push(p);
+        }
+        a
+    }
+}
+
 /// One rank's part of one collective: everything a kernel needs, as addresses valid on `dev`.
+/// Built on the stack for every call (the address lists are [`RankPtrs`], not vectors).
 #[derive(Clone, Debug)]
 pub struct Launch {
     /// Which collective.
@@ -162,17 +283,17 @@ pub struct Launch {
     /// The caller's stream.
     pub stream: Stream,
     /// For each rank, the address (on `dev`) of byte `offset` of that rank's copy of the buffer.
-    pub data: Vec<DevicePtr>,
+    pub data: RankPtrs,
     /// Multicast address (on `dev`) of byte `offset` of the buffer, on the multicast path.
     pub data_mc: Option<DevicePtr>,
     /// Out of place: for each rank, where the results for that rank's `data` go, in the layout
     /// of `data` (all-gather and reduce-scatter bases shifted by the block offset the kernel adds,
     /// so they may not be addresses themselves). Empty: in place (`out == data`).
-    pub out: Vec<DevicePtr>,
+    pub out: RankPtrs,
     /// Multicast address of `out[rank]`, on the multicast path out of place.
     pub out_mc: Option<DevicePtr>,
     /// For each rank, the address (on `dev`) of that rank's sync region ([`SYNC_BYTES`]).
-    pub sync: Vec<DevicePtr>,
+    pub sync: RankPtrs,
     /// Multicast address (on `dev`) of the sync region, on the multicast path.
     pub sync_mc: Option<DevicePtr>,
     /// Elements (all-reduce, reduce-scatter per block) or bytes (broadcast, all-gather per block).

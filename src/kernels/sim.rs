@@ -60,6 +60,8 @@ struct Job {
 /// device error word, as on a GPU.
 pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     let Some(p) = plan(l).map_err(KernelError::Unsupported)? else { return Ok(()) };
+    // From here on the simulated GPU's own work: its job and queue (on CUDA, cuLaunchKernel).
+    let _device = crate::driver::sim::DeviceWork::enter();
     if let Some(why) = p.fallback {
         tracing::debug!("multicast request runs the P2P kernel: {why}");
     }
@@ -71,7 +73,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     let reads_mc = matches!(p.kernel.kind, KernelKind::AllReduceMc | KernelKind::ReduceScatterMc);
     let writes_mc =
         matches!(p.kernel.kind, KernelKind::AllReduceMc | KernelKind::BroadcastMc | KernelKind::AllGatherMc);
-    let out: Vec<u64> = if l.out.is_empty() { l.data.clone() } else { l.out.clone() };
+    let out: &[u64] = if l.out.is_empty() { &l.data } else { &l.out };
     let (mc_data, mc_out, mc_signal) = match (is_mc, l.data_mc, l.sync_mc) {
         (false, _, _) => (None, None, None),
         (true, Some(data_mc), Some(sync_mc)) => {

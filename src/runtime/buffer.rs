@@ -43,7 +43,7 @@ impl Buffer {
                 return Err(Error::invalid_argument(format!("ptrs[{i}] is NULL")));
             }
             let asking = || format!("asking which device ptrs[{i}] belongs to");
-            ctx.check_pointer_device(ptr, i, dev, &format!("ptrs[{i}] = {ptr:#x}"), "register", &asking)?;
+            ctx.check_pointer_device(ptr, i, dev, format_args!("ptrs[{i}] = {ptr:#x}"), "register", &asking)?;
             if ptr.checked_add(bytes as u64).is_none() {
                 return Err(Error::invalid_argument(format!("ptrs[{i}] + {bytes} bytes overflows")));
             }
@@ -171,7 +171,7 @@ impl Buffer {
                 return Err(Error::invalid_argument(format!("rank {r}: its pointer (ptrs[0]) is NULL")));
             }
             let asking = || format!("rank {r}: asking which device {ptr:#x} belongs to");
-            ctx.check_pointer_device(ptr, r, dev, &format!("rank {r}: its pointer {ptr:#x}"), "register", &asking)?;
+            ctx.check_pointer_device(ptr, r, dev, format_args!("rank {r}: its pointer {ptr:#x}"), "register", &asking)?;
             if ptr.checked_add(bytes as u64).is_none() {
                 return Err(Error::invalid_argument(format!(
                     "rank {r}: its pointer {ptr:#x} + {bytes} bytes overflows"

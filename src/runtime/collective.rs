@@ -9,7 +9,7 @@ use super::error::{Error, ErrorKind, Result};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
-use crate::kernels::{self, Collective, KernelError, Launch, Path};
+use crate::kernels::{self, Collective, KernelError, Launch, Path, RankPtrs};
 
 /// Element size, offset alignment and number of per-rank blocks of the symmetric range of
 /// `collective` (after checking its root).
@@ -58,7 +58,7 @@ fn check_range(
 pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
     let team = buf.team();
     let r = team.check_own_rank(rank, "rank")?;
-    team.check_usable(&format!("rank {rank}'s collective"))?;
+    team.check_usable(format_args!("rank {rank}'s collective"))?;
     let (esize, align, blocks) = geometry(team, collective)?;
     if count == 0 {
         return Ok(());
@@ -90,7 +90,7 @@ pub fn run_into(
         ));
     }
     let r = team.check_own_rank(rank, "rank")?;
-    team.check_usable(&format!("rank {rank}'s collective"))?;
+    team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, blocks) = geometry(team, collective)?;
     if count == 0 {
@@ -137,17 +137,16 @@ pub fn run_into(
         Collective::ReduceScatter { .. } => (r * block) as u64,
         _ => 0,
     };
-    let out = (0..n as i32)
-        .map(|p| recv.peer_ptr(rank, p).map(|a| (a + recv_offset as u64).wrapping_sub(shift_out)))
-        .collect::<Result<Vec<_>>>()?;
+    let out = RankPtrs::try_from_fn(n, |p| {
+        recv.peer_ptr(rank, p as i32).map(|a| (a + recv_offset as u64).wrapping_sub(shift_out))
+    })?;
     let out_mc = match team.transport() {
         Transport::Multicast => Some((recv.multicast_ptr(rank)? + recv_offset as u64).wrapping_sub(shift_out)),
         Transport::P2P => None,
     };
     let send_base = send_offset as u64;
-    let data = (0..n as i32)
-        .map(|p| send.peer_ptr(rank, p).map(|a| (a + send_base).wrapping_sub(shift_in(p as usize))))
-        .collect::<Result<Vec<_>>>()?;
+    let data =
+        RankPtrs::try_from_fn(n, |p| send.peer_ptr(rank, p as i32).map(|a| (a + send_base).wrapping_sub(shift_in(p))))?;
     let data_mc = match team.transport() {
         Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
         Transport::P2P => None,
@@ -178,7 +177,7 @@ pub fn run_ptr(
     stream: Stream,
 ) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
-    team.check_usable(&format!("rank {rank}'s collective"))?;
+    team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, _) = geometry(team, collective)?;
     if count == 0 {
@@ -211,7 +210,7 @@ pub fn run_ptr(
             continue;
         }
         let asking = || format!("asking which device {what} belongs to");
-        team.context().check_pointer_device(p, rank as usize, dev, &format!("{what} = {p:#x}"), "pass", &asking)?;
+        team.context().check_pointer_device(p, rank as usize, dev, format_args!("{what} = {p:#x}"), "pass", &asking)?;
         // The whole range in one allocation: checked on the simulator, where a copy or kernel
         // past the end would otherwise fail in the driver (on CUDA it costs one more driver
         // call per pointer and call, left to the caller as NCCL does).
@@ -268,8 +267,8 @@ pub fn run_ptr(
         Collective::ReduceScatter { .. } => (send, recv.wrapping_sub(shift)),
         _ => (send, recv),
     };
-    let mut data = vec![0; n];
-    let mut out = vec![0; n];
+    let mut data = RankPtrs::zeroed(n);
+    let mut out = RankPtrs::zeroed(n);
     data[r] = me_data;
     out[r] = me_out;
     launch_with(team, r, count, collective, stream, data, None, Some((out, None)), true, None)
@@ -300,7 +299,7 @@ fn run_staged(
     let dev = team.devices()[r];
     let driver = team.context().driver().clone();
     let off = stage_offset(n as u32) as u64;
-    let stage: Vec<DevicePtr> = team.sync_bases(r).iter().map(|b| b + off).collect();
+    let stage: RankPtrs = team.sync_bases(r).iter().map(|b| b + off).collect();
     let stage_mc = team.sync_multicast(r).map(|b| b + off);
     let me = stage[r];
     let esize = match collective {
@@ -335,8 +334,7 @@ fn run_staged(
                     .try_for_each(|q| copy(me + (q * len) as u64, send + (q * block + o) as u64, len, "send block")),
             }
         };
-        let data = stage.clone();
-        launch_with(team, r, len / esize, collective, stream, data, stage_mc, None, false, Some(&copy_in))?;
+        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, None, false, Some(&copy_in))?;
         match collective {
             Collective::AllReduce { .. } => copy(recv + o as u64, me, len, "result")?,
             Collective::Broadcast { root } if root as usize == r && in_place => {}
@@ -364,7 +362,7 @@ fn launch(
 ) -> Result<()> {
     let n = team.size();
     let rank = r as i32;
-    let data = (0..n as i32).map(|p| buf.peer_ptr(rank, p).map(|a| a + offset as u64)).collect::<Result<Vec<_>>>()?;
+    let data = RankPtrs::try_from_fn(n, |p| buf.peer_ptr(rank, p as i32).map(|a| a + offset as u64))?;
     let data_mc = match team.transport() {
         Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
         Transport::P2P => None,
@@ -379,9 +377,9 @@ fn launch_with(
     count: usize,
     collective: Collective,
     stream: Stream,
-    data: Vec<DevicePtr>,
+    data: RankPtrs,
     data_mc: Option<DevicePtr>,
-    out: Option<(Vec<DevicePtr>, Option<DevicePtr>)>,
+    out: Option<(RankPtrs, Option<DevicePtr>)>,
     local_only: bool,
     before: Option<&dyn Fn() -> Result<()>>,
 ) -> Result<()> {
@@ -408,7 +406,7 @@ fn launch_with(
         data_mc,
         out,
         out_mc,
-        sync: team.sync_bases(r).to_vec(),
+        sync: RankPtrs::from_slice(team.sync_bases(r)),
         sync_mc: team.sync_multicast(r),
         count: count as u64,
         timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
@@ -442,7 +440,7 @@ fn launch_with(
 /// host: see [`Team::claim_stream`]). Returns the round claimed; a launch that then fails gives
 /// it back with [`Team::unclaim_stream`].
 pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
-    team.check_usable(&format!("rank {r}'s collective"))?;
+    team.check_usable(format_args!("rank {r}'s collective"))?;
     team.claim_stream(r, stream)
 }
 

@@ -3,6 +3,7 @@
 //! context drains at shutdown). `Context` builds it and hands out `Arc<Env>`; `Env` never names a
 //! team or a segment, it sees them as [`Member`] and [`Leftover`].
 
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -130,13 +131,14 @@ impl Env {
     /// Checks `ptr` is memory of rank `rank`'s device `dev`, as the driver says
     /// (`cuPointerGetAttribute`). In messages `name` names the pointer (`"send = 0x..."`), `verb`
     /// says what the caller does with device memory (`"register"`, `"pass"`) and `asking`
-    /// describes the query.
+    /// describes the query. `name` and `asking` are formatted only on failure (the collectives'
+    /// pointer forms call this on every call).
     pub fn check_pointer_device(
         &self,
         ptr: DevicePtr,
         rank: usize,
         dev: Device,
-        name: &str,
+        name: impl fmt::Display,
         verb: &str,
         asking: &dyn Fn() -> String,
     ) -> Result<()> {

@@ -1,9 +1,12 @@
 //! The process-wide tables behind the C handles. Destroying a context removes its teams and
 //! buffers, so their handles become invalid with it.
+//!
+//! Each table is read-mostly: a look-up (every call, from every rank's thread) takes it shared,
+//! so concurrent calls never wait for each other; only create and destroy take it exclusively.
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use super::buffer::Buffer;
 use super::context::Context;
@@ -11,9 +14,9 @@ use super::error::{Error, ErrorKind, Result};
 use super::registry::{HandleKind, HandleMap};
 use super::team::Team;
 
-static CONTEXTS: Mutex<HandleMap<Arc<Context>>> = Mutex::new(HandleMap::new(HandleKind::Context));
-static TEAMS: Mutex<HandleMap<Arc<Team>>> = Mutex::new(HandleMap::new(HandleKind::Team));
-static BUFFERS: Mutex<HandleMap<Arc<Buffer>>> = Mutex::new(HandleMap::new(HandleKind::Buffer));
+static CONTEXTS: RwLock<HandleMap<Arc<Context>>> = RwLock::new(HandleMap::new(HandleKind::Context));
+static TEAMS: RwLock<HandleMap<Arc<Team>>> = RwLock::new(HandleMap::new(HandleKind::Team));
+static BUFFERS: RwLock<HandleMap<Arc<Buffer>>> = RwLock::new(HandleMap::new(HandleKind::Buffer));
 
 fn describe(id: u64, what: &str) -> Error {
     if id == 0 {
@@ -27,30 +30,30 @@ fn describe(id: u64, what: &str) -> Error {
 
 /// Registers a context.
 pub fn insert_context(ctx: Arc<Context>) -> u64 {
-    CONTEXTS.lock().insert(ctx)
+    CONTEXTS.write().insert(ctx)
 }
 
 /// The context behind `id`.
 pub fn context(id: u64) -> Result<Arc<Context>> {
-    CONTEXTS.lock().get(id).ok_or_else(|| describe(id, "context"))
+    CONTEXTS.read().get(id).ok_or_else(|| describe(id, "context"))
 }
 
 /// Unregisters a context and every team and buffer in it; returns it.
 pub fn remove_context(id: u64) -> Result<Arc<Context>> {
-    let ctx = CONTEXTS.lock().remove(id).ok_or_else(|| describe(id, "context"))?;
-    BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team().context(), ctx.env()));
-    TEAMS.lock().remove_where(|t| Arc::ptr_eq(t.context(), ctx.env()));
+    let ctx = CONTEXTS.write().remove(id).ok_or_else(|| describe(id, "context"))?;
+    BUFFERS.write().remove_where(|b| Arc::ptr_eq(b.team().context(), ctx.env()));
+    TEAMS.write().remove_where(|t| Arc::ptr_eq(t.context(), ctx.env()));
     Ok(ctx)
 }
 
 /// Registers a team.
 pub fn insert_team(team: Arc<Team>) -> u64 {
-    TEAMS.lock().insert(team)
+    TEAMS.write().insert(team)
 }
 
 /// The team behind `id`.
 pub fn team(id: u64) -> Result<Arc<Team>> {
-    TEAMS.lock().get(id).ok_or_else(|| describe(id, "team"))
+    TEAMS.read().get(id).ok_or_else(|| describe(id, "team"))
 }
 
 /// Destroys the team behind `id` (refused while it has buffers, unless it failed: then its
@@ -58,13 +61,13 @@ pub fn team(id: u64) -> Result<Arc<Team>> {
 /// so an abort from another thread can reach the team and end that wait; of racing destroys
 /// one succeeds and the others get `InvalidHandle`.
 pub fn destroy_team(id: u64) -> Result<()> {
-    let team = TEAMS.lock().get(id).ok_or_else(|| describe(id, "team"))?;
+    let team = TEAMS.read().get(id).ok_or_else(|| describe(id, "team"))?;
     match team.destroy() {
         Err(e) if e.kind == ErrorKind::InUse => Err(e),
         Err(e) if e.kind == ErrorKind::InvalidHandle => Err(describe(id, "team")),
         result => {
-            TEAMS.lock().remove(id);
-            BUFFERS.lock().remove_where(|b| Arc::ptr_eq(b.team(), &team));
+            TEAMS.write().remove(id);
+            BUFFERS.write().remove_where(|b| Arc::ptr_eq(b.team(), &team));
             result
         }
     }
@@ -72,16 +75,16 @@ pub fn destroy_team(id: u64) -> Result<()> {
 
 /// Registers a buffer.
 pub fn insert_buffer(buf: Arc<Buffer>) -> u64 {
-    BUFFERS.lock().insert(buf)
+    BUFFERS.write().insert(buf)
 }
 
 /// The buffer behind `id`.
 pub fn buffer(id: u64) -> Result<Arc<Buffer>> {
-    BUFFERS.lock().get(id).ok_or_else(|| describe(id, "buffer"))
+    BUFFERS.read().get(id).ok_or_else(|| describe(id, "buffer"))
 }
 
 /// Frees the buffer behind `id`.
 pub fn free_buffer(id: u64) -> Result<()> {
-    let buf = BUFFERS.lock().remove(id).ok_or_else(|| describe(id, "buffer"))?;
+    let buf = BUFFERS.write().remove(id).ok_or_else(|| describe(id, "buffer"))?;
     buf.free()
 }

@@ -41,7 +41,9 @@ options (`--flag value` or `--flag=value`):
   --host-overhead N  host-overhead mode: instead of the device time, time N calls per rank and
                      size on the host, each alone (the time spent inside the mcast_* call, not
                      on the GPU); the rows give the median, p99 and mean in ns and the heap
-                     allocations per call. 0: off (default)
+                     allocations per call made by mcast's code (on the simulator the simulated
+                     device's own allocations are counted apart: the summary line and the CSV/JSON
+                     sim_allocs_per_call). 0: off (default)
   --host-launch L    where the kernels of --host-overhead calls go: capture (the calls are made
                      inside a stream capture, so the whole launch path runs but the kernels are
                      recorded, never run: the no-op path; the default on the simulator) or eager

@@ -38,15 +38,21 @@ use report::{Row, RunInfo};
 use run::{Bench, Rig};
 
 thread_local! {
-    /// Heap allocations made by this thread (allocs and reallocs), for `--host-overhead`.
+    /// Heap allocations made by this thread (allocs and reallocs) in mcast's (and the bench's)
+    /// own code, for `--host-overhead`.
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    /// Those made while the thread ran the simulated device's own work (inside a simulated
+    /// driver call or the building of a host-executed job: on CUDA, the driver's and the GPU's
+    /// part, never counted); always 0 on CUDA.
+    static SIM_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The system allocator, counting each thread's allocations.
 struct Counting;
 
 fn count_one() {
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    let which = if mcast::driver::sim::in_device() { &SIM_ALLOCATIONS } else { &ALLOCATIONS };
+    let _ = which.try_with(|c| c.set(c.get() + 1));
 }
 
 // SAFETY: every call is forwarded to the system allocator unchanged.
@@ -78,9 +84,14 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Heap allocations this thread has made so far.
+/// Heap allocations this thread has made so far outside the simulated device's work.
 pub fn allocations() -> u64 {
     ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
+}
+
+/// Heap allocations this thread has made so far in the simulated device's work.
+pub fn sim_allocations() -> u64 {
+    SIM_ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
 }
 
 fn main() -> ExitCode {

@@ -141,9 +141,15 @@ pub fn summary(info: &RunInfo, rows: &[Row], entry: Option<HostTimes>) -> Vec<St
         medians.sort_by(f64::total_cmp);
         let p99 = rows.iter().filter_map(|r| r.host).map(|h| h.p99_ns).fold(0.0, f64::max);
         let allocs = rows.iter().filter_map(|r| r.host).map(|h| h.allocs_per_call).fold(0.0, f64::max);
+        let sim = rows.iter().filter_map(|r| r.host).map(|h| h.sim_allocs_per_call).fold(0.0, f64::max);
+        let sim_part = if info.backend == "sim" {
+            format!(" (the simulated device's own work, not counted there: up to {sim:.2} more)")
+        } else {
+            String::new()
+        };
         out.push(format!(
             "# host overhead per call: median {:.0} ns (median of the sizes' medians), p99 up to {p99:.0} ns, up to \
-             {allocs:.2} heap allocation(s) per call",
+             {allocs:.2} heap allocation(s) per call in mcast's code{sim_part}",
             medians[medians.len() / 2]
         ));
         if let Some(e) = entry {
@@ -174,7 +180,7 @@ pub fn csv(info: &RunInfo, rows: &[Row]) -> String {
     let host = info.host.is_some();
     let mut out = String::from(if host {
         "op,size,count,type,redop,root,median_ns,p99_ns,mean_ns,allocs_per_call,wrong,nranks,backend,transport,device,\
-         date,mode,calls,memory,inplace\n"
+         date,mode,calls,memory,inplace,sim_allocs_per_call\n"
     } else {
         "op,size,count,type,redop,root,time_us,algbw_gbps,busbw_gbps,wrong,nranks,backend,transport,device,date,mode,\
          graph_launches\n"
@@ -211,7 +217,8 @@ pub fn csv(info: &RunInfo, rows: &[Row]) -> String {
         );
         match info.host {
             Some((calls, _)) => {
-                let _ = writeln!(out, "{calls},{},{}", info.memory.name(), u8::from(info.inplace));
+                let sim = r.host.map_or(0.0, |h| h.sim_allocs_per_call);
+                let _ = writeln!(out, "{calls},{},{},{sim:.3}", info.memory.name(), u8::from(info.inplace));
             }
             None => {
                 let _ = writeln!(out, "{}", info.graph);
@@ -284,13 +291,14 @@ pub fn json(info: &RunInfo, rows: &[Row]) -> String {
                 let _ = write!(
                     out,
                     "{sep}\n    {{\"size\": {}, \"count\": {}, \"median_ns\": {}, \"p99_ns\": {}, \"mean_ns\": {}, \
-                     \"allocs_per_call\": {}, \"wrong\": {wrong}}}",
+                     \"allocs_per_call\": {}, \"sim_allocs_per_call\": {}, \"wrong\": {wrong}}}",
                     r.size,
                     r.count,
                     json_num(h.median_ns),
                     json_num(h.p99_ns),
                     json_num(h.mean_ns),
                     json_num(h.allocs_per_call),
+                    json_num(h.sim_allocs_per_call),
                 );
             }
             None => {
@@ -380,7 +388,13 @@ mod tests {
     #[test]
     fn host_rows_carry_the_host_columns() {
         let i = info(Some((100, HostLaunch::Capture)));
-        let h = HostTimes { median_ns: 1500.0, p99_ns: 4000.0, mean_ns: 1700.25, allocs_per_call: 6.0 };
+        let h = HostTimes {
+            median_ns: 1500.0,
+            p99_ns: 4000.0,
+            mean_ns: 1700.25,
+            allocs_per_call: 6.0,
+            sim_allocs_per_call: 2.5,
+        };
         let row = Row { size: 1024, count: 512, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: None, host: Some(h) };
         let line = row_line(&i, &row);
         assert_eq!(
@@ -394,7 +408,7 @@ mod tests {
         assert_eq!(header[6..10], ["median_ns", "p99_ns", "mean_ns", "allocs_per_call"]);
         assert_eq!(body.len(), header.len() + 1, "the device name holds a comma: {c}");
         assert_eq!(body[6..10], ["1500", "4000", "1700.2", "6.000"]);
-        assert!(c.trim_end().ends_with(",host-capture,100,buffer,1"), "{c}");
+        assert!(c.trim_end().ends_with(",host-capture,100,buffer,1,2.500"), "{c}");
         let j = json(&i, &[Row { host: Some(h), wrong: Some(0), ..row_zero() }]);
         assert!(j.contains("\"mode\": \"host-capture\"") && j.contains("\"median_ns\": 1500"), "{j}");
     }

@@ -2,12 +2,13 @@
 //! for one call and restores the caller's context afterwards.
 
 use std::ptr;
+use std::sync::OnceLock;
 
 use cudarc::driver::sys as cu;
 
 use super::symbols::{check, Api};
 use super::{CudaDriver, Retained};
-use crate::driver::{CuResult, DResult, Device};
+use crate::driver::{CuResult, DResult, Device, DriverError};
 
 /// Pops the context it pushed when dropped, restoring the caller's current context.
 pub(super) struct CtxGuard<'a> {
@@ -36,18 +37,28 @@ impl CudaDriver {
         Ok(device)
     }
 
-    /// The primary context of `dev`, retained on first use.
+    /// The primary context of `dev`, retained on first use. After that one atomic load: no
+    /// lock (every call that takes a device asks, from every rank's thread).
     pub(super) fn primary_ctx(&self, dev: Device) -> DResult<cu::CUcontext> {
-        let mut contexts = self.contexts.lock();
-        if let Some(r) = contexts.get(&dev) {
+        let slot = usize::try_from(dev).ok().and_then(|i| self.contexts.get(i));
+        if let Some(r) = slot.and_then(OnceLock::get) {
             return Ok(r.ctx as cu::CUcontext);
         }
+        let _one = self.retaining.lock();
+        if let Some(r) = slot.and_then(OnceLock::get) {
+            return Ok(r.ctx as cu::CUcontext);
+        }
+        // An ordinal outside the devices counted at load fails here (`CUDA_ERROR_INVALID_DEVICE`).
         let device = self.cu_device(dev)?;
+        let Some(slot) = slot else {
+            return Err(DriverError::new("cuDeviceGet", CuResult::ERROR_INVALID_DEVICE));
+        };
         let mut ctx: cu::CUcontext = ptr::null_mut();
         // SAFETY: `device` came from `cuDeviceGet`; the out-pointer is a local. The retain is
         // balanced by `cuDevicePrimaryCtxRelease` in `Drop`.
         check("cuDevicePrimaryCtxRetain", unsafe { (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, device) })?;
-        contexts.insert(dev, Retained { device, ctx: ctx as usize });
+        // Under `retaining` and checked empty above: the set succeeds.
+        let _ = slot.set(Retained { device, ctx: ctx as usize });
         Ok(ctx)
     }
 

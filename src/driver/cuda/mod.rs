@@ -47,9 +47,9 @@ mod symbols;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::OnceLock;
 
 use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
@@ -90,8 +90,12 @@ struct Retained {
 /// The CUDA driver, loaded at run time. Thread-safe.
 pub struct CudaDriver {
     api: Api,
-    /// Primary contexts retained so far, by device ordinal.
-    contexts: Mutex<HashMap<Device, Retained>>,
+    /// Primary contexts retained so far, one slot per device ordinal (`0..cuDeviceGetCount`):
+    /// set once, then read with one atomic load by every call that takes a device (the launch
+    /// path included), no lock, no hashing.
+    contexts: Box<[OnceLock<Retained>]>,
+    /// Serialises the retains (first use of each device).
+    retaining: Mutex<()>,
 }
 
 impl CudaDriver {
@@ -119,10 +123,12 @@ impl CudaDriver {
         }
         // SAFETY: `cuInit` takes flags by value; 0 is the only valid value.
         check("cuInit", unsafe { (api.cuInit)(0) })?;
-        let driver = CudaDriver { api, contexts: Mutex::new(HashMap::new()) };
-        if driver.device_count()? == 0 {
+        let mut driver = CudaDriver { api, contexts: Box::new([]), retaining: Mutex::new(()) };
+        let count = driver.device_count()?;
+        if count <= 0 {
             return Err(DriverError::new("cuDeviceGetCount", CuResult::ERROR_NO_DEVICE));
         }
+        driver.contexts = (0..count).map(|_| OnceLock::new()).collect();
         let missing = driver.api.missing_optional();
         if !missing.is_empty() {
             tracing::debug!(?missing, "CUDA driver lacks optional entry points");
@@ -138,7 +144,7 @@ impl CudaDriver {
 
 impl Drop for CudaDriver {
     fn drop(&mut self) {
-        for (_, r) in self.contexts.get_mut().drain() {
+        for r in self.contexts.iter_mut().filter_map(OnceLock::take) {
             // SAFETY: each entry was retained exactly once by `primary_ctx`. At process exit
             // the driver may already be torn down and return `CUDA_ERROR_DEINITIALIZED`:
             // there is nothing left to release then, so the result is ignored.

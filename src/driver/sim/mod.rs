@@ -28,6 +28,7 @@
 //! this file holds the configuration, the call glue and the [`Driver`] table.
 
 mod copy;
+mod device_work;
 mod exec;
 mod fabric;
 mod faults;
@@ -48,6 +49,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+pub use device_work::{in_device, DeviceWork};
 pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES};
 pub use ledger::Ledger;
 
@@ -161,7 +163,9 @@ impl SimDriver {
     /// Counts the call, applies an injected fault, else runs `body`. The call-count lock is
     /// released before a fault acts, so an injected panic leaves no simulator lock held and no
     /// state changed.
+    /// The whole call is the simulated driver's work ([`DeviceWork`]).
     fn call<T>(&self, func: &'static str, body: impl FnOnce() -> R<T>) -> DResult<T> {
+        let _device = DeviceWork::enter();
         let fault = self.calls.lock().enter(func);
         match fault {
             Some(FaultAction::Fail(code)) => {

@@ -157,7 +157,7 @@ mod tests {
         l.sync_mc = Some(0xa000_0000);
         let a = kernel_args(&l, Variant::Multimem);
         assert_eq!((a.data_mc, a.sync_mc, a.out_mc), (0x9000_0000, 0xa000_0000, 0x9000_0000));
-        l.out = vec![0x5000_0000, 0x6000_0000];
+        l.out = vec![0x5000_0000, 0x6000_0000].into();
         l.out_mc = Some(0xb000_0000);
         let a = kernel_args(&l, Variant::Multimem);
         assert_eq!((a.out[0], a.out[1], a.out_mc), (0x5000_0000, 0x6000_0000, 0xb000_0000));

@@ -294,8 +294,8 @@ mod tests {
         assert!(plan(&gather).is_err());
         let mut big_team = launch(ar(DType::F32, RedOp::Sum), Path::P2P, 100);
         big_team.nranks = 5;
-        big_team.data = vec![0x1000_0000; 5];
-        big_team.sync = vec![0x3000_0000; 5];
+        big_team.data = vec![0x1000_0000; 5].into();
+        big_team.sync = vec![0x3000_0000; 5].into();
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
         assert_eq!(team_reserved_bytes(2, false), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
@@ -382,8 +382,8 @@ mod tests {
         // Teams of 2..=8 ranks.
         let mut big = ll(ar, Path::P2P, 64);
         big.nranks = 9;
-        big.data = vec![0x1000_0000; 9];
-        big.sync = vec![0x3000_0000; 9];
+        big.data = vec![0x1000_0000; 9].into();
+        big.sync = vec![0x3000_0000; 9].into();
         assert_eq!(plan(&big).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         // The pointer form (local_only) runs LL for every collective it serves, and refuses the
         // copies LL cannot carry.
@@ -405,10 +405,10 @@ mod tests {
     fn plan_out_of_place() {
         let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
         let mut l = launch(ar, Path::Multicast, 1024);
-        l.out = vec![0x5000_0000, 0x6000_0000];
+        l.out = vec![0x5000_0000, 0x6000_0000].into();
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
         // recv 4 bytes off send's alignment modulo 16: the multicast kernel cannot pair vectors.
-        l.out = vec![0x5000_0004, 0x6000_0004];
+        l.out = vec![0x5000_0004, 0x6000_0004].into();
         let p = plan(&l).unwrap().unwrap();
         assert_eq!(
             (p.kernel.kind, p.fallback),
@@ -416,11 +416,11 @@ mod tests {
         );
         // The push all-reduce needs 16-byte aligned recv too.
         let mut l = launch(ar, Path::P2P, 1024);
-        l.out = vec![0x5000_0004, 0x6000_0004];
+        l.out = vec![0x5000_0004, 0x6000_0004].into();
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
-        l.out = vec![0x5000_0002, 0x6000_0002];
+        l.out = vec![0x5000_0002, 0x6000_0002].into();
         assert!(plan(&l).is_err(), "recv not aligned to the element");
-        l.out = vec![0x5000_0000];
+        l.out = vec![0x5000_0000].into();
         assert!(plan(&l).is_err(), "one out address for two ranks");
         // All-gather out of place: the same choice on every rank, whatever its block's offset.
         for count in [340u64, 352] {
@@ -430,7 +430,7 @@ mod tests {
                     l.rank = rank;
                     let send = 0x7000_0000u64;
                     l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
-                    l.out = vec![0x5000_0000, 0x6000_0000];
+                    l.out = vec![0x5000_0000, 0x6000_0000].into();
                     plan(&l).unwrap().unwrap().kernel.kind
                 })
                 .collect();

@@ -1,6 +1,7 @@
 //! A team's failures: the sticky error (a device timeout), abort (`mcast_team_abort`: every
 //! wait ends, here and in peer processes) and the asynchronous error read from the device words.
 
+use std::fmt;
 use std::sync::atomic::Ordering;
 
 use super::Team;
@@ -10,10 +11,15 @@ use crate::runtime::error::{Error, ErrorKind, Result};
 impl Team {
     /// The sticky error, if a collective of this team failed on the device or the team was
     /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout). Cheap: it
-    /// reads only what this process already knows (see [`Team::async_error`] for more).
+    /// reads only what this process already knows (see [`Team::async_error`] for more). While
+    /// the team is healthy it reads two atomic flags and takes no lock (every collective call
+    /// asks, from every rank's thread).
     pub fn error(&self) -> Option<Error> {
         if self.aborted.load(Ordering::Acquire) {
             return Some(self.aborted_error());
+        }
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
         }
         self.error.lock().clone()
     }
@@ -25,10 +31,13 @@ impl Team {
             return;
         }
         self.error.lock().get_or_insert(e);
+        // Published after the error is stored: a reader that sees the flag finds the error.
+        self.failed.store(true, Ordering::Release);
     }
 
-    /// Fails with the team's sticky error (aborted, or a device timeout); `what` names the call.
-    pub fn check_usable(&self, what: &str) -> Result<()> {
+    /// Fails with the team's sticky error (aborted, or a device timeout); `what` names the call
+    /// and is formatted only on failure.
+    pub fn check_usable(&self, what: impl fmt::Display) -> Result<()> {
         match self.error() {
             Some(e) => Err(e.context(what)),
             None => Ok(()),
@@ -61,6 +70,7 @@ impl Team {
                 "the team was aborted ({why}); every call on it returns MCAST_ERROR_ABORTED: destroy it and make a new \
                  one"
             )));
+            self.failed.store(true, Ordering::Release);
         }
     }
 

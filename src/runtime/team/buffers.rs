@@ -21,7 +21,7 @@ impl Team {
             .filter(|r| r.checked_next_multiple_of(self.granularity).is_some())
             .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
         self.check_not_aborted("allocating a buffer")?;
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         if st.destroyed {
             return Err(Error::invalid_handle("the team was destroyed"));
         }
@@ -57,7 +57,7 @@ impl Team {
     /// Makes a buffer of memory the application owns (see [`Segment::register`]): a segment of
     /// its own, released when the buffer is freed. Single-process teams.
     pub fn register(&self, ext: Vec<External>, bytes: usize, size: usize, mc_size: usize) -> Result<Allocation> {
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         if st.destroyed {
             for e in ext {
                 let _ = self.env.driver().mem_release(e.handle);
@@ -85,7 +85,7 @@ impl Team {
         mc_size: usize,
     ) -> Result<Allocation> {
         let comm = self.comm.as_ref().ok_or_else(|| Error::internal("register_mp on a single-process team"))?;
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         let live = if st.destroyed { Err(Error::invalid_handle("the team was destroyed")) } else { Ok(()) };
         if let Err(e) = comm.vote("registration: team state", live) {
             if let Err(u) = self.env.driver().mem_release(own.handle) {
@@ -102,13 +102,13 @@ impl Team {
     /// The registered buffer of this team holding `[ptr, ptr + len)` of rank `rank`'s own
     /// memory, as an allocation, with the offset of `ptr` in it.
     pub fn find_registered(&self, rank: usize, ptr: DevicePtr, len: usize) -> Option<(Allocation, usize)> {
-        self.state.lock().find_registered(rank, ptr, len)
+        self.state.read().find_registered(rank, ptr, len)
     }
 
     /// Returns a buffer's range. An empty segment other than the first goes to the cache or is
     /// released.
     pub fn free(&self, a: &Allocation) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         match st.give_back(a)? {
             Some((seg, what)) => match self.release_segment(seg).into_iter().next() {
                 Some(e) => Err(e.context(what)),
@@ -121,7 +121,7 @@ impl Team {
     /// Releases every cached empty segment; returns the bytes per rank freed. Skips a team
     /// that is busy (its own allocation trims its cache itself).
     pub fn trim_cache(&self) -> u64 {
-        let Some(mut st) = self.state.try_lock() else { return 0 };
+        let Some(mut st) = self.state.try_write() else { return 0 };
         let mut freed = 0u64;
         for s in st.take_cache() {
             freed += s.size as u64;
@@ -138,7 +138,7 @@ impl Team {
     /// destroy (racing threads) gets `InvalidHandle`.
     pub fn destroy(self: &Arc<Self>) -> Result<()> {
         let _one = self.destroying.lock();
-        if self.state.lock().destroyed {
+        if self.state.write().destroyed {
             return Err(Error::invalid_handle("the team was destroyed (by another call)"));
         }
         // What the host knows (no driver call: a device timeout nobody synchronized on is
@@ -164,7 +164,7 @@ impl Team {
             Ok(())
         };
         let errors = {
-            let mut st = self.state.lock();
+            let mut st = self.state.write();
             if st.buffers > 0 && !aborted {
                 return Err(Error::in_use(format!(
                     "the team still has {} live buffer(s); free them with mcast_buffer_free first",
@@ -190,7 +190,7 @@ impl Team {
         if let Err(e) = self.quiesce() {
             tracing::error!("releasing a team: {e}");
         }
-        self.release_locked(&mut self.state.lock())
+        self.release_locked(&mut self.state.write())
     }
 
     fn release_locked(&self, st: &mut Pool) -> Vec<Error> {

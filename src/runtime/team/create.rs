@@ -236,6 +236,7 @@ impl Team {
         let mut state = Pool::default();
         let seg = Arc::new(seg);
         state.add(seg.clone(), reserved);
+        let claims = Claims::new(&shape.devices);
         let team = Arc::new(Team {
             env: env.clone(),
             devices: shape.devices.clone(),
@@ -249,11 +250,12 @@ impl Team {
             max_blocks,
             ll,
             error: Mutex::new(None),
-            state: Mutex::new(state),
+            failed: AtomicBool::new(false),
+            state: RwLock::new(state),
             aborted: AtomicBool::new(false),
             sync_live: RwLock::new(true),
             destroying: Mutex::new(()),
-            claims: Claims::new(n),
+            claims,
         });
         env.join(team.clone());
         team

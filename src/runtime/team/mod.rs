@@ -11,6 +11,8 @@ mod create;
 mod pool;
 mod split;
 mod streams;
+#[cfg(test)]
+mod tests;
 mod transport;
 
 use std::sync::atomic::AtomicBool;
@@ -52,10 +54,16 @@ pub struct Team {
     /// The team runs the LL kernels for small messages (see [`Team::ll`]).
     ll: bool,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
+    /// Read only once `failed` is set, so a healthy team's collectives never take this lock.
     error: Mutex<Option<Error>>,
+    /// Set once `error` holds an error (never cleared).
+    failed: AtomicBool,
     /// Multi-process team: its connections (this process owns rank `comm.rank()` only).
     comm: Option<Arc<Comm>>,
-    state: Mutex<Pool>,
+    /// Its segments and buffers. Read-locked by the pointer-form collectives (looking for
+    /// registered memory), so the ranks' calls never wait for each other; written by alloc,
+    /// register, free and destroy.
+    state: RwLock<Pool>,
     /// Set by [`Team::abort`] (or when a peer's abort is noticed); never cleared.
     aborted: AtomicBool,
     /// Held (shared) while an abort writes the device state words, and exclusively while
@@ -196,7 +204,7 @@ impl Team {
     /// stream. The NULL stream is one stream per device. Returns the round to pass to
     /// [`Team::unclaim_stream`] if the launch then fails.
     pub fn claim_stream(&self, r: usize, stream: Stream) -> Result<u64> {
-        self.claims.claim(&self.devices, r, stream)
+        self.claims.claim(r, stream)
     }
 
     /// Forgets rank `r`'s claim of `round` (its launch failed: nothing was enqueued).
@@ -221,12 +229,12 @@ impl Team {
 
     /// Buffers alive.
     pub fn live_buffers(&self) -> usize {
-        self.state.lock().buffers
+        self.state.read().buffers
     }
 
     /// What `mcast_team_get_info` reports.
     pub fn info(&self) -> TeamInfo {
-        let (mc, bytes) = self.state.lock().holdings();
+        let (mc, bytes) = self.state.read().holdings();
         TeamInfo {
             size: self.devices.len(),
             transport: self.transport,
