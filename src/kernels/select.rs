@@ -52,7 +52,9 @@ impl Family {
             | KernelKind::AllReduceMc => Family::AllReduce,
             KernelKind::ReduceScatterP2p | KernelKind::ReduceScatterMc => Family::ReduceScatter,
             KernelKind::BroadcastP2p | KernelKind::BroadcastMc => Family::Broadcast,
-            KernelKind::AllGatherP2p | KernelKind::AllGatherMc => Family::AllGather,
+            // The barrier kernel lives in the all-gather module (the copy-engine all-gather is
+            // its main user).
+            KernelKind::AllGatherP2p | KernelKind::AllGatherMc | KernelKind::BarrierP2p => Family::AllGather,
         }
     }
 }

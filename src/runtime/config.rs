@@ -36,11 +36,16 @@ pub enum HandleTypeMode {
     Fabric,
 }
 
-/// Everything a context is configured with.
 /// Most GPUs the simulator models in one process: the 72 of an NVL72 rack, so the largest teams
 /// are tested without hardware.
 pub const MAX_SIM_DEVICES: u32 = 72;
 
+/// Default of [`Config::ce_min_bytes`]: a guess until it is measured on hardware (the SM
+/// kernels win at small sizes, where the barrier kernels around the copies cost more than the
+/// copy engines' higher rate saves).
+pub const DEFAULT_CE_MIN_BYTES: u64 = 64 << 20;
+
+/// Everything a context is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Driver choice.
@@ -66,6 +71,11 @@ pub struct Config {
     /// Value of the simulated fabric-handle-supported attribute (`MCAST_SIM_FABRIC`; not in
     /// the C config struct).
     pub sim_fabric_supported: bool,
+    /// Smallest message (bytes, as `mcast-bench` counts them: the whole gathered output of an
+    /// all-gather, the message of a broadcast or all-reduce) that the P2P transport moves with
+    /// the copy engines instead of SM kernels; 0 = never (`MCAST_CE_MIN_BYTES`; not in the C
+    /// config struct). See `runtime::ce`.
+    pub ce_min_bytes: u64,
 }
 
 impl Default for Config {
@@ -82,6 +92,7 @@ impl Default for Config {
             sim_multicast_supported: true,
             handle_type: HandleTypeMode::Auto,
             sim_fabric_supported: true,
+            ce_min_bytes: DEFAULT_CE_MIN_BYTES,
         }
     }
 }
@@ -135,6 +146,12 @@ impl Config {
                 "posix" => self.handle_type = HandleTypeMode::Posix,
                 "fabric" => self.handle_type = HandleTypeMode::Fabric,
                 _ => warn_malformed("MCAST_HANDLE_TYPE", &v, "auto, posix or fabric"),
+            }
+        }
+        if let Some(v) = get("MCAST_CE_MIN_BYTES") {
+            match parse_bytes(&v) {
+                Some(n) => self.ce_min_bytes = n,
+                None => warn_malformed("MCAST_CE_MIN_BYTES", &v, "a byte count such as 67108864, 64M or 0 (off)"),
             }
         }
         if let Some(v) = get("MCAST_SIM_FABRIC") {
@@ -205,6 +222,7 @@ mod tests {
         assert_eq!((c.sim_devices, c.sim_device_memory, c.sim_multicast_slots), (4, 1 << 30, 128));
         assert!(c.sim_multicast_supported && c.sim_fabric_supported);
         assert_eq!(c.handle_type, HandleTypeMode::Auto);
+        assert_eq!(c.ce_min_bytes, 64 << 20);
         assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
     }
 
@@ -220,7 +238,10 @@ mod tests {
             ("MCAST_SIM_MULTICAST", "0"),
             ("MCAST_HANDLE_TYPE", "Posix"),
             ("MCAST_SIM_FABRIC", "off"),
+            ("MCAST_CE_MIN_BYTES", "256M"),
         ]);
+        assert_eq!(c.ce_min_bytes, 256 << 20);
+        assert_eq!(with(&[("MCAST_CE_MIN_BYTES", "0")]).ce_min_bytes, 0);
         assert_eq!(c.handle_type, HandleTypeMode::Posix);
         assert!(!c.sim_fabric_supported);
         assert_eq!(c.backend, Backend::Sim);
@@ -242,6 +263,7 @@ mod tests {
             ("MCAST_TIMEOUT_MS", "1e3"),
             ("MCAST_HANDLE_TYPE", "nvlink"),
             ("MCAST_SIM_FABRIC", "2"),
+            ("MCAST_CE_MIN_BYTES", "-1"),
         ]);
         assert_eq!(c, Config::default());
     }

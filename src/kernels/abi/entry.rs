@@ -26,6 +26,10 @@ pub enum KernelKind {
     AllGatherP2p,
     /// `mcast_all_gather_mc`.
     AllGatherMc,
+    /// `mcast_barrier_p2p`: one barrier across the team, nothing else (one block); the
+    /// copy-engine forms of the collectives run it around their peer copies. Compiled with the
+    /// all-gather module.
+    BarrierP2p,
 }
 
 const REDUCING: [KernelKind; 6] = [
@@ -36,8 +40,13 @@ const REDUCING: [KernelKind; 6] = [
     KernelKind::AllReduceMc,
     KernelKind::ReduceScatterMc,
 ];
-const COPYING: [KernelKind; 4] =
-    [KernelKind::BroadcastP2p, KernelKind::BroadcastMc, KernelKind::AllGatherP2p, KernelKind::AllGatherMc];
+const COPYING: [KernelKind; 5] = [
+    KernelKind::BroadcastP2p,
+    KernelKind::BroadcastMc,
+    KernelKind::AllGatherP2p,
+    KernelKind::AllGatherMc,
+    KernelKind::BarrierP2p,
+];
 
 /// Number of kernel ids (some reducing ids have no entry point, see [`KernelId::exists`]).
 pub const KERNEL_IDS: usize = REDUCING.len() * 24 + COPYING.len();
@@ -102,6 +111,7 @@ impl KernelId {
             KernelKind::BroadcastMc => "broadcast_mc",
             KernelKind::AllGatherP2p => "all_gather_p2p",
             KernelKind::AllGatherMc => "all_gather_mc",
+            KernelKind::BarrierP2p => "barrier_p2p",
         };
         match self.red {
             Some((d, o)) => format!("mcast_{stem}_{}_{}", d.name(), o.name()),
@@ -126,7 +136,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 4 * 24 + 2 * 20 + 4);
+        assert_eq!(existing.len(), 4 * 24 + 2 * 20 + 5);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(
