@@ -159,8 +159,9 @@ fn check(ctx: &Arc<Context>, t: &Arc<Team>, collective: Collective, count: usize
             }
             Collective::AllReduce { dtype, op } => {
                 for i in 0..count {
-                    let xs: Vec<f64> =
-                        (0..n).map(|q| decode(dtype, &before[q][offset + i * esize..offset + (i + 1) * esize])).collect();
+                    let xs: Vec<f64> = (0..n)
+                        .map(|q| decode(dtype, &before[q][offset + i * esize..offset + (i + 1) * esize]))
+                        .collect();
                     let want = match op {
                         RedOp::Sum => xs.iter().sum(),
                         RedOp::Min => xs.iter().copied().fold(f64::INFINITY, f64::min),
@@ -193,7 +194,9 @@ fn sweep(teams: &[usize]) {
             }
         }
         // All-reduce: at least one 16-byte unit per rank; odd counts leave a tail for the kernel.
-        for (dtype, op) in [(DType::I32, RedOp::Sum), (DType::BF16, RedOp::Sum), (DType::F32, RedOp::Max), (DType::F64, RedOp::Min)] {
+        for (dtype, op) in
+            [(DType::I32, RedOp::Sum), (DType::BF16, RedOp::Sum), (DType::F32, RedOp::Max), (DType::F64, RedOp::Min)]
+        {
             let unit = 16 / dtype.size();
             for (i, count) in [n * unit, n * unit + 1, 4099 * n + 3, 100_001].into_iter().enumerate() {
                 let offset = [0, dtype.size().max(4), 16, 4 * dtype.size().max(4)][i];
@@ -274,8 +277,8 @@ fn back_to_back_with_the_kernels_on_the_same_buffer() {
             run(&buf, r, 0, big, ar, s).unwrap(); // CE: S
             run(&buf, r, 0, small, ar, s).unwrap(); // kernel: prefix n*S
             run(&buf, r, 0, big, ar, s).unwrap(); // CE: prefix n*n*S, rest n*S
-            // All-gather of each rank's block of the result (CE, 160 KB gathered), then a
-            // small one (kernel) of the first 64 bytes per block.
+                                                  // All-gather of each rank's block of the result (CE, 160 KB gathered), then a
+                                                  // small one (kernel) of the first 64 bytes per block.
             run(&buf, r, 0, big * 4 / n / 16 * 16, Collective::AllGather, s).unwrap();
             run(&buf, r, 0, 64, Collective::AllGather, s).unwrap();
             // Broadcast from the last rank: CE.
@@ -330,8 +333,8 @@ fn captured_in_graphs_and_replayed() {
     }
     let captured = copies(&ctx) - before;
     assert!(captured > 0, "the copies were recorded");
-    for r in 0..n {
-        driver.stream_synchronize(t.devices()[r], streams[r]).unwrap();
+    for (r, &s) in streams.iter().enumerate() {
+        driver.stream_synchronize(t.devices()[r], s).unwrap();
         let want: Vec<i32> = (0..count).map(|i| input(r, i)).collect();
         assert_eq!(i32s(&buf, r, 0, count), want, "rank {r}: nothing ran during the capture");
     }
@@ -351,7 +354,11 @@ fn captured_in_graphs_and_replayed() {
         assert_eq!(i32s(&buf, r, 0, count), want, "rank {r} after {replays} replays");
         let got = read(&gather, r);
         for q in 0..n {
-            assert_eq!(got[q * 4096..(q + 1) * 4096], bytes_of(7, q, 3 * 4096)[q * 4096..(q + 1) * 4096], "rank {r} block {q}");
+            assert_eq!(
+                got[q * 4096..(q + 1) * 4096],
+                bytes_of(7, q, 3 * 4096)[q * 4096..(q + 1) * 4096],
+                "rank {r} block {q}"
+            );
         }
     }
     for (r, (&s, &e)) in streams.iter().zip(&execs).enumerate() {

@@ -134,7 +134,7 @@ impl mcast_config_t {
             sim_multicast_supported: self.sim_multicast_supported == 1,
             // Not in the C struct: from the environment.
             ..Config::default().with_env(|name| match name {
-                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" => std::env::var(name).ok(),
+                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_CE_MIN_BYTES" => std::env::var(name).ok(),
                 _ => None,
             })
         })
