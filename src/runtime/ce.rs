@@ -105,6 +105,7 @@ pub fn run(
     out: &[DevicePtr],
 ) -> Result<()> {
     let n = team.size();
+    tracing::debug!("rank {r}: {collective:?} of count {count} runs its copy-engine form (MCAST_CE_MIN_BYTES)");
     let out_of = |p: usize| if out.is_empty() { data[p] } else { out[p] };
     match collective {
         Collective::AllGather => {
