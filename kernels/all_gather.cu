@@ -18,8 +18,11 @@ __device__ void all_gather_mc(const McastArgs& a) {
   barrier<true>(a, 1);
 }
 
+// A barrier across the team and nothing else (one block, slot 0): the copy-engine forms of the
+// collectives (src/runtime/ce.rs) run one before and one after their peer copies.
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
     KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); }
     KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); }
+    KERNEL mcast_barrier_p2p(ARGS) { barrier<false>(a, 0); }
     MCAST_IF_LL(
     KERNEL mcast_all_gather_ll(ARGS) { ll_copy(a, true); }))

@@ -35,6 +35,17 @@ fn context_of(multicast: bool, timeout_ms: u32, sim_devices: u32) -> Option<Arc<
     runtime_context_or_skip(config)
 }
 
+/// As [`context`] with multicast off and every all-gather, broadcast and all-reduce large
+/// enough (threshold 1 byte) taking its copy-engine form (`runtime::ce`).
+fn copy_engine_context() -> Option<Arc<Context>> {
+    let config = if on_gpu() {
+        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms: 20_000, ..Config::default() }
+    } else {
+        sim_runtime(false, 8, 20_000)
+    };
+    runtime_context_or_skip(Config { ce_min_bytes: Some(1), ..config })
+}
+
 /// Devices for a team of `n` ranks: distinct on the simulator, the GPUs repeated on CUDA.
 fn devices(ctx: &Context, n: usize) -> Vec<Device> {
     let have = ctx.device_count();
@@ -225,7 +236,11 @@ fn counts(esize: usize) -> Vec<usize> {
 }
 
 fn sweep(multicast: bool, sizes: &[usize], heavy: bool) {
-    let Some(ctx) = context(multicast, 20_000) else { return };
+    sweep_in(context(multicast, 20_000), multicast, sizes, heavy)
+}
+
+fn sweep_in(ctx: Option<Arc<Context>>, multicast: bool, sizes: &[usize], heavy: bool) {
+    let Some(ctx) = ctx else { return };
     let mut failures = Vec::new();
     let mut ran = 0;
     for &n in sizes {
@@ -309,6 +324,18 @@ fn p2p_teams_of_1_2_3() {
 #[test]
 fn p2p_teams_of_4_8() {
     sweep(false, &[4, 8], false);
+}
+
+/// The P2P sweep with the copy-engine forms of all-gather, broadcast and all-reduce (threshold
+/// 1 byte; reduce-scatter and all-reduces of less than a 16-byte unit per rank keep the kernels).
+#[test]
+fn p2p_copy_engine_teams_of_1_2_3() {
+    sweep_in(copy_engine_context(), false, &[1, 2, 3], false);
+}
+
+#[test]
+fn out_of_place_p2p_copy_engine_teams_of_2_3() {
+    sweep_into_in(copy_engine_context(), &[2, 3]);
 }
 
 /// The largest team, an NVL72 rack: every collective on 72 ranks, on both transports (on a GPU,
@@ -570,7 +597,11 @@ fn check_into(team: &Arc<Team>, case: &Case, place: Place, seed: u64) -> Result<
 }
 
 fn sweep_into(multicast: bool, sizes: &[usize]) {
-    let Some(ctx) = context(multicast, 20_000) else { return };
+    sweep_into_in(context(multicast, 20_000), sizes)
+}
+
+fn sweep_into_in(ctx: Option<Arc<Context>>, sizes: &[usize]) {
+    let Some(ctx) = ctx else { return };
     let mut failures = Vec::new();
     let mut ran = 0;
     for &n in sizes {

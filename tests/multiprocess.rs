@@ -26,6 +26,8 @@ const ROLE: &str = "MCAST_MP_CHILD";
 const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
 /// Whether a rank expects its team to run the LL kernels ("1", "0"); unset: not checked.
 const EXPECT_LL: &str = "MCAST_MP_EXPECT_LL";
+/// The copy-engine threshold a rank expects its team to have agreed on; unset: not checked.
+const EXPECT_CE: &str = "MCAST_MP_EXPECT_CE";
 /// Set: a killed peer must be reported within timeout_ms + 1 s.
 const TIGHT: &str = "MCAST_MP_TIGHT";
 /// The case a `register-errors` child runs.
@@ -67,6 +69,8 @@ fn spawn_in(
                 .env_remove("MCAST_SIM_FABRIC")
                 .env_remove("MCAST_LL")
                 .env_remove(EXPECT_LL)
+                .env_remove("MCAST_CE_MIN_BYTES")
+                .env_remove(EXPECT_CE)
                 .env_remove(EXPECT_HT)
                 .env_remove("MCAST_HOST_ID")
                 .env_remove("MCAST_BOOTSTRAP_ADDR")
@@ -231,6 +235,20 @@ fn the_ranks_agree_on_the_ll_kernels() {
             if off == Some(r) {
                 v.push(("MCAST_LL", "off".into()));
             }
+            v
+        }));
+    }
+}
+
+/// The ranks agree on the copy-engine threshold at creation (each process reads its own
+/// `MCAST_CE_MIN_BYTES`): the largest, or off when one rank has it off.
+#[test]
+fn the_ranks_agree_on_the_copy_engine_threshold() {
+    for (thresholds, agreed) in [([1u64 << 20, 3 << 20, 2 << 20], 3u64 << 20), ([1 << 20, 0, 2 << 20], 0)] {
+        all_ok(&spawn(3, "collectives", false, |r| {
+            let mut v = expect("fabric");
+            v.push(("MCAST_CE_MIN_BYTES", thresholds[r].to_string()));
+            v.push((EXPECT_CE, agreed.to_string()));
             v
         }));
     }
@@ -494,7 +512,7 @@ fn context(multicast: bool) -> Arc<Context> {
     }
     // The handle type and the simulated fabric support come from the environment.
     .with_env(|name| match name {
-        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" => std::env::var(name).ok(),
+        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" => std::env::var(name).ok(),
         _ => None,
     });
     Arc::new(Context::new(config).unwrap())
@@ -590,6 +608,9 @@ fn child() {
             }
             if let Ok(ll) = std::env::var(EXPECT_LL) {
                 assert_eq!(team.ll(), ll == "1", "rank {r}: LL");
+            }
+            if let Ok(ce) = std::env::var(EXPECT_CE) {
+                assert_eq!(team.ce_min_bytes().to_string(), ce, "rank {r}: copy-engine threshold");
             }
             // Ranks of other processes are refused.
             let other = ((r + 1) % n) as i32;

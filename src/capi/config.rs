@@ -93,12 +93,12 @@ impl mcast_config_t {
     /// The runtime configuration, checking every field a caller may have set; the settings the
     /// C struct has no field for come from the environment.
     pub fn to_config(&self) -> Result<Config> {
-        self.to_config_with(|name| std::env::var(name).ok())
+        self.config_with_env(|name| std::env::var(name).ok())
     }
 
     /// [`to_config`](Self::to_config) with the variables `lookup` returns: only those of the
     /// settings without a field in the C struct are read (the struct's fields win).
-    fn to_config_with(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+    fn config_with_env(&self, lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
         super::check_struct_size(self.struct_size, size_of::<mcast_config_t>(), "mcast_config_t")?;
         let backend = match self.backend.0 {
             0 => Backend::Auto,
@@ -141,7 +141,7 @@ impl mcast_config_t {
             sim_multicast_supported: self.sim_multicast_supported == 1,
             // Not in the C struct: from the environment.
             ..Config::default().with_env(|name| match name {
-                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" => lookup(name),
+                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" => lookup(name),
                 _ => None,
             })
         })
@@ -199,7 +199,7 @@ mod tests {
             "MCAST_TIMEOUT_MS" => Some("5".to_string()),
             _ => None,
         };
-        let c = raw.to_config_with(env).unwrap();
+        let c = raw.config_with_env(env).unwrap();
         assert_eq!(c.ll, crate::runtime::config::LlMode::Off);
         assert_eq!(c.handle_type, crate::runtime::config::HandleTypeMode::Posix);
         assert_eq!(c.timeout_ms, Config::default().timeout_ms);

@@ -262,3 +262,32 @@ pub fn resolve(driver: &dyn Driver, l: &Launch) -> Result<Option<Resolved>, Kern
     let config = LaunchConfig { grid: [plan.blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
     Ok(Some(Resolved { func, config, args }))
 }
+
+/// Enqueues rank `l.rank`'s barrier kernel (`mcast_barrier_p2p`, one block: one barrier across
+/// the team on block slot 0, abort and timeout aware like every barrier) on `l.stream`. Only
+/// `rank`, `nranks`, `dev`, `stream`, `sync` and `timeout_ns` of `l` are used (`data` must hold
+/// `nranks` addresses, any). Capturable, like
+/// [`launch`].
+pub fn launch_barrier(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
+    if driver.as_sim().is_some() {
+        return Err(KernelError::Unsupported("the simulator runs collectives on the host, not with kernels".into()));
+    }
+    let n = l.nranks as usize;
+    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || n > super::MAX_RANKS {
+        return Err(KernelError::Unsupported(format!(
+            "barrier of rank {} with {} sync and {} data addresses for {n} ranks",
+            l.rank,
+            l.sync.len(),
+            l.data.len()
+        )));
+    }
+    let kernel = abi::KernelId { kind: abi::KernelKind::BarrierP2p, red: None };
+    let module = prepare(driver, l.dev, Variant::Emulated, Unit::of(kernel, l.ll))?;
+    let func = module.functions[kernel.index()]
+        .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", kernel.name())))?;
+    let mut args: KernelArgs = abi::kernel_args(l, Variant::Emulated);
+    let config = LaunchConfig { grid: [1, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
+    let mut params = [&mut args as *mut KernelArgs as *mut c_void];
+    driver.launch(l.dev, func, &config, l.stream, &mut params)?;
+    Ok(())
+}

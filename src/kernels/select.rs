@@ -55,7 +55,11 @@ impl Family {
                 Family::ReduceScatter
             }
             KernelKind::BroadcastP2p | KernelKind::BroadcastMc | KernelKind::BroadcastLl => Family::Broadcast,
-            KernelKind::AllGatherP2p | KernelKind::AllGatherMc | KernelKind::AllGatherLl => Family::AllGather,
+            // The barrier kernel lives in the all-gather module (the copy-engine all-gather is
+            // its main user).
+            KernelKind::AllGatherP2p | KernelKind::AllGatherMc | KernelKind::AllGatherLl | KernelKind::BarrierP2p => {
+                Family::AllGather
+            }
         }
     }
 }

@@ -117,6 +117,40 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
 }
 
+/// Enqueues rank `l.rank`'s barrier kernel (`mcast_barrier_p2p`: one barrier across the team,
+/// the same protocol and sync words as the collectives' barriers) on `l.stream`. Only `rank`,
+/// `nranks`, `dev`, `stream`, `sync` and `timeout_ns` of `l` are used (`data` must hold `nranks`
+/// addresses, any).
+pub fn launch_barrier(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
+    let n = l.nranks as usize;
+    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n {
+        return Err(KernelError::Unsupported(format!(
+            "barrier of rank {} with {} sync and {} data addresses for {n} ranks",
+            l.rank,
+            l.sync.len(),
+            l.data.len()
+        )));
+    }
+    let job = Job {
+        kind: KernelKind::BarrierP2p,
+        red: None,
+        collective: l.collective,
+        rank: l.rank as usize,
+        nranks: n,
+        count: 0,
+        blocks: 1,
+        push_row: 0,
+        timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
+        data: Targets(vec![]),
+        out: Targets(vec![]),
+        sync: Targets(l.sync.iter().map(|&a| a as *mut u8).collect()),
+        mc_data: None,
+        mc_out: None,
+        mc_signal: None,
+    };
+    sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
+}
+
 /// Bytes of the symmetric range a collective touches, from `data[r]`.
 fn span_bytes(l: &Launch) -> usize {
     let n = l.nranks as usize;
@@ -296,6 +330,9 @@ impl Job {
                     }
                     _ => {}
                 }
+                sync();
+            }
+            KernelKind::BarrierP2p => {
                 sync();
             }
             KernelKind::BroadcastMc | KernelKind::AllGatherMc => {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::buffer::Buffer;
+use super::ce;
 use super::error::{Error, ErrorKind, Result};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
@@ -370,8 +371,33 @@ fn launch(
     launch_with(team, r, count, collective, stream, data, data_mc, None, false, None)
 }
 
+/// Launches rank `r`'s part: with the copy engines ([`ce`]) when the team, the collective and
+/// its size ask for them and every rank's memory is addressable (not the pointer form's push
+/// all-reduce or staging area), else the kernel ([`launch_kernel`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_with(
+    team: &Arc<Team>,
+    r: usize,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+    data: RankPtrs,
+    data_mc: Option<DevicePtr>,
+    out: Option<(RankPtrs, Option<DevicePtr>)>,
+    local_only: bool,
+    before: Option<&dyn Fn() -> Result<()>>,
+) -> Result<()> {
+    if !local_only && before.is_none() && ce::wanted(team, collective, count) {
+        let out = out.map(|(o, _)| o).unwrap_or_default();
+        return ce::run(team, r, count, collective, stream, &data, &out);
+    }
+    launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before)
+}
+
+/// Launches rank `r`'s part of `collective` as one kernel (the [`Launch`] descriptor; `out`
+/// `None` in place), after the work `before` enqueues.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_kernel(
     team: &Arc<Team>,
     r: usize,
     count: usize,
@@ -444,7 +470,7 @@ pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
     team.claim_stream(r, stream)
 }
 
-fn kernel_error(e: KernelError, l: &Launch) -> Error {
+pub(super) fn kernel_error(e: KernelError, l: &Launch) -> Error {
     let what = format!("launching rank {}'s part of {:?} on device {}", l.rank, l.collective, l.dev);
     match e {
         KernelError::NvrtcUnavailable(_) => Error::new(ErrorKind::DriverUnavailable, format!("{what}: {e}")),

@@ -48,11 +48,17 @@ pub enum LlMode {
     Off,
 }
 
-/// Everything a context is configured with.
 /// Most GPUs the simulator models in one process: the 72 of an NVL72 rack, so the largest teams
 /// are tested without hardware.
 pub const MAX_SIM_DEVICES: u32 = 72;
 
+/// The copy-engine threshold where [`Config::ce_min_bytes`] is left at auto, on the simulator:
+/// a guess until it is measured on hardware (the SM kernels win at small sizes, where the
+/// barrier kernels around the copies cost more than the copy engines' higher rate saves). On
+/// CUDA auto is off until then.
+pub const DEFAULT_CE_MIN_BYTES: u64 = 64 << 20;
+
+/// Everything a context is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Driver choice.
@@ -81,6 +87,12 @@ pub struct Config {
     /// LL kernels for small messages (`MCAST_LL`; not in the C config struct). The ranks of a
     /// team agree at creation: LL runs only where every rank has it on.
     pub ll: LlMode,
+    /// Smallest message (bytes, as `mcast-bench` counts them: the whole gathered output of an
+    /// all-gather, the message of a broadcast or all-reduce) that the P2P transport moves with
+    /// the copy engines instead of SM kernels; 0 = never (`MCAST_CE_MIN_BYTES`; not in the C
+    /// config struct). See `runtime::ce`.
+    /// `None`: auto ([`DEFAULT_CE_MIN_BYTES`] on the simulator, off on CUDA until measured).
+    pub ce_min_bytes: Option<u64>,
 }
 
 impl Default for Config {
@@ -98,6 +110,7 @@ impl Default for Config {
             handle_type: HandleTypeMode::Auto,
             sim_fabric_supported: true,
             ll: LlMode::Auto,
+            ce_min_bytes: None,
         }
     }
 }
@@ -151,6 +164,12 @@ impl Config {
                 "posix" => self.handle_type = HandleTypeMode::Posix,
                 "fabric" => self.handle_type = HandleTypeMode::Fabric,
                 _ => warn_malformed("MCAST_HANDLE_TYPE", &v, "auto, posix or fabric"),
+            }
+        }
+        if let Some(v) = get("MCAST_CE_MIN_BYTES") {
+            match parse_bytes(&v) {
+                Some(n) => self.ce_min_bytes = Some(n),
+                None => warn_malformed("MCAST_CE_MIN_BYTES", &v, "a byte count such as 67108864, 64M or 0 (off)"),
             }
         }
         if let Some(v) = get("MCAST_SIM_FABRIC") {
@@ -230,6 +249,7 @@ mod tests {
         assert!(c.sim_multicast_supported && c.sim_fabric_supported);
         assert_eq!(c.handle_type, HandleTypeMode::Auto);
         assert_eq!(c.ll, LlMode::Auto);
+        assert_eq!(c.ce_min_bytes, None);
         assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
     }
 
@@ -246,9 +266,12 @@ mod tests {
             ("MCAST_HANDLE_TYPE", "Posix"),
             ("MCAST_SIM_FABRIC", "off"),
             ("MCAST_LL", "On"),
+            ("MCAST_CE_MIN_BYTES", "256M"),
         ]);
         assert_eq!(c.ll, LlMode::On);
         assert_eq!(with(&[("MCAST_LL", "0")]).ll, LlMode::Off);
+        assert_eq!(c.ce_min_bytes, Some(256 << 20));
+        assert_eq!(with(&[("MCAST_CE_MIN_BYTES", "0")]).ce_min_bytes, Some(0));
         assert_eq!(c.handle_type, HandleTypeMode::Posix);
         assert!(!c.sim_fabric_supported);
         assert_eq!(c.backend, Backend::Sim);
@@ -271,6 +294,7 @@ mod tests {
             ("MCAST_HANDLE_TYPE", "nvlink"),
             ("MCAST_SIM_FABRIC", "2"),
             ("MCAST_LL", "fast"),
+            ("MCAST_CE_MIN_BYTES", "-1"),
         ]);
         assert_eq!(c, Config::default());
     }

@@ -78,6 +78,13 @@ impl Env {
         }
     }
 
+    /// This process's copy-engine threshold ([`Config::ce_min_bytes`], auto resolved: the
+    /// default on the simulator, off on CUDA until measured); 0 = off.
+    pub fn ce_min_bytes(&self) -> u64 {
+        let auto = if self.driver.as_sim().is_some() { super::config::DEFAULT_CE_MIN_BYTES } else { 0 };
+        self.config.ce_min_bytes.unwrap_or(auto)
+    }
+
     /// The driver.
     pub fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver

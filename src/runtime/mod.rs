@@ -2,6 +2,7 @@
 //! It knows nothing of C; `capi` converts its errors to status codes.
 
 pub mod buffer;
+pub mod ce;
 pub mod collective;
 pub mod comm;
 pub mod config;

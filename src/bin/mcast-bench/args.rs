@@ -38,6 +38,12 @@ options (`--flag value` or `--flag=value`):
   --inplace 0|1      1 (default): in place (NCCL's in-place layout); 0: out of place, send and recv
                      apart (the _into calls; pointer: send != recv), like nccl-tests' out-of-place
                      columns
+  --ce-min-bytes N   copy-engine threshold (sets MCAST_CE_MIN_BYTES for this run): on the P2P
+                     transport, all_gather, broadcast and all_reduce messages of at least N bytes
+                     (the size column) move with cuMemcpyDtoDAsync peer copies between barrier
+                     kernels instead of SM kernels (buffer and registered memory; the pointer
+                     form's plain memory keeps the kernels); 0 = never. Default: MCAST_CE_MIN_BYTES,
+                     else 64M on the simulator and off on CUDA (until measured)
   --host-overhead N  host-overhead mode: instead of the device time, time N calls per rank and
                      size on the host, each alone (the time spent inside the mcast_* call, not
                      on the GPU); the rows give the median, p99 and mean in ns and the heap
@@ -237,6 +243,8 @@ pub struct Options {
     pub host_overhead: u32,
     /// `--host-launch`; `None`: the backend's default.
     pub host_launch: Option<HostLaunch>,
+    /// `--ce-min-bytes`: the copy-engine threshold to export as `MCAST_CE_MIN_BYTES`.
+    pub ce_min_bytes: Option<u64>,
 }
 
 /// Why the run stopped: bad usage (exit 2) or a runtime failure (exit 1).
@@ -287,7 +295,7 @@ fn parse_size(flag: &str, v: &str) -> Result<u64, Failure> {
 }
 
 /// Options that take a value.
-const VALUED: [&str; 29] = [
+const VALUED: [&str; 30] = [
     "--op",
     "-d",
     "--dtype",
@@ -315,6 +323,7 @@ const VALUED: [&str; 29] = [
     "--json",
     "--memory",
     "--inplace",
+    "--ce-min-bytes",
     "--host-overhead",
     "--host-launch",
 ];
@@ -342,6 +351,7 @@ pub fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
         inplace: true,
         host_overhead: 0,
         host_launch: None,
+        ce_min_bytes: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -494,6 +504,10 @@ fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
                 _ => return Err(usage(format!("--host-launch {v:?}: expected capture or eager"))),
             })
         }
+        "--ce-min-bytes" => match parse_bytes(&v) {
+            Some(n) => o.ce_min_bytes = Some(n),
+            None => return Err(usage(format!("--ce-min-bytes {v:?}: expected a byte count such as 64M, or 0 (off)"))),
+        },
         "--csv" => o.csv = Some(PathBuf::from(v)),
         "--json" => o.json = Some(PathBuf::from(v)),
         _ => unreachable!("every valued flag is handled"),
@@ -529,5 +543,9 @@ mod tests {
         assert_eq!((o.op, o.dtype, o.min_bytes, o.devices), (Op::AllGather, Dtype::BF16, Some(8192), Some(vec![0, 0])));
         let o = args(&["--host-overhead=500", "--host-launch", "eager"]).ok().flatten().unwrap();
         assert_eq!((o.host_overhead, o.host_launch), (500, Some(HostLaunch::Eager)));
+        let o = args(&["--ce-min-bytes", "256M"]).ok().flatten().unwrap();
+        assert_eq!(o.ce_min_bytes, Some(256 << 20));
+        assert_eq!(args(&["--ce-min-bytes=0"]).ok().flatten().unwrap().ce_min_bytes, Some(0));
+        assert!(matches!(args(&["--ce-min-bytes", "lots"]), Err(Failure::Usage(_))));
     }
 }

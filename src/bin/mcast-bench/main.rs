@@ -101,6 +101,11 @@ fn main() -> ExitCode {
         Ok(None) => return ExitCode::SUCCESS,
         Err(f) => return fail(f),
     };
+    // The copy-engine threshold is an environment knob of the library (not in mcast_config_t):
+    // set it before the context reads the environment. Single-threaded here.
+    if let Some(n) = opts.ce_min_bytes {
+        std::env::set_var("MCAST_CE_MIN_BYTES", n.to_string());
+    }
     let config = api::config(opts.backend.map(|b| b as u32));
     let ctx = match api::context_create(&config) {
         Ok(c) => c,
@@ -251,6 +256,15 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     println!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
     if p.emulated_multimem {
         println!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
+    }
+    let auto_ce = if run_info.backend == "sim" { mcast::runtime::config::DEFAULT_CE_MIN_BYTES } else { 0 };
+    match mcast::runtime::config::Config::from_env().ce_min_bytes.unwrap_or(auto_ce) {
+        _ if run_info.transport != "P2P" || p.emulated_multimem => {}
+        0 => println!("# copy engines: off (MCAST_CE_MIN_BYTES=0)"),
+        n => println!(
+            "# copy engines: all_gather, broadcast, all_reduce of >= {n} bytes on buffer/registered memory \
+             (MCAST_CE_MIN_BYTES, --ce-min-bytes)"
+        ),
     }
     let check = if o.check { "on" } else { "off" };
     match s.host {

@@ -34,6 +34,10 @@ pub enum KernelKind {
     BroadcastLl,
     /// `mcast_all_gather_ll`.
     AllGatherLl,
+    /// `mcast_barrier_p2p`: one barrier across the team, nothing else (one block); the
+    /// copy-engine forms of the collectives run it around their peer copies. Compiled with the
+    /// all-gather module.
+    BarrierP2p,
 }
 
 const REDUCING: [KernelKind; 8] = [
@@ -46,13 +50,14 @@ const REDUCING: [KernelKind; 8] = [
     KernelKind::AllReduceLl,
     KernelKind::ReduceScatterLl,
 ];
-const COPYING: [KernelKind; 6] = [
+const COPYING: [KernelKind; 7] = [
     KernelKind::BroadcastP2p,
     KernelKind::BroadcastMc,
     KernelKind::AllGatherP2p,
     KernelKind::AllGatherMc,
     KernelKind::BroadcastLl,
     KernelKind::AllGatherLl,
+    KernelKind::BarrierP2p,
 ];
 
 impl KernelKind {
@@ -132,6 +137,7 @@ impl KernelId {
             KernelKind::ReduceScatterLl => "reduce_scatter_ll",
             KernelKind::BroadcastLl => "broadcast_ll",
             KernelKind::AllGatherLl => "all_gather_ll",
+            KernelKind::BarrierP2p => "barrier_p2p",
         };
         match self.red {
             Some((d, o)) => format!("mcast_{stem}_{}_{}", d.name(), o.name()),
@@ -157,6 +163,7 @@ mod tests {
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
         assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 6);
+        assert_eq!(existing.len(), 4 * 24 + 2 * 20 + 5);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(

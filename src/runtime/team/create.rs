@@ -63,7 +63,8 @@ impl Team {
                 return Err(e);
             }
         };
-        let team = Team::assemble(env, shape, transport, reason, max_blocks, ll, seg, reserved);
+        let ce = env.ce_min_bytes();
+        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
     }
@@ -180,6 +181,7 @@ impl Team {
         e.u64(*local.as_ref().unwrap_or(&1) as u64);
         e.u32(*sms.as_ref().unwrap_or(&1));
         e.u32(u32::from(env.ll_wanted()));
+        e.u64(env.ce_min_bytes());
         let ok = local.as_ref().map(|_| ()).map_err(Clone::clone).and(sms.as_ref().map(|_| ()).map_err(Clone::clone));
         let parts = comm.exchange("granularity", ok, &e.0, &[])?;
         let mut granularity = 1usize;
@@ -188,13 +190,20 @@ impl Team {
         let mut max_blocks = u32::MAX;
         // LL only where every rank has it on (the ranks must pick the same kernels).
         let mut ll = ll_bytes(n as u32) > 0;
+        // The copy-engine threshold: off if any rank has it off, else the largest.
+        let mut ce = Some(0u64);
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             granularity = lcm(granularity, (d.u64()? as usize).max(1));
             let sharing = devices.iter().filter(|&&x| x == devices[q]).count() as u32;
             max_blocks = max_blocks.min(d.u32()?.max(1) / sharing);
             ll &= d.u32()? != 0;
+            ce = match (ce, d.u64()?) {
+                (_, 0) | (None, _) => None,
+                (Some(a), b) => Some(a.max(b)),
+            };
         }
+        let ce = ce.unwrap_or(0);
         let max_blocks = max_blocks.max(1);
         if !granularity.is_power_of_two() {
             return Err(Error::internal(format!(
@@ -211,7 +220,7 @@ impl Team {
             handle_type,
         };
         let (seg, reserved) = first_segment(env, &shape, ll)?;
-        let team = Team::assemble(env, shape, transport, reason, max_blocks, ll, seg, reserved);
+        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
             handle_type_label(handle_type)
@@ -221,14 +230,13 @@ impl Team {
 
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
-    #[allow(clippy::too_many_arguments)]
+    /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold.
     fn assemble(
         env: &Arc<Env>,
         shape: Shape,
         transport: Transport,
         reason: String,
-        max_blocks: u32,
-        ll: bool,
+        agreed: (u32, bool, u64),
         seg: Segment,
         reserved: usize,
     ) -> Arc<Team> {
@@ -247,8 +255,9 @@ impl Team {
             sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
             comm: shape.comm.clone(),
             shape,
-            max_blocks,
-            ll,
+            max_blocks: agreed.0,
+            ll: agreed.1,
+            ce_min_bytes: agreed.2,
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
             state: RwLock::new(state),

@@ -53,6 +53,8 @@ pub struct Team {
     max_blocks: u32,
     /// The team runs the LL kernels for small messages (see [`Team::ll`]).
     ll: bool,
+    /// The copy-engine threshold the ranks agreed on (see [`Team::ce_min_bytes`]).
+    ce_min_bytes: u64,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     /// Read only once `failed` is set, so a healthy team's collectives never take this lock.
     error: Mutex<Option<Error>>,
@@ -104,6 +106,13 @@ impl Team {
     /// wanted them at creation (`MCAST_LL`) and the team keeps their landing area (2..=8 ranks).
     pub fn ll(&self) -> bool {
         self.ll
+    }
+
+    /// The smallest message the team moves with the copy engines (`MCAST_CE_MIN_BYTES`, see
+    /// `runtime::ce`), 0 = never: agreed at creation (off if any rank has it off, else the
+    /// largest of the ranks' thresholds), so every rank takes the same route.
+    pub fn ce_min_bytes(&self) -> u64 {
+        self.ce_min_bytes
     }
 
     /// How multi-process ranks share memory: [`HandleTypes::FABRIC`] or
