@@ -13,8 +13,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 
 use common::*;
@@ -25,69 +23,21 @@ use mcast::capi::context::*;
 use mcast::capi::memory::*;
 use mcast::capi::status::*;
 use mcast::capi::team::*;
-use mcast::driver::sim::{in_device, SimConfig, SimDriver};
+use mcast::driver::sim::{device_allocations, library_allocations, CountingAlloc, SimConfig, SimDriver};
 use mcast::driver::{Driver, Stream};
 use mcast::kernels::abi::{plan, GRID_MAX_BLOCKS};
 use mcast::kernels::cuda::{load, resolve, variant_for};
 use mcast::kernels::select::Unit;
 use mcast::kernels::{Collective, DType, Launch, Path, RankPtrs, RedOp};
 
-thread_local! {
-    /// Allocations (and reallocations) this thread made in the library's own code.
-    static LIBRARY: Cell<u64> = const { Cell::new(0) };
-    /// Those it made while running the simulated device's work.
-    static DEVICE: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-fn count() {
-    let which = if in_device() { &DEVICE } else { &LIBRARY };
-    let _ = which.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn library() -> u64 {
-    LIBRARY.with(Cell::get)
-}
-
-fn device() -> u64 {
-    DEVICE.with(Cell::get)
-}
+static ALLOCATOR: CountingAlloc = CountingAlloc;
 
 /// Library allocations made by `f` on this thread.
 fn library_allocs(f: impl FnOnce()) -> u64 {
-    let a0 = library();
+    let a0 = library_allocations();
     f();
-    library() - a0
+    library_allocations() - a0
 }
 
 const N: usize = 2;
@@ -227,7 +177,7 @@ fn every_form_allocates_nothing(multicast: bool) -> u64 {
     let reg: Vec<(u64, u64)> =
         reg_mem.iter().map(|&p| (p as usize as u64, p as usize as u64 + (N * BYTES) as u64)).collect();
 
-    let d0 = device();
+    let d0 = device_allocations();
     let mut failures = vec![];
     for (name, call) in forms(team, buf, send, recv, &plain, &reg) {
         // Warm-up: first calls make the simulator's stream workers, fill the one-stream
@@ -251,7 +201,7 @@ fn every_form_allocates_nothing(multicast: bool) -> u64 {
             failures.push(format!("{name}: {allocs} allocation(s) in {} calls", CALLS * N));
         }
     }
-    let device_allocs = device() - d0;
+    let device_allocs = device_allocations() - d0;
 
     assert_eq!(mcast_buffer_free(reg_buf), OK, "{}", last_error());
     for p in reg_mem {

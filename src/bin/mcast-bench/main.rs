@@ -15,8 +15,6 @@
 //! bench's CUDA plumbing), [`data`] (check data), [`run`] (rig, calls, check), [`timing`],
 //! [`report`] (table, CSV, JSON).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -37,62 +35,9 @@ use data::{table, value, Shape};
 use report::{Row, RunInfo};
 use run::{Bench, Rig};
 
-thread_local! {
-    /// Heap allocations made by this thread (allocs and reallocs) in mcast's (and the bench's)
-    /// own code, for `--host-overhead`.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-    /// Those made while the thread ran the simulated device's own work (inside a simulated
-    /// driver call or the building of a host-executed job: on CUDA, the driver's and the GPU's
-    /// part, never counted); always 0 on CUDA.
-    static SIM_ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting each thread's allocations.
-struct Counting;
-
-fn count_one() {
-    let which = if mcast::driver::sim::in_device() { &SIM_ALLOCATIONS } else { &ALLOCATIONS };
-    let _ = which.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counts each thread's heap allocations for `--host-overhead`, the simulated device's apart.
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Heap allocations this thread has made so far outside the simulated device's work.
-pub fn allocations() -> u64 {
-    ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
-}
-
-/// Heap allocations this thread has made so far in the simulated device's work.
-pub fn sim_allocations() -> u64 {
-    SIM_ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
-}
+static ALLOCATOR: mcast::driver::sim::CountingAlloc = mcast::driver::sim::CountingAlloc;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

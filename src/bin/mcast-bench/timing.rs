@@ -221,12 +221,13 @@ impl Bench<'_> {
                 let batch = left.min(HOST_BATCH);
                 let mut timed = || -> Result<(), Failure> {
                     for _ in 0..batch {
-                        let (a0, s0) = (crate::allocations(), crate::sim_allocations());
+                        let (a0, s0) =
+                            (mcast::driver::sim::library_allocations(), mcast::driver::sim::device_allocations());
                         let t0 = Instant::now();
                         let st = self.call(r, count, block, stream);
                         let dt = t0.elapsed();
-                        allocs += crate::allocations() - a0;
-                        sim_allocs += crate::sim_allocations() - s0;
+                        allocs += mcast::driver::sim::library_allocations() - a0;
+                        sim_allocs += mcast::driver::sim::device_allocations() - s0;
                         ns.push(dt.as_nanos() as u64);
                         api::check(st).map_err(|e| runtime(format!("{name} rank {r}: {e}")))?;
                     }

@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-pub use device_work::{in_device, DeviceWork};
+pub use device_work::{device_allocations, in_device, library_allocations, CountingAlloc, DeviceWork};
 pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES};
 pub use ledger::Ledger;
 
