@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mcast::driver::{CuResult, Device, Stream};
+use mcast::driver::{CuResult, Device};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::ce;
@@ -318,33 +318,22 @@ fn captured_in_graphs_and_replayed() {
         buf.write(r as i32, 0, &b).unwrap();
         gather.write(r as i32, 0, &bytes_of(7, r, 3 * 4096)).unwrap();
     }
-    let streams: Vec<Stream> = t.devices().iter().map(|&d| driver.stream_create(d).unwrap()).collect();
     let ar = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
-    let mut execs = vec![];
     let before = copies(&ctx);
-    for (r, &s) in streams.iter().enumerate() {
-        let dev = t.devices()[r];
-        driver.stream_begin_capture(dev, s).unwrap();
+    let graphs = RankGraphs::capture(&driver, t.devices(), |r, s| {
         run(&buf, r as i32, 0, count, ar, s).unwrap();
         run(&gather, r as i32, 0, 4096, Collective::AllGather, s).unwrap();
-        let g = driver.stream_end_capture(dev, s).unwrap();
-        execs.push(driver.graph_instantiate(dev, g).unwrap());
-        driver.graph_destroy(dev, g).unwrap();
-    }
+    });
     let captured = copies(&ctx) - before;
     assert!(captured > 0, "the copies were recorded");
-    for (r, &s) in streams.iter().enumerate() {
+    for (r, &s) in graphs.streams.iter().enumerate() {
         driver.stream_synchronize(t.devices()[r], s).unwrap();
         let want: Vec<i32> = (0..count).map(|i| input(r, i)).collect();
         assert_eq!(i32s(&buf, r, 0, count), want, "rank {r}: nothing ran during the capture");
     }
     let replays = 3u32;
-    for _ in 0..replays {
-        for (r, (&s, &e)) in streams.iter().zip(&execs).enumerate() {
-            driver.graph_launch(t.devices()[r], e, s).unwrap();
-        }
-    }
-    for (r, &s) in streams.iter().enumerate() {
+    graphs.replay(&driver, replays);
+    for (r, &s) in graphs.streams.iter().enumerate() {
         synchronize(&t, r as i32, s).unwrap();
     }
     assert_eq!(copies(&ctx) - before, captured, "replays enqueue nothing new on the host");
@@ -361,10 +350,7 @@ fn captured_in_graphs_and_replayed() {
             );
         }
     }
-    for (r, (&s, &e)) in streams.iter().zip(&execs).enumerate() {
-        driver.graph_exec_destroy(t.devices()[r], e).unwrap();
-        driver.stream_destroy(t.devices()[r], s).unwrap();
-    }
+    graphs.destroy(&driver);
     buf.free().unwrap();
     gather.free().unwrap();
     t.destroy().unwrap();

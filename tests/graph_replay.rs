@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use mcast::driver::{Device, Stream};
+use mcast::driver::Device;
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
 use mcast::runtime::collective::{run, synchronize};
@@ -34,30 +34,19 @@ fn replayed_all_reduces(multicast: bool, n: usize, per_graph: u32, replays: u32)
         let bytes: Vec<u8> = (0..COUNT).flat_map(|j| input(r, j).to_ne_bytes()).collect();
         buf.write(r as i32, 0, &bytes).unwrap();
     }
-    let streams: Vec<Stream> = devices.iter().map(|&d| driver.stream_create(d).unwrap()).collect();
     let collective = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
-    let mut execs = vec![];
-    for (r, (&dev, &stream)) in devices.iter().zip(&streams).enumerate() {
-        driver.stream_begin_capture(dev, stream).unwrap();
+    let graphs = RankGraphs::capture(&driver, &devices, |r, stream| {
         for _ in 0..per_graph {
             run(&buf, r as i32, 0, COUNT, collective, stream).unwrap();
         }
-        let graph = driver.stream_end_capture(dev, stream).unwrap();
-        execs.push(driver.graph_instantiate(dev, graph).unwrap());
-        driver.graph_destroy(dev, graph).unwrap();
-    }
-    for (r, (&dev, &stream)) in devices.iter().zip(&streams).enumerate() {
+    });
+    for (r, (&dev, &stream)) in devices.iter().zip(&graphs.streams).enumerate() {
         driver.stream_synchronize(dev, stream).unwrap();
         let expect: Vec<i32> = (0..COUNT).map(|j| input(r, j)).collect();
         assert_eq!(read_i32(&buf, r as i32), expect, "rank {r}: a captured launch ran");
     }
-    // The ranks' replays proceed in parallel, as on GPUs (each rank's barrier waits for the others).
-    for _ in 0..replays {
-        for ((&dev, &stream), &exec) in devices.iter().zip(&streams).zip(&execs) {
-            driver.graph_launch(dev, exec, stream).unwrap();
-        }
-    }
-    for (r, &stream) in streams.iter().enumerate() {
+    graphs.replay(&driver, replays);
+    for (r, &stream) in graphs.streams.iter().enumerate() {
         synchronize(&team, r as i32, stream).unwrap();
     }
     let k = per_graph * replays;
@@ -66,10 +55,7 @@ fn replayed_all_reduces(multicast: bool, n: usize, per_graph: u32, replays: u32)
     for r in 0..n {
         assert_eq!(read_i32(&buf, r as i32), expect, "rank {r} after {k} replayed all-reduces");
     }
-    for ((&dev, &stream), &exec) in devices.iter().zip(&streams).zip(&execs) {
-        driver.graph_exec_destroy(dev, exec).unwrap();
-        driver.stream_destroy(dev, stream).unwrap();
-    }
+    graphs.destroy(&driver);
     buf.free().unwrap();
     team.destroy().unwrap();
     assert_clean(&ctx);

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use mcast::driver::{Device, Stream};
+use mcast::driver::Device;
 use mcast::kernels::abi::{ll_bytes, ll_serves, LL_MAX_BYTES, LL_PART, LL_SEQ_OFFSET};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::buffer::Buffer;
@@ -238,7 +238,7 @@ fn flags_wrap_around() {
 }
 
 /// Calls captured in CUDA graphs and replayed: the flags live in device memory, so every
-/// replay runs with new ones.
+/// replay runs with new ones. Three LL calls per replay, each checked after the last replay.
 #[test]
 fn replayed_from_graphs() {
     let ctx = context(LlMode::Auto, 3, 20_000);
@@ -246,48 +246,46 @@ fn replayed_from_graphs() {
     let devices: Vec<Device> = vec![0, 1, 2];
     let team = Team::create(&ctx, &devices).unwrap();
     let count = 3000usize;
-    let buf = Buffer::alloc(&team, 4 * count * 3).unwrap();
+    // Bytes: the all-reduce's i32s at 0, the broadcast's 100 bytes at BC, the all-gather's three
+    // 10-byte blocks at AG.
+    const BC: usize = 4 * 3000;
+    const AG: usize = BC + 128;
+    let buf = Buffer::alloc(&team, AG + 30).unwrap();
+    let v = |j: usize| (j % 5) as i32 - 2;
+    for r in 0..3 {
+        let mut bytes: Vec<u8> = (0..count).flat_map(|j| (v(j) * (r as i32 + 1)).to_ne_bytes()).collect();
+        bytes.extend((0..128).map(|j| byte(0, r, j)));
+        bytes.extend((0..30).map(|j| if j / 10 == r { byte(1, r, j) } else { 0xEE }));
+        buf.write(r as i32, 0, &bytes).unwrap();
+    }
     let i32_sum = Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum };
-    for r in 0..3i32 {
-        let bytes: Vec<u8> = (0..count).flat_map(|j| (((j % 5) as i32 - 2) * (r + 1)).to_ne_bytes()).collect();
-        buf.write(r, 0, &bytes).unwrap();
-    }
-    let streams: Vec<Stream> = devices.iter().map(|&d| driver.stream_create(d).unwrap()).collect();
-    let mut execs = vec![];
-    for (r, (&dev, &stream)) in devices.iter().zip(&streams).enumerate() {
-        driver.stream_begin_capture(dev, stream).unwrap();
-        // All-reduce in place, then broadcast its first 100 bytes from rank 2 over bytes
-        // 4*count.., all-gather 10 bytes per rank after that: three LL calls per replay.
+    let graphs = RankGraphs::capture(&driver, &devices, |r, stream| {
         run(&buf, r as i32, 0, count, i32_sum, stream).unwrap();
-        run(&buf, r as i32, 0, 100, Collective::Broadcast { root: 2 }, stream).unwrap();
-        run(&buf, r as i32, 4 * count, 10, Collective::AllGather, stream).unwrap();
-        let graph = driver.stream_end_capture(dev, stream).unwrap();
-        execs.push(driver.graph_instantiate(dev, graph).unwrap());
-        driver.graph_destroy(dev, graph).unwrap();
-    }
+        run(&buf, r as i32, BC, 100, Collective::Broadcast { root: 2 }, stream).unwrap();
+        run(&buf, r as i32, AG, 10, Collective::AllGather, stream).unwrap();
+    });
     let replays = 5;
-    for _ in 0..replays {
-        for ((&dev, &stream), &exec) in devices.iter().zip(&streams).zip(&execs) {
-            driver.graph_launch(dev, exec, stream).unwrap();
-        }
-    }
-    for (r, &s) in streams.iter().enumerate() {
+    graphs.replay(&driver, replays);
+    for (r, &s) in graphs.streams.iter().enumerate() {
         synchronize(&team, r as i32, s).unwrap();
     }
-    // Each all-reduce multiplies by 3 (= sum of the ranks' factors 1+2+3 = 6 for the first:
-    // x_r = v * (r + 1) sums to 6v, then every rank holds 6v and each later one multiplies by 3).
-    let v = |j: usize| (j % 5) as i32 - 2;
+    // The first all-reduce sums x_r = v * (r + 1) to 6v; each later one multiplies by 3.
     let want: Vec<i32> = (0..count).map(|j| v(j) * 6 * 3i32.pow(replays - 1)).collect();
     for r in 0..3 {
-        let mut bytes = vec![0u8; 4 * count];
-        buf.read(r, 0, &mut bytes).unwrap();
-        let got: Vec<i32> = bytes.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
-        assert_eq!(got, want, "rank {r}");
+        let mut bytes = vec![0u8; AG + 30];
+        buf.read(r as i32, 0, &mut bytes).unwrap();
+        let got: Vec<i32> = bytes[..BC].chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, want, "rank {r}: all-reduce");
+        let root: Vec<u8> = (0..100).map(|j| byte(0, 2, j)).collect();
+        assert_eq!(bytes[BC..BC + 100], root[..], "rank {r}: broadcast");
+        assert!(
+            bytes[BC + 100..AG].iter().enumerate().all(|(j, &b)| b == byte(0, r, 100 + j)),
+            "rank {r}: past the broadcast"
+        );
+        let gathered: Vec<u8> = (0..30).map(|j| byte(1, j / 10, j)).collect();
+        assert_eq!(bytes[AG..], gathered[..], "rank {r}: all-gather");
     }
-    for ((&dev, &stream), &exec) in devices.iter().zip(&streams).zip(&execs) {
-        driver.graph_exec_destroy(dev, exec).unwrap();
-        driver.stream_destroy(dev, stream).unwrap();
-    }
+    graphs.destroy(&driver);
     buf.free().unwrap();
     team.destroy().unwrap();
     assert_clean(&ctx);

@@ -6,7 +6,7 @@
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use mcast::driver::Stream;
+use mcast::driver::{Device, Driver, GraphExec, Stream};
 use mcast::kernels::{DType, RedOp};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 
@@ -216,5 +216,49 @@ pub fn reduce(op: RedOp, xs: &[f64]) -> f64 {
         RedOp::Sum => xs.iter().sum(),
         RedOp::Min => xs.iter().cloned().fold(f64::INFINITY, f64::min),
         RedOp::Max => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// One CUDA graph per rank, each captured on its own new stream of the rank's device.
+pub struct RankGraphs {
+    /// Each rank's device.
+    pub devices: Vec<Device>,
+    /// Each rank's stream (the capture's, then the replays').
+    pub streams: Vec<Stream>,
+    execs: Vec<GraphExec>,
+}
+
+impl RankGraphs {
+    /// Captures `record(rank, stream)` on a new stream per rank (nothing runs) and instantiates
+    /// each capture.
+    pub fn capture(driver: &Arc<dyn Driver>, devices: &[Device], mut record: impl FnMut(usize, Stream)) -> RankGraphs {
+        let streams: Vec<Stream> = devices.iter().map(|&d| driver.stream_create(d).unwrap()).collect();
+        let mut execs = vec![];
+        for (r, (&dev, &stream)) in devices.iter().zip(&streams).enumerate() {
+            driver.stream_begin_capture(dev, stream).unwrap();
+            record(r, stream);
+            let graph = driver.stream_end_capture(dev, stream).unwrap();
+            execs.push(driver.graph_instantiate(dev, graph).unwrap());
+            driver.graph_destroy(dev, graph).unwrap();
+        }
+        RankGraphs { devices: devices.to_vec(), streams, execs }
+    }
+
+    /// Launches every rank's graph `times` times, rank by rank each round: the ranks' replays
+    /// proceed in parallel, as on GPUs (each rank's waits wait for the others).
+    pub fn replay(&self, driver: &Arc<dyn Driver>, times: u32) {
+        for _ in 0..times {
+            for ((&dev, &stream), &exec) in self.devices.iter().zip(&self.streams).zip(&self.execs) {
+                driver.graph_launch(dev, exec, stream).unwrap();
+            }
+        }
+    }
+
+    /// Destroys the graphs and the streams.
+    pub fn destroy(self, driver: &Arc<dyn Driver>) {
+        for ((&dev, &stream), &exec) in self.devices.iter().zip(&self.streams).zip(&self.execs) {
+            driver.graph_exec_destroy(dev, exec).unwrap();
+            driver.stream_destroy(dev, stream).unwrap();
+        }
     }
 }
