@@ -10,18 +10,22 @@ N=${1:-20000}
 RUNS=${2:-3}
 SIZE=4K
 
-# name | environment | arguments
+# name | environment | arguments (every run also passes --backend sim: the MULTICAST form is the
+# simulator's multicast, never a GPU's)
 FORMS=(
   "mcast_all_reduce, 2 ranks, P2P|MCAST_MULTICAST=off|--devices 0,1"
   "the same, 1 rank|MCAST_MULTICAST=off|--devices 0"
   "the same, eager|MCAST_MULTICAST=off|--devices 0,1 --host-launch eager"
-  "mcast_all_reduce, 2 ranks, MULTICAST|MCAST_MULTICAST=auto|--devices 0,1"
+  "mcast_all_reduce, 2 ranks, MULTICAST|MCAST_BACKEND=sim MCAST_MULTICAST=auto|--devices 0,1"
   "mcast_all_reduce_into, 2 ranks, P2P|MCAST_MULTICAST=off|--devices 0,1 --inplace 0"
-  "mcast_team_all_reduce (plain memory, push), in place|MCAST_MULTICAST=off|--devices 0,1 --memory pointer"
-  "mcast_team_all_reduce (plain memory, push), out of place|MCAST_MULTICAST=off|--devices 0,1 --memory pointer --inplace 0"
-  "mcast_team_reduce_scatter (plain memory, staged)|MCAST_MULTICAST=off|--devices 0,1 --memory pointer --op reduce_scatter"
+  "mcast_team_all_reduce (plain memory), in place|MCAST_MULTICAST=off|--devices 0,1 --memory pointer"
+  "mcast_team_all_reduce (plain memory), out of place|MCAST_MULTICAST=off|--devices 0,1 --memory pointer --inplace 0"
+  "mcast_team_reduce_scatter (plain memory)|MCAST_MULTICAST=off|--devices 0,1 --memory pointer --op reduce_scatter"
   "mcast_all_gather, 2 ranks, P2P|MCAST_MULTICAST=off|--devices 0,1 --op all_gather"
 )
+
+# The lowest and highest of the arguments ("a-b"; "a" when equal).
+range() { printf '%s\n' "$@" | sort -n | awk 'NR==1{lo=$1} {hi=$1} END{print (lo==hi? lo : lo "-" hi)}'; }
 
 printf '%-62s | %-11s | %-11s | %-9s | %s\n' "call (4 KiB, capture unless said)" "median ns" "p99 ns" "allocs" "sim allocs"
 entry_med=() entry_p99=() entry_alloc=()
@@ -43,10 +47,8 @@ for form in "${FORMS[@]}"; do
       entry_alloc+=("$(sed -E 's/.*ns, ([0-9.]+) heap.*/\1/' <<<"$entry")")
     fi
   done
-  range() { printf '%s\n' "$@" | sort -n | awk 'NR==1{lo=$1} {hi=$1} END{print (lo==hi? lo : lo "-" hi)}'; }
   printf '%-62s | %-11s | %-11s | %-9s | %s\n' "$name" "$(range "${meds[@]}")" "$(range "${p99s[@]}")" \
     "$(range "${allocs[@]}")" "$(range "${sims[@]}")"
 done
-range() { printf '%s\n' "$@" | sort -n | awk 'NR==1{lo=$1} {hi=$1} END{print (lo==hi? lo : lo "-" hi)}'; }
 printf '%-62s | %-11s | %-11s | %-9s | %s\n' "count 0 (entry: guard, handle lookup, checks)" \
   "$(range "${entry_med[@]}")" "$(range "${entry_p99[@]}")" "$(range "${entry_alloc[@]}")" "0"

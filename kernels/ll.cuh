@@ -104,8 +104,8 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
   return true;
 }
 
-// One block's share of an LL call: payload bytes [lo, hi) of the S each writer sends (16-byte
-// vectors of payload never straddle two blocks: parts are multiples of 8 bytes), the flag and
+// One block's share of an LL call: payload bytes [lo, hi) of the S each writer sends (parts
+// are multiples of 8 bytes, so no LL line straddles two blocks), the flag and
 // its parity. live is false when this rank must not take part (an earlier error, or an aborted
 // team, recorded here).
 struct LlPart {
