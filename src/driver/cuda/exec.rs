@@ -170,6 +170,13 @@ pub(super) fn module_unload(drv: &CudaDriver, dev: Device, module: Module) -> DR
     check("cuModuleUnload", unsafe { (drv.api.cuModuleUnload)(module.0 as cu::CUmodule) })
 }
 
+/// `cuModuleGetFunction`, then `cuFuncLoad` (CUDA 12.4+, skipped where the driver lacks it):
+/// under lazy loading (the default since CUDA 12.2) a function is otherwise loaded at its first
+/// launch, and loading may wait for the context's running kernels. A collective's kernel spins
+/// until its peers' kernels run: if the thread that launched it then launched a kernel never
+/// launched before (another dtype, say) before the peers' kernels, that launch waited for the
+/// spinning kernel, which waited for the peers: deadlock until the timeout (found on one H200
+/// with the ranks of a team sharing it, tests/ll). Loaded here, with the module, no launch loads.
 pub(super) fn module_function(drv: &CudaDriver, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
     let _ctx = drv.enter(dev)?;
     let mut func: cu::CUfunction = ptr::null_mut();
@@ -177,6 +184,10 @@ pub(super) fn module_function(drv: &CudaDriver, dev: Device, module: Module, nam
     check("cuModuleGetFunction", unsafe {
         (drv.api.cuModuleGetFunction)(&mut func, module.0 as cu::CUmodule, name.as_ptr())
     })?;
+    if let Some(load) = drv.api.cuFuncLoad {
+        // SAFETY: `func` is the function handle the driver just returned.
+        check("cuFuncLoad", unsafe { load(func) })?;
+    }
     Ok(Function(func as usize))
 }
 

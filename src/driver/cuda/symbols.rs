@@ -147,6 +147,7 @@ driver_api! {
         );
     }
     optional {
+        cuFuncLoad(cu::CUfunction);
         cuMulticastCreate(*mut cu::CUmemGenericAllocationHandle, *const cu::CUmulticastObjectProp);
         cuMulticastAddDevice(cu::CUmemGenericAllocationHandle, cu::CUdevice);
         cuMulticastBindMem(cu::CUmemGenericAllocationHandle, usize, cu::CUmemGenericAllocationHandle, usize, usize, u64);

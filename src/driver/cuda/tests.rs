@@ -58,6 +58,7 @@ fn symbol_lists_are_nonempty_and_unique() {
         assert!(REQUIRED_SYMBOLS.contains(&name), "{name}");
     }
     for name in [
+        "cuFuncLoad",
         "cuMulticastCreate",
         "cuMulticastAddDevice",
         "cuMulticastBindMem",
