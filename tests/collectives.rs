@@ -28,7 +28,8 @@ fn context(multicast: bool, timeout_ms: u32) -> Option<Arc<Context>> {
 /// As [`context`], with `sim_devices` simulated GPUs.
 fn context_of(multicast: bool, timeout_ms: u32, sim_devices: u32) -> Option<Arc<Context>> {
     let config = if on_gpu() {
-        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms, ..Config::default() }
+        // MCAST_LL and MCAST_CE_MIN_BYTES apply: a GPU run can try the LL and copy-engine forms.
+        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms, ..Config::from_env() }
     } else {
         sim_runtime(multicast, sim_devices, timeout_ms)
     };
@@ -39,7 +40,7 @@ fn context_of(multicast: bool, timeout_ms: u32, sim_devices: u32) -> Option<Arc<
 /// enough (threshold 1 byte) taking its copy-engine form (`runtime::ce`).
 fn copy_engine_context() -> Option<Arc<Context>> {
     let config = if on_gpu() {
-        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms: 20_000, ..Config::default() }
+        Config { backend: Backend::Cuda, multicast: MulticastMode::Off, timeout_ms: 20_000, ..Config::from_env() }
     } else {
         sim_runtime(false, 8, 20_000)
     };
