@@ -5,7 +5,13 @@
 //! every rank of a team (nccl-tests `-g`, `ncclCommInitAll` programs); calls that wait for
 //! their peers (creation, split, registration) cannot then run one after another, so when the
 //! group holds one, every communicator's calls run on a thread of their own, together. Calls
-//! forwarded to the fallback NCCL run on the calling thread inside one of its groups.
+//! forwarded to the fallback NCCL run on the calling thread inside one of its groups. Otherwise
+//! the queued calls run on the calling thread, the communicators' calls taken in turn (the first
+//! of each, then the second of each, ...): CUDA loads a kernel module (each kind's first call)
+//! only once the device's running kernels are done, so `{AllReduce(c0), AllGather(c0),
+//! AllReduce(c1), AllGather(c1)}` run as written would wait in the all-gather's load for c0's
+//! all-reduce, which waits for c1's, not yet issued. A group leaves the order across
+//! communicators free; each communicator's own order is kept.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -80,20 +86,14 @@ pub fn end() -> Outcome {
 fn run(ops: Vec<Op>) -> Outcome {
     let (forwarded, served): (Vec<Op>, Vec<Op>) = ops.into_iter().partition(|o| o.forwarded);
     let mut first: Outcome = Ok(());
-    if served.iter().any(|o| o.blocking) {
+    let blocking = served.iter().any(|o| o.blocking);
+    let lanes = lanes_by(served, |op| op.comm.as_ref().map_or(0, |c| Arc::as_ptr(c) as usize));
+    if blocking {
         // One thread per communicator, its calls in order.
-        let mut lanes: Vec<(usize, Vec<Op>)> = Vec::new();
-        for op in served {
-            let key = op.comm.as_ref().map_or(0, |c| Arc::as_ptr(c) as usize);
-            match lanes.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, v)) => v.push(op),
-                None => lanes.push((key, vec![op])),
-            }
-        }
         let results: Vec<Outcome> = std::thread::scope(|s| {
             let handles: Vec<_> = lanes
                 .into_iter()
-                .map(|(_, ops)| {
+                .map(|ops| {
                     s.spawn(move || {
                         let mut r = Ok(());
                         for op in ops {
@@ -117,7 +117,7 @@ fn run(ops: Vec<Op>) -> Outcome {
             }
         }
     } else {
-        for op in served {
+        for op in round_robin(lanes) {
             let r = (op.run)();
             if first.is_ok() {
                 first = r;
@@ -162,4 +162,46 @@ fn run_forwarded(ops: Vec<Op>) -> Outcome {
         first = Err(Failure::new(r, "the fallback NCCL's ncclGroupEnd failed"));
     }
     first
+}
+
+/// `items` split by `key`: one lane per key, in the order the keys first appear, each lane in
+/// the items' order.
+fn lanes_by<T>(items: Vec<T>, key: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut lanes: Vec<(usize, Vec<T>)> = Vec::new();
+    for item in items {
+        let k = key(&item);
+        match lanes.iter_mut().find(|(lane, _)| *lane == k) {
+            Some((_, v)) => v.push(item),
+            None => lanes.push((k, vec![item])),
+        }
+    }
+    lanes.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The first item of every lane, then the second of every lane, and so on.
+fn round_robin<T>(lanes: Vec<Vec<T>>) -> Vec<T> {
+    let total = lanes.iter().map(Vec::len).sum();
+    let mut iters: Vec<_> = lanes.into_iter().map(Vec::into_iter).collect();
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        out.extend(iters.iter_mut().filter_map(Iterator::next));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_communicators_calls_run_in_turn_each_in_its_own_order() {
+        // (communicator, call): c0 made three calls, c1 two, c2 one, interleaved as a program
+        // might queue them.
+        let queued = vec![(0, "a0"), (0, "a1"), (1, "b0"), (0, "a2"), (2, "c0"), (1, "b1")];
+        let lanes = lanes_by(queued, |&(c, _)| c);
+        assert_eq!(lanes.len(), 3);
+        let order: Vec<&str> = round_robin(lanes).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(order, ["a0", "b0", "c0", "a1", "b1", "a2"]);
+        assert!(round_robin(lanes_by(Vec::<(usize, u8)>::new(), |&(c, _)| c)).is_empty());
+    }
 }
