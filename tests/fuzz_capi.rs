@@ -5,8 +5,9 @@
 //! `MCAST_ERROR_TIMEOUT`), synchronize, leak reports; with random ranks, roots, offsets, sizes,
 //! unknown enum integers, zero, stale, foreign, random and double-freed handles, and NULL pointers.
 //!
-//! Checked on every call: the status is one of API.md's 0..=10 and never
-//! `MCAST_ERROR_INTERNAL` (a caught panic or broken invariant), a failure leaves a message naming
+//! Checked on every call: the status is one of API.md's 0..=11, never
+//! `MCAST_ERROR_INTERNAL` (a caught panic or broken invariant) and never `MCAST_ERROR_ABORTED`
+//! (the fuzzer aborts no team: an aborted status is a team state gone wrong), a failure leaves a message naming
 //! the function, out-parameters are untouched on failure. After every `mcast_context_destroy`:
 //! the simulator's ledger is empty.
 //!
@@ -33,8 +34,9 @@ use mcast::runtime::context::Context;
 use mcast::runtime::handles;
 
 const MIB: usize = 1 << 20;
-const STATUSES: usize = 11;
+const STATUSES: usize = 12;
 const INTERNAL: u32 = 10;
+const ABORTED: u32 = 11;
 
 /// splitmix64.
 struct Rng(u64);
@@ -126,7 +128,10 @@ impl Fuzzer {
         if (s.0 as usize) < STATUSES {
             self.stats.statuses[s.0 as usize] += 1;
         } else {
-            self.fail(format!("{desc}: status {} is not one of API.md's 0..=10", s.0));
+            self.fail(format!("{desc}: status {} is not one of API.md's 0..=11", s.0));
+        }
+        if s.0 == ABORTED {
+            self.fail(format!("{desc}: MCAST_ERROR_ABORTED, but no team was aborted: {}", last_error()));
         }
         if s.0 == INTERNAL {
             self.fail(format!("{desc}: MCAST_ERROR_INTERNAL: {}", last_error()));
