@@ -46,10 +46,12 @@
 
 use std::sync::Arc;
 
-use super::collective::{admit, kernel_error, launch_kernel};
+use super::collective::{admit, kernel_error, kernel_error_at, launch_kernel};
 use super::error::{Error, Result};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
+use crate::kernels::abi::Variant;
+use crate::kernels::select::{Family, Unit};
 use crate::kernels::{self, Collective, Launch, Path, RankPtrs};
 
 #[cfg(doc)]
@@ -106,6 +108,7 @@ pub fn run(
 ) -> Result<()> {
     let n = team.size();
     tracing::debug!("rank {r}: {collective:?} of count {count} runs its copy-engine form (MCAST_CE_MIN_BYTES)");
+    load_modules(team, r, collective)?;
     let out_of = |p: usize| if out.is_empty() { data[p] } else { out[p] };
     match collective {
         Collective::AllGather => {
@@ -161,6 +164,31 @@ pub fn run(
             Err(Error::internal(format!("{collective:?} has no copy-engine form (wanted() refuses it)")))
         }
     }
+}
+
+/// Loads (CUDA; nothing on the simulator) every module rank `r`'s part of `collective` launches
+/// from, before its first kernel: CUDA loads a module only once the device's running kernels
+/// are done (README, "One thread driving several ranks"), and this call's own first kernel waits
+/// for the peers. Loaded between two of its launches, the all-reduce's barrier module waited
+/// for the reduce-scatter kernel, which waited for ranks that the same thread had yet to issue:
+/// on one H200 the first copy-engine all-reduce of a thread driving two ranks timed out.
+fn load_modules(team: &Arc<Team>, r: usize, collective: Collective) -> Result<()> {
+    let driver = team.context().driver();
+    if driver.as_sim().is_some() {
+        return Ok(());
+    }
+    let (dev, ll) = (team.devices()[r], team.ll());
+    // The barrier kernel lives in the all-gather module.
+    let mut units = vec![Unit { family: Family::AllGather, red: None, ll }];
+    if let Collective::AllReduce { dtype, op } = collective {
+        units.push(Unit { family: Family::AllReduce, red: Some((dtype, op)), ll });
+        units.push(Unit { family: Family::ReduceScatter, red: Some((dtype, op)), ll });
+    }
+    for unit in units {
+        kernels::cuda::prepare(driver.as_ref(), dev, Variant::Emulated, unit)
+            .map_err(|e| kernel_error_at(e, r, collective, dev))?;
+    }
+    Ok(())
 }
 
 /// One peer copy: `len` bytes from `src` to `dst` (addresses on this rank's device), into rank

@@ -8,7 +8,7 @@ use super::buffer::Buffer;
 use super::ce;
 use super::error::{Error, ErrorKind, Result};
 use super::team::{Team, Transport};
-use crate::driver::{DevicePtr, Stream};
+use crate::driver::{Device, DevicePtr, Stream};
 use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
 use crate::kernels::{self, Collective, KernelError, Launch, Path, RankPtrs};
 
@@ -471,7 +471,12 @@ pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
 }
 
 pub(super) fn kernel_error(e: KernelError, l: &Launch) -> Error {
-    let what = format!("launching rank {}'s part of {:?} on device {}", l.rank, l.collective, l.dev);
+    kernel_error_at(e, l.rank as usize, l.collective, l.dev)
+}
+
+/// [`kernel_error`] for rank `rank`'s part of `collective` on `dev`.
+pub(super) fn kernel_error_at(e: KernelError, rank: usize, collective: Collective, dev: Device) -> Error {
+    let what = format!("launching rank {rank}'s part of {collective:?} on device {dev}");
     match e {
         KernelError::NvrtcUnavailable(_) => Error::new(ErrorKind::DriverUnavailable, format!("{what}: {e}")),
         KernelError::Driver(d) => Error::driver(d, what),
