@@ -129,22 +129,8 @@ fn run_back_to_back(team: &Arc<Team>, specs: &[(Collective, usize)], what: &str)
     }
     let buf = Buffer::alloc(team, offset.max(1)).unwrap();
     let streams = rank_streams(team);
-    if team.context().driver().as_sim().is_none() {
-        // CUDA loads a module only once the device's running kernels are done (measured: the
-        // load waited out a spinning kernel, cuModuleLoadData and cuLibraryLoadData alike), and
-        // each kind's module is loaded at its first call: rank 0's first call of a new kind
-        // would wait for its earlier kernels, which wait for ranks not issued yet. So every case
-        // runs once, on every rank in turn, before the ranks run apart (the README's rule for a
-        // thread that drives several ranks).
-        for c in &cases {
-            for (r, &s) in streams.iter().enumerate() {
-                run(&buf, r as i32, c.offset, c.count, c.collective, s).unwrap();
-            }
-        }
-        for (r, &s) in streams.iter().enumerate() {
-            synchronize(team, r as i32, s).unwrap_or_else(|e| panic!("{what}: warm-up, rank {r}: {e}"));
-        }
-    }
+    // Rank 0's calls all go first: every kind's module must be loaded before (README).
+    load_modules(team, &specs.iter().map(|&(c, _)| c).collect::<Vec<_>>());
     for r in 0..n {
         let mut bytes = vec![0u8; offset];
         for (k, c) in cases.iter().enumerate() {

@@ -6,7 +6,11 @@
 //! rank, under the team's issue lock (collectives of one team are ordered on its streams, as
 //! NCCL requires of a communicator), then synchronizes and checks its own buffer. A watchdog
 //! aborts the process with a message if no operation completes for 60 s. At the end nothing is
-//! live (live counts 0, simulator ledger empty) and every result was correct.
+//! live (live counts 0, simulator ledger empty) and every result was correct. Every kernel
+//! module is loaded before the threads start: a module load waits for every kernel running on
+//! the device (as on CUDA), so a thread loading one while it holds a round half issued could wait
+//! for another thread's kernel, whose peers that thread issues only after its own load
+//! (README, "One thread driving several ranks"); the watchdog fired on exactly that.
 
 mod common;
 
@@ -183,6 +187,7 @@ fn sixteen_threads_on_one_context() {
         cfg.timeout_ms = 120_000;
         cfg.sim_device_memory = 4 << 30;
     }));
+    load_every_module(sim(&c));
     let shared: Vec<Shared> = [&[0, 1, 2, 3][..], &[1, 2], &[3, 3, 0]]
         .iter()
         .enumerate()

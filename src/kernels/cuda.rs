@@ -36,8 +36,9 @@ pub struct LoadedModule {
 /// with and without the LL kernels.
 const SLOTS_PER_VARIANT: usize = 2 * Family::ALL.len() * DType::ALL.len() * RedOp::ALL.len();
 
-/// The slot of `unit` in `variant` in a [`DeviceModules`].
-fn slot(variant: Variant, unit: Unit) -> usize {
+/// The slot of `unit` in `variant` in a [`DeviceModules`] (the simulator keys its modules by it
+/// too: `kernels::sim::load_module`).
+pub(crate) fn slot(variant: Variant, unit: Unit) -> usize {
     let family = Family::ALL.iter().position(|f| *f == unit.family).unwrap_or(0);
     let red = unit.red.map_or(0, |(d, o)| d as usize * RedOp::ALL.len() + o as usize);
     let v = match variant {

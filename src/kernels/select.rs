@@ -9,7 +9,7 @@
 //! `scripts/check-kernels` checks).
 
 use super::abi::{KernelId, KernelKind};
-use super::{DType, RedOp};
+use super::{Collective, DType, RedOp};
 
 /// A collective, as the source's selection flags name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,6 +77,18 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// The unit holding every kernel of `collective` for a team with the LL kernels (`ll`) or
+    /// not: the module a call of it loads on first use.
+    pub fn of_collective(collective: Collective, ll: bool) -> Unit {
+        let (family, red) = match collective {
+            Collective::AllReduce { dtype, op } => (Family::AllReduce, Some((dtype, op))),
+            Collective::ReduceScatter { dtype, op } => (Family::ReduceScatter, Some((dtype, op))),
+            Collective::AllGather => (Family::AllGather, None),
+            Collective::Broadcast { .. } => (Family::Broadcast, None),
+        };
+        Unit { family, red, ll }
+    }
+
     /// The unit holding `kernel` for a team that runs the LL kernels (`ll`) or not (an LL
     /// kernel is only in units with them).
     pub fn of(kernel: KernelId, ll: bool) -> Unit {
@@ -151,6 +163,26 @@ impl Unit {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn a_collectives_unit_holds_every_kernel_of_it() {
+        for k in KernelId::all().into_iter().filter(|k| k.exists() && k.kind != KernelKind::BarrierP2p) {
+            let family = Family::of(k.kind);
+            let c = match (family, k.red) {
+                (Family::AllReduce, Some((dtype, op))) => Collective::AllReduce { dtype, op },
+                (Family::ReduceScatter, Some((dtype, op))) => Collective::ReduceScatter { dtype, op },
+                (Family::AllGather, None) => Collective::AllGather,
+                (Family::Broadcast, None) => Collective::Broadcast { root: 0 },
+                other => panic!("{k:?}: {other:?}"),
+            };
+            for ll in [false, true] {
+                if ll || !k.kind.is_ll() {
+                    assert_eq!(Unit::of(k, ll), Unit::of_collective(c, ll), "{k:?}, ll {ll}");
+                    assert!(Unit::of_collective(c, ll).contains(k));
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_entry_point_is_in_exactly_one_unit() {

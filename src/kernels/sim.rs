@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    ll_offset, plan, push_row_capacity, KernelKind, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED,
-    ERR_NONE, ERR_TIMEOUT, LL_ROW, LL_SEQ_OFFSET, PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET,
-    STATE_OFFSET, STATE_OK,
+    ll_offset, plan, push_row_capacity, KernelId, KernelKind, Variant, EPOCH_OFFSET, ERROR_INFO_OFFSET,
+    ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT, LL_ROW, LL_SEQ_OFFSET, PUSH_SEQ_OFFSET, PUSH_SLOTS,
+    SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
 };
+use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
+use crate::driver::Device;
 
 /// Addresses of the same bytes in several ranks' memory.
 #[derive(Clone)]
@@ -62,6 +64,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     let Some(p) = plan(l).map_err(KernelError::Unsupported)? else { return Ok(()) };
     // From here on the simulated GPU's own work: its job and queue (on CUDA, cuLaunchKernel).
     let _device = crate::driver::sim::DeviceWork::enter();
+    load_module(sim, l.dev, super::cuda::variant_for(l), Unit::of(p.kernel, l.ll));
     if let Some(why) = p.fallback {
         tracing::debug!("multicast request runs the P2P kernel: {why}");
     }
@@ -117,6 +120,13 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
 }
 
+/// The simulated load of the module of `unit` built as `variant` on `dev`, as the CUDA path
+/// loads it at a kind's first call: the first time it waits for every job queued on the
+/// device ([`SimDriver::load_kernel_module`]).
+pub fn load_module(sim: &SimDriver, dev: Device, variant: Variant, unit: Unit) {
+    sim.load_kernel_module(dev, super::cuda::slot(variant, unit) as u64);
+}
+
 /// Enqueues rank `l.rank`'s barrier kernel (`mcast_barrier_p2p`: one barrier across the team,
 /// the same protocol and sync words as the collectives' barriers) on `l.stream`. Only `rank`,
 /// `nranks`, `dev`, `stream`, `sync` and `timeout_ns` of `l` are used (`data` must hold `nranks`
@@ -131,6 +141,9 @@ pub fn launch_barrier(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
             l.data.len()
         )));
     }
+    let _device = crate::driver::sim::DeviceWork::enter();
+    let barrier = KernelId { kind: KernelKind::BarrierP2p, red: None };
+    load_module(sim, l.dev, Variant::Emulated, Unit::of(barrier, l.ll));
     let job = Job {
         kind: KernelKind::BarrierP2p,
         red: None,

@@ -166,17 +166,14 @@ pub fn run(
     }
 }
 
-/// Loads (CUDA; nothing on the simulator) every module rank `r`'s part of `collective` launches
-/// from, before its first kernel: CUDA loads a module only once the device's running kernels
+/// Loads every module rank `r`'s part of `collective` launches from (the simulator: its
+/// simulated load, which waits like CUDA's), before its first kernel: CUDA loads a module only once the device's running kernels
 /// are done (README, "One thread driving several ranks"), and this call's own first kernel waits
 /// for the peers. Loaded between two of its launches, the all-reduce's barrier module waited
 /// for the reduce-scatter kernel, which waited for ranks that the same thread had yet to issue:
 /// on one H200 the first copy-engine all-reduce of a thread driving two ranks timed out.
 fn load_modules(team: &Arc<Team>, r: usize, collective: Collective) -> Result<()> {
     let driver = team.context().driver();
-    if driver.as_sim().is_some() {
-        return Ok(());
-    }
     let (dev, ll) = (team.devices()[r], team.ll());
     // The barrier kernel lives in the all-gather module.
     let mut units = vec![Unit { family: Family::AllGather, red: None, ll }];
@@ -185,8 +182,12 @@ fn load_modules(team: &Arc<Team>, r: usize, collective: Collective) -> Result<()
         units.push(Unit { family: Family::ReduceScatter, red: Some((dtype, op)), ll });
     }
     for unit in units {
-        kernels::cuda::prepare(driver.as_ref(), dev, Variant::Emulated, unit)
-            .map_err(|e| kernel_error_at(e, r, collective, dev))?;
+        match driver.as_sim() {
+            Some(sim) => kernels::sim::load_module(sim, dev, Variant::Emulated, unit),
+            None => kernels::cuda::prepare(driver.as_ref(), dev, Variant::Emulated, unit)
+                .map(|_| ())
+                .map_err(|e| kernel_error_at(e, r, collective, dev))?,
+        }
     }
     Ok(())
 }

@@ -7,7 +7,9 @@ use std::ffi::CStr;
 use std::sync::Arc;
 
 use mcast::driver::{Device, Driver, GraphExec, Stream};
-use mcast::kernels::{DType, RedOp};
+use mcast::kernels::abi::Variant;
+use mcast::kernels::select::Unit;
+use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
 
 use mcast::capi::buffer::*;
@@ -18,7 +20,7 @@ use mcast::capi::team::*;
 use mcast::driver::sim::{Ledger, SimDriver};
 use mcast::runtime::context::Context;
 use mcast::runtime::handles;
-use mcast::runtime::team::Team;
+use mcast::runtime::team::{Team, Transport};
 
 pub const OK: mcast_status_t = mcast_status_t(0);
 
@@ -172,6 +174,45 @@ pub fn assert_clean(ctx: &Context) {
 pub fn rank_streams(team: &Team) -> Vec<Stream> {
     let d = team.context().driver();
     team.devices().iter().map(|&dev| d.stream_create(dev).unwrap()).collect()
+}
+
+/// Loads, on every device of `team`, the kernel module each of `collectives` runs from, as
+/// their first calls would (compiling on CUDA; the simulator's load waits like CUDA's). A thread
+/// that issues one rank's calls ahead of the other ranks' must do this first: CUDA loads a
+/// module only once the device's running kernels are done, and those wait for the other ranks
+/// (README, "One thread driving several ranks").
+pub fn load_modules(team: &Team, collectives: &[Collective]) {
+    let driver = team.context().driver();
+    let variant = if team.transport() == Transport::Multicast { Variant::Multimem } else { Variant::Emulated };
+    let mut devices = team.devices().to_vec();
+    devices.sort_unstable();
+    devices.dedup();
+    for &dev in &devices {
+        for &c in collectives {
+            let unit = Unit::of_collective(c, team.ll());
+            match driver.as_sim() {
+                Some(sim) => mcast::kernels::sim::load_module(sim, dev, variant, unit),
+                None => {
+                    mcast::kernels::cuda::prepare(driver.as_ref(), dev, variant, unit).unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Loads every kernel module (every collective, dtype and operator, both builds, with and
+/// without the LL kernels) on every device of the simulator, so that no call loads one later
+/// (each load waits for the device's running kernels: see [`load_modules`]).
+pub fn load_every_module(sim: &SimDriver) {
+    for dev in 0..sim.config().devices as Device {
+        for unit in Unit::all() {
+            for ll in [false, true] {
+                for variant in [Variant::Multimem, Variant::Emulated] {
+                    mcast::kernels::sim::load_module(sim, dev, variant, Unit { ll, ..unit });
+                }
+            }
+        }
+    }
 }
 
 /// Destroys the streams [`rank_streams`] made.

@@ -260,12 +260,15 @@ pub(super) fn graph_destroy(sim: &SimDriver, dev: Device, graph: Graph) -> DResu
     })
 }
 
+/// `cuModuleLoadData` returns only once every kernel running on the device is done (see
+/// [`SimDriver::load_kernel_module`]).
 pub(super) fn module_load(sim: &SimDriver, dev: Device, image: &[u8]) -> DResult<Module> {
     sim.call("cuModuleLoadData", || {
         sim.check_dev(dev)?;
         if image.is_empty() {
             return Err(CuResult::ERROR_INVALID_IMAGE);
         }
+        sim.workers.synchronize_device(dev);
         let mut st = sim.state.lock();
         let id = st.fresh_id() as usize;
         st.modules.insert(id, (dev, Vec::new()));

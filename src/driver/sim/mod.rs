@@ -43,6 +43,7 @@ mod workers;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashSet;
 use std::ffi::{c_void, CStr};
 use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
@@ -125,6 +126,8 @@ pub struct SimDriver {
     team_changed: Condvar,
     calls: Mutex<Calls>,
     workers: Workers,
+    /// (device, module identity) of every kernel module [`SimDriver::load_kernel_module`] loaded.
+    kernel_modules: Mutex<HashSet<(Device, u64)>>,
 }
 
 impl SimDriver {
@@ -147,6 +150,22 @@ impl SimDriver {
             team_changed: Condvar::new(),
             calls: Mutex::new(calls),
             workers: Workers::default(),
+            kernel_modules: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// A collective's kernel module (`key`, its identity: the CUDA path's module slot) used on
+    /// `dev`: the first time, the simulated load, which, like CUDA's, returns only once every
+    /// kernel running on the device is done. Measured on an H200 (`bench/cuda-load-wait.cu`):
+    /// `cuModuleLoadData` and `cuLibraryLoadData` waited out a kernel spinning in the context,
+    /// under lazy and eager loading alike; the CUDA programming guide's lazy-loading hazards say
+    /// loading "might require context synchronization". A thread that loads a module while a
+    /// kernel it launched waits for work it has yet to issue waits here until that kernel's
+    /// timeout, as on a GPU. Later uses return at once.
+    pub fn load_kernel_module(&self, dev: Device, key: u64) {
+        if !self.kernel_modules.lock().contains(&(dev, key)) {
+            self.workers.synchronize_device(dev);
+            self.kernel_modules.lock().insert((dev, key));
         }
     }
 

@@ -185,6 +185,45 @@ fn modules_and_launch() {
     assert_eq!(code(s.module_function(0, m, c"x")), CuResult::ERROR_INVALID_HANDLE);
 }
 
+/// Rule (measured on an H200 with bench/cuda-load-wait.cu; the CUDA programming guide's lazy
+/// loading hazards: loading "might require context synchronization"): a module load returns only
+/// once every kernel running on the device is done; work on other devices does not hold it. A
+/// kernel module's first use (`load_kernel_module`) is such a load; its later uses do not wait.
+#[test]
+fn module_loads_wait_for_the_devices_running_work() {
+    let s = sim();
+    // A "kernel" on device 1 that runs 150 ms, another on device 2 that runs until released.
+    let busy = |ms: u64| move || std::thread::sleep(Duration::from_millis(ms));
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    s.enqueue(2, Stream(5), move || {
+        while !r.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    })
+    .unwrap();
+    s.enqueue(1, Stream(7), busy(150)).unwrap();
+    let t = Instant::now();
+    let m = s.module_load(1, b"\x7fELF cubin").unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(140), "returned after {:?}", t.elapsed());
+    s.module_unload(1, m).unwrap();
+    // The first use of a kernel module on device 1 waits for its running work, a later one does not.
+    s.enqueue(1, Stream(8), busy(150)).unwrap();
+    let t = Instant::now();
+    s.load_kernel_module(1, 42);
+    assert!(t.elapsed() >= Duration::from_millis(140), "first use returned after {:?}", t.elapsed());
+    s.enqueue(1, Stream(8), busy(150)).unwrap();
+    let t = Instant::now();
+    s.load_kernel_module(1, 42);
+    assert!(t.elapsed() < Duration::from_millis(100), "a later use waited {:?}", t.elapsed());
+    // Device 2's endless kernel holds neither device 1's loads nor device 3's.
+    s.load_kernel_module(3, 42);
+    s.module_unload(3, s.module_load(3, b"\x7fELF cubin").unwrap()).unwrap();
+    release.store(true, Ordering::SeqCst);
+    s.stream_synchronize(2, Stream(5)).unwrap();
+    s.stream_synchronize(1, Stream(8)).unwrap();
+}
+
 #[test]
 fn drop_runs_queued_work_and_joins_workers() {
     let s = sim();
