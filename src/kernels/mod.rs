@@ -18,6 +18,25 @@ pub mod source;
 pub use cuda::launch;
 pub use error::KernelError;
 
+/// Loads the module of `unit` built as `variant` on `dev`, as a kind's first call would: on
+/// CUDA compiled (or read from the cache) and loaded ([`cuda::prepare`]), on the simulator its
+/// simulated load ([`sim::load_module`]). Either waits, the first time, for the kernels running
+/// on the device: call it before launching kernels that wait for work not yet issued.
+pub fn load_module(
+    driver: &dyn crate::driver::Driver,
+    dev: Device,
+    variant: abi::Variant,
+    unit: select::Unit,
+) -> Result<(), KernelError> {
+    match driver.as_sim() {
+        Some(s) => {
+            sim::load_module(s, dev, variant, unit);
+            Ok(())
+        }
+        None => cuda::prepare(driver, dev, variant, unit).map(|_| ()),
+    }
+}
+
 /// Most ranks a team and a collective kernel take: the 72 GPUs of an NVL72 rack.
 pub const MAX_RANKS: usize = 72;
 

@@ -51,7 +51,7 @@ use super::error::{Error, Result};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::Variant;
-use crate::kernels::select::{Family, Unit};
+use crate::kernels::select::Unit;
 use crate::kernels::{self, Collective, Launch, Path, RankPtrs};
 
 #[cfg(doc)]
@@ -166,28 +166,28 @@ pub fn run(
     }
 }
 
-/// Loads every module rank `r`'s part of `collective` launches from (the simulator: its
-/// simulated load, which waits like CUDA's), before its first kernel: CUDA loads a module only once the device's running kernels
-/// are done (README, "One thread driving several ranks"), and this call's own first kernel waits
-/// for the peers. Loaded between two of its launches, the all-reduce's barrier module waited
+/// Loads every module rank `r`'s part of `collective` launches from ([`kernels::load_module`]:
+/// on the simulator its simulated load, which waits like CUDA's), before its first kernel: CUDA
+/// loads a module only once the device's running kernels are done (README, "One thread driving
+/// several ranks"), and this call's own first kernel waits for the peers. Loaded between two of its launches, the all-reduce's barrier module waited
 /// for the reduce-scatter kernel, which waited for ranks that the same thread had yet to issue:
 /// on one H200 the first copy-engine all-reduce of a thread driving two ranks timed out.
 fn load_modules(team: &Arc<Team>, r: usize, collective: Collective) -> Result<()> {
     let driver = team.context().driver();
     let (dev, ll) = (team.devices()[r], team.ll());
-    // The barrier kernel lives in the all-gather module.
-    let mut units = vec![Unit { family: Family::AllGather, red: None, ll }];
-    if let Collective::AllReduce { dtype, op } = collective {
-        units.push(Unit { family: Family::AllReduce, red: Some((dtype, op)), ll });
-        units.push(Unit { family: Family::ReduceScatter, red: Some((dtype, op)), ll });
-    }
-    for unit in units {
-        match driver.as_sim() {
-            Some(sim) => kernels::sim::load_module(sim, dev, Variant::Emulated, unit),
-            None => kernels::cuda::prepare(driver.as_ref(), dev, Variant::Emulated, unit)
-                .map(|_| ())
-                .map_err(|e| kernel_error_at(e, r, collective, dev))?,
-        }
+    // The barrier kernel lives in the all-gather module; the all-reduce also launches its own
+    // kernel (the tail) and the reduce-scatter kernel.
+    let barrier = Unit::of_collective(Collective::AllGather, ll);
+    let (all_reduce, reduce_scatter) = match collective {
+        Collective::AllReduce { dtype, op } => (
+            Some(Unit::of_collective(collective, ll)),
+            Some(Unit::of_collective(Collective::ReduceScatter { dtype, op }, ll)),
+        ),
+        _ => (None, None),
+    };
+    for unit in [Some(barrier), all_reduce, reduce_scatter].into_iter().flatten() {
+        kernels::load_module(driver.as_ref(), dev, Variant::Emulated, unit)
+            .map_err(|e| kernel_error_at(e, r, collective, dev))?;
     }
     Ok(())
 }

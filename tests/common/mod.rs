@@ -189,13 +189,7 @@ pub fn load_modules(team: &Team, collectives: &[Collective]) {
     devices.dedup();
     for &dev in &devices {
         for &c in collectives {
-            let unit = Unit::of_collective(c, team.ll());
-            match driver.as_sim() {
-                Some(sim) => mcast::kernels::sim::load_module(sim, dev, variant, unit),
-                None => {
-                    mcast::kernels::cuda::prepare(driver.as_ref(), dev, variant, unit).unwrap();
-                }
-            }
+            mcast::kernels::load_module(driver.as_ref(), dev, variant, Unit::of_collective(c, team.ll())).unwrap();
         }
     }
 }
