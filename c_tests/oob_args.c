@@ -3,7 +3,9 @@
  * of range, device out of range, a callback returning non-zero) gives MCAST_ERROR_INVALID_ARGUMENT
  * with a clear message, calls the callback the documented number of times and leaks nothing;
  * a one-rank team forms through it; unique ids of another version and a malformed
- * MCAST_BOOTSTRAP_ADDR are refused; MCAST_BOOTSTRAP_ADDR=ip:port makes rank 0 listen there. */
+ * MCAST_BOOTSTRAP_ADDR are refused; MCAST_BOOTSTRAP_ADDR=ip:port without MCAST_BOOTSTRAP_SECRET,
+ * or with one shorter than 32 hex digits, is refused by mcast_get_unique_id and
+ * mcast_team_init_rank; with a good secret rank 0 listens there. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdint.h>
@@ -109,6 +111,14 @@ int main(void) {
   CHECK_STATUS(mcast_get_unique_id(&id), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_ADDR") != NULL);
   setenv("MCAST_BOOTSTRAP_ADDR", "127.0.0.1:0", 1);
+  /* No secret, or a short one: refused, naming the variable and how to make one. */
+  CHECK_STATUS(mcast_get_unique_id(&id), MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_SECRET") != NULL);
+  CHECK(strstr(mcast_last_error(), "openssl rand -hex 16") != NULL);
+  setenv("MCAST_BOOTSTRAP_SECRET", "0123456789abcdef", 1);
+  CHECK_STATUS(mcast_get_unique_id(&id), MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_SECRET has 16 hex digits") != NULL);
+  setenv("MCAST_BOOTSTRAP_SECRET", "00112233445566778899aabbccddeeff", 1);
   CHECK_OK(mcast_get_unique_id(&id));
   /* Port 0 is no address to meet at: the id is refused when used. */
   CHECK_STATUS(mcast_team_init_rank(ctx, id, 1, 0, 0, &team), MCAST_ERROR_INVALID_ARGUMENT);
@@ -116,6 +126,10 @@ int main(void) {
   snprintf(addr, sizeof addr, "127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
   setenv("MCAST_BOOTSTRAP_ADDR", addr, 1);
   CHECK_OK(mcast_get_unique_id(&id));
+  /* An env-mode id is not joined from an environment with a bad secret. */
+  unsetenv("MCAST_BOOTSTRAP_SECRET");
+  CHECK_STATUS(mcast_team_init_rank(ctx, id, 1, 0, 0, &team), MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_SECRET") != NULL);
   unsetenv("MCAST_BOOTSTRAP_ADDR");
   CHECK_OK(mcast_team_init_rank(ctx, id, 1, 0, 0, &team));
   CHECK_OK(mcast_team_destroy(team));

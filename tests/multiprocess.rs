@@ -477,17 +477,95 @@ fn two_network_namespaces_over_a_veth_pair() {
     }
 }
 
-/// torchrun-style: no id is moved; every process exports the same `MCAST_BOOTSTRAP_ADDR` (and
-/// `MCAST_BOOTSTRAP_SECRET`) and makes the id itself; rank 0 listens there.
+/// torchrun-style: no id is moved; every process exports the same `MCAST_BOOTSTRAP_ADDR` and
+/// `MCAST_BOOTSTRAP_SECRET` and makes the id itself; rank 0 listens there.
 #[test]
 fn every_process_makes_the_id_from_the_environment() {
-    let port = 20_000 + std::process::id() % 20_000;
+    let addr = free_loopback_addr();
     all_ok(&spawn(3, "env-id", false, |_| {
         let mut v = expect("fabric");
-        v.push(("MCAST_BOOTSTRAP_ADDR", format!("127.0.0.1:{port}")));
-        v.push(("MCAST_BOOTSTRAP_SECRET", "job-4711".into()));
+        v.extend(env_mode(&addr, Some(GOOD_SECRET)));
         v
     }));
+}
+
+/// A secret of 32 hex digits (128 bits), as `openssl rand -hex 16` prints.
+const GOOD_SECRET: &str = "3f2a9c04d1e87b6650c3aa19e2f4d7b8";
+/// How long a delayed rank sleeps before it joins (`MCAST_MP_DELAY_MS`).
+const DELAY: &str = "MCAST_MP_DELAY_MS";
+
+/// A loopback address with a port no one listened on a moment ago.
+fn free_loopback_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Env mode's variables: `MCAST_BOOTSTRAP_ADDR`, and `MCAST_BOOTSTRAP_SECRET` when given.
+fn env_mode(addr: &str, secret: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut v = vec![("MCAST_BOOTSTRAP_ADDR", addr.to_string())];
+    if let Some(s) = secret {
+        v.push(("MCAST_BOOTSTRAP_SECRET", s.to_string()));
+    }
+    v
+}
+
+/// Env mode without a secret, with a short one or one that is not hex: `mcast_get_unique_id`
+/// (`new_unique_id`) and the init of an env-mode id are refused at once with
+/// INVALID_ARGUMENT naming `MCAST_BOOTSTRAP_SECRET`.
+#[test]
+fn env_mode_without_a_good_secret_is_refused() {
+    for secret in [None, Some("job-4711"), Some("3f2a9c04d1e87b6650c3aa19e2f4d7b")] {
+        let addr = free_loopback_addr();
+        let st = spawn_in(2, "env-refused", false, &[0; 128], |_| Vec::new(), |_| env_mode(&addr, secret));
+        for (r, s) in st.iter().enumerate() {
+            assert!(s.success(), "secret {secret:?}: rank {r} failed: {s:?}");
+        }
+    }
+}
+
+/// Issue 24: with `MCAST_BOOTSTRAP_ADDR` set and no secret, a stranger who knew only the
+/// address derived the id's secret (a hash of the address), passed the handshake and joined as
+/// rank 1. The stranger here forges that id and tries to join as rank 1 while the real rank 1
+/// is late; it must fail, and with a good secret the team forms without it.
+#[test]
+fn a_stranger_who_knows_only_the_address_cannot_join_an_env_mode_team() {
+    use mcast::bootstrap::{Bootstrap, UniqueId};
+    use sha2::{Digest, Sha256};
+    for secret in [None, Some(GOOD_SECRET)] {
+        let addr = free_loopback_addr();
+        // The secret every process used to derive from the address alone.
+        let mut h = Sha256::new();
+        h.update(b"mcast bootstrap secret\0");
+        h.update(addr.as_bytes());
+        h.update(b"\0");
+        let forged = UniqueId { addr: addr.parse().unwrap(), secret: h.finalize().into(), rank0_listens: true };
+        let stranger = std::thread::spawn(move || {
+            Bootstrap::init_id(&forged.encode(), 2, 1, 72, 3000, "stranger".into()).map(|_| ())
+        });
+        let st = spawn_in(
+            2,
+            "env-join",
+            false,
+            &[0; 128],
+            |_| Vec::new(),
+            |r| {
+                let mut v = env_mode(&addr, secret);
+                if r == 1 {
+                    v.push((DELAY, "1500".into()));
+                }
+                v
+            },
+        );
+        let joined = stranger.join().unwrap();
+        let e = joined.err().unwrap_or_else(|| panic!("secret {secret:?}: the stranger joined the team as rank 1"));
+        if secret.is_some() {
+            // It reached rank 0's listener and was refused in the handshake.
+            assert!(e.message.contains("handshake"), "{}", e.message);
+        }
+        for (r, s) in st.iter().enumerate() {
+            assert!(s.success(), "secret {secret:?}: rank {r} failed: {s:?}");
+        }
+    }
 }
 
 /// Team formation time of multi-process teams (reported with --nocapture).
@@ -582,6 +660,19 @@ fn check_collectives(team: &Arc<Team>, n: usize, r: usize) {
     buf.free().unwrap();
 }
 
+/// A one-element i32 sum over `team` from `rank`'s `value`.
+fn all_reduce_i32(team: &Arc<Team>, rank: i32, value: i32) -> i32 {
+    let s = Stream::DEFAULT;
+    let buf = Buffer::alloc(team, 4096).unwrap();
+    buf.write(rank, 0, &value.to_ne_bytes()).unwrap();
+    run(&buf, rank, 0, 1, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s).unwrap();
+    synchronize(team, rank, s).unwrap();
+    let mut got = [0u8; 4];
+    buf.read(rank, 0, &mut got).unwrap();
+    buf.free().unwrap();
+    i32::from_ne_bytes(got)
+}
+
 #[test]
 fn child() {
     let Ok(spec) = std::env::var(ROLE) else { return };
@@ -642,6 +733,39 @@ fn child() {
             assert!(e.message.contains("host1") && e.message.contains(why), "rank {r}: {}", e.message);
             assert!(e.message.contains(if role == "cross-host-posix" { "rank 0" } else { "rank 1" }), "{}", e.message);
             assert!(start.elapsed() < bound);
+        }
+        "env-refused" => {
+            let e = new_unique_id().expect_err("an id was made without a good secret");
+            assert_eq!(e.kind, mcast::bootstrap::Kind::InvalidArgument, "rank {r}: {}", e.message);
+            assert!(e.message.contains("MCAST_BOOTSTRAP_SECRET"), "rank {r}: {}", e.message);
+            // An env-mode id (made elsewhere) is not joined from this environment either.
+            let addr = std::env::var("MCAST_BOOTSTRAP_ADDR").unwrap();
+            let id = mcast::bootstrap::UniqueId { addr: addr.parse().unwrap(), secret: [7; 32], rank0_listens: true };
+            let e = Team::init_rank(&ctx, &id.encode(), n as i32, rank, r as i32).err().expect("init must fail");
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "rank {r}: {}", e.message);
+            assert!(e.message.contains("MCAST_BOOTSTRAP_SECRET"), "rank {r}: {}", e.message);
+            assert!(start.elapsed() < Duration::from_secs(2), "rank {r} took {:?}", start.elapsed());
+        }
+        "env-join" => {
+            if let Ok(ms) = std::env::var(DELAY) {
+                std::thread::sleep(Duration::from_millis(ms.parse().unwrap()));
+            }
+            // As a job would: form the team with whatever id the environment gives.
+            let made = new_unique_id();
+            if let Ok(id) = &made {
+                let team = Team::init_rank(&ctx, id, n as i32, rank, r as i32).unwrap();
+                assert_eq!(team.size(), n);
+                assert_eq!(all_reduce_i32(&team, rank, 1 << r), (1 << n) - 1, "rank {r}: a stranger's value?");
+                team.destroy().unwrap();
+            }
+            match (made, std::env::var_os("MCAST_BOOTSTRAP_SECRET")) {
+                (Ok(_), Some(_)) => {}
+                (Ok(_), None) => panic!("rank {r}: an id was made without a secret"),
+                (Err(e), secret) => {
+                    assert!(secret.is_none(), "rank {r}: {}", e.message);
+                    assert!(e.message.contains("MCAST_BOOTSTRAP_SECRET"), "rank {r}: {}", e.message);
+                }
+            }
         }
         "env-id" => {
             let mine = new_unique_id().unwrap();

@@ -88,39 +88,113 @@ pub(super) fn fresh_secret() -> Result<[u8; SECRET_BYTES], BootError> {
     Ok(s)
 }
 
-/// `MCAST_BOOTSTRAP_ADDR`, parsed.
-fn env_bootstrap_addr() -> Result<Option<SocketAddr>, BootError> {
-    match std::env::var("MCAST_BOOTSTRAP_ADDR") {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().map(Some).map_err(|_| {
+/// The variable naming rank 0's address in env mode.
+pub const ADDR_ENV: &str = "MCAST_BOOTSTRAP_ADDR";
+/// The variable holding env mode's shared secret.
+pub const SECRET_ENV: &str = "MCAST_BOOTSTRAP_SECRET";
+/// The fewest hex digits `MCAST_BOOTSTRAP_SECRET` may have: 32 digits are 128 bits.
+pub const SECRET_MIN_HEX_DIGITS: usize = 32;
+/// PBKDF2-HMAC-SHA256 rounds that stretch `MCAST_BOOTSTRAP_SECRET` into the id's secret: about
+/// 0.1 s once per process on a current x86 core, so that guessing a weak secret offline from a
+/// captured handshake costs as much per guess.
+const SECRET_KDF_ROUNDS: u32 = 600_000;
+/// The salt's prefix (the address follows): ties a derived secret to this use and address.
+const SECRET_KDF_SALT: &[u8] = b"mcast bootstrap env secret v2\0";
+
+/// How to make a secret that meets the rule, for the error messages.
+const SECRET_HOW: &str = "it must be at least 32 hex digits (0-9, a-f: 128 bits) and nothing else, from a random \
+                          source and fresh for each job, shared by the job's processes: for example \
+                          MCAST_BOOTSTRAP_SECRET=$(openssl rand -hex 16) or $(head -c16 /dev/urandom | xxd -p)";
+
+/// `MCAST_BOOTSTRAP_ADDR`, parsed (`value` is the variable's value, if set).
+fn parse_bootstrap_addr(value: Option<&str>) -> Result<Option<SocketAddr>, BootError> {
+    match value.map(str::trim) {
+        Some(v) if !v.is_empty() => v.parse().map(Some).map_err(|_| {
             BootError::new(
                 Kind::InvalidArgument,
-                format!("MCAST_BOOTSTRAP_ADDR={v} is not ip:port (for example 10.0.0.1:29500 or [fd00::1]:29500)"),
+                format!("{ADDR_ENV}={v} is not ip:port (for example 10.0.0.1:29500 or [fd00::1]:29500)"),
             )
         }),
         _ => Ok(None),
     }
 }
 
-/// A fresh unique id. With `MCAST_BOOTSTRAP_ADDR` set, the id names that address, no listener
-/// starts (rank 0 will listen there) and every process makes the same id (its secret derived
-/// from the address and `MCAST_BOOTSTRAP_SECRET`); otherwise a root listener starts in this
-/// process on the interface [`tcp::pick_ip`] chooses, and serves the team until every rank
-/// asked it where the hub is.
-pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
-    if let Some(addr) = env_bootstrap_addr()? {
-        // Every process makes the same id from the environment, as with NCCL_COMM_ID: the
-        // secret is derived from the address and MCAST_BOOTSTRAP_SECRET (a token the launcher
-        // shares with the job's processes; without it, anyone who knows the address can join).
-        use sha2::{Digest, Sha256};
-        let shared = std::env::var("MCAST_BOOTSTRAP_SECRET").unwrap_or_default();
-        let mut h = Sha256::new();
-        h.update(b"mcast bootstrap secret\0");
-        h.update(addr.to_string().as_bytes());
-        h.update(b"\0");
-        h.update(shared.as_bytes());
-        let secret: [u8; SECRET_BYTES] = h.finalize().into();
-        return Ok(UniqueId { addr, secret, rank0_listens: true }.encode());
+/// `MCAST_BOOTSTRAP_SECRET` checked against the rule: surrounding whitespace removed, at least
+/// [`SECRET_MIN_HEX_DIGITS`] hex digits and nothing else; returned in lower case (one value
+/// whatever the case the launcher wrote). The messages never repeat the value.
+pub(super) fn checked_secret(value: Option<&str>) -> Result<String, BootError> {
+    let bad = |what: String| BootError::new(Kind::InvalidArgument, format!("{what}; {SECRET_HOW}"));
+    let v = value.map(str::trim).unwrap_or("");
+    if v.is_empty() {
+        return Err(bad(format!(
+            "{ADDR_ENV} is set but {SECRET_ENV} is not (without it anyone who knows the address could join the team)"
+        )));
     }
+    if !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad(format!("{SECRET_ENV} holds characters other than hex digits")));
+    }
+    if v.len() < SECRET_MIN_HEX_DIGITS {
+        return Err(bad(format!("{SECRET_ENV} has {} hex digits ({} bits), too few", v.len(), v.len() * 4)));
+    }
+    Ok(v.to_ascii_lowercase())
+}
+
+/// The id's secret in env mode: `secret` (checked) stretched by PBKDF2-HMAC-SHA256 salted with
+/// `addr`. Every process derives the same bytes from the same pair; the last pair is cached,
+/// so a process pays for the derivation once.
+pub(super) fn derive_env_secret(addr: SocketAddr, secret: &str) -> [u8; SECRET_BYTES] {
+    type Cached = (SocketAddr, String, [u8; SECRET_BYTES]);
+    static LAST: parking_lot::Mutex<Option<Cached>> = parking_lot::Mutex::new(None);
+    let mut last = LAST.lock();
+    if let Some((a, s, out)) = last.as_ref() {
+        if *a == addr && s == secret {
+            return *out;
+        }
+    }
+    let mut salt = SECRET_KDF_SALT.to_vec();
+    salt.extend_from_slice(addr.to_string().as_bytes());
+    let mut out = [0u8; SECRET_BYTES];
+    pbkdf2::pbkdf2_hmac::<sha2::Sha256>(secret.as_bytes(), &salt, SECRET_KDF_ROUNDS, &mut out);
+    *last = Some((addr, secret.to_string(), out));
+    out
+}
+
+/// The env-mode id from the values of `MCAST_BOOTSTRAP_ADDR` and `MCAST_BOOTSTRAP_SECRET`:
+/// `None` when the address is unset or empty; refused when the secret breaks the rule.
+pub(super) fn env_mode_id(addr: Option<&str>, secret: Option<&str>) -> Result<Option<UniqueId>, BootError> {
+    let Some(addr) = parse_bootstrap_addr(addr)? else { return Ok(None) };
+    let secret = checked_secret(secret)?;
+    Ok(Some(UniqueId { addr, secret: derive_env_secret(addr, &secret), rank0_listens: true }))
+}
+
+/// Refuses to join an env-mode id in a process whose environment sets `MCAST_BOOTSTRAP_ADDR`
+/// without a secret that meets the rule (the id would have been made from that environment).
+pub(super) fn check_env_mode() -> Result<(), BootError> {
+    let addr = std::env::var(ADDR_ENV).ok();
+    if parse_bootstrap_addr(addr.as_deref())?.is_some() {
+        checked_secret(std::env::var(SECRET_ENV).ok().as_deref())?;
+    }
+    Ok(())
+}
+
+/// A fresh unique id. With `MCAST_BOOTSTRAP_ADDR` set, the id names that address, no listener
+/// starts (rank 0 will listen there) and every process makes the same id, its secret derived
+/// from the address and `MCAST_BOOTSTRAP_SECRET` (refused when missing or shorter than 32 hex
+/// digits); otherwise as [`new_root_id`].
+pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
+    let addr = std::env::var(ADDR_ENV).ok();
+    let secret = std::env::var(SECRET_ENV).ok();
+    match env_mode_id(addr.as_deref(), secret.as_deref())? {
+        Some(id) => Ok(id.encode()),
+        None => new_root_id(),
+    }
+}
+
+/// A fresh root-mode id, whatever the environment: a random secret, and a root listener started
+/// in this process on the interface [`tcp::pick_ip`] chooses, serving the team until every rank
+/// asked it where the hub is. Teams made inside a job (split) use it: they never share the
+/// job's env-mode address and secret.
+pub fn new_root_id() -> Result<[u8; ID_BYTES], BootError> {
     let secret = fresh_secret()?;
     let ip = tcp::pick_ip()?;
     let listener = tcp::listen(SocketAddr::new(ip, 0))?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::id::{fresh_secret, spawn_root, UniqueId, ID_BYTES};
+use super::id::{check_env_mode, fresh_secret, spawn_root, UniqueId, ID_BYTES};
 use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
 use super::{
     fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
@@ -45,6 +45,9 @@ impl Bootstrap {
     ) -> Result<Bootstrap, BootError> {
         let (n, r) = check_ranks(nranks, rank, max_ranks)?;
         let id = UniqueId::decode(id)?;
+        if id.rank0_listens {
+            check_env_mode()?;
+        }
         let deadline = Deadline::after(timeout_ms);
         let hub = if r == 0 {
             if id.rank0_listens {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-pub use id::{new_unique_id, UniqueId, ID_BYTES};
+pub use id::{new_root_id, new_unique_id, UniqueId, ADDR_ENV, ID_BYTES, SECRET_ENV, SECRET_MIN_HEX_DIGITS};
 use tcp::kind;
 pub use wire::{Dec, Enc};
 
@@ -255,5 +255,7 @@ impl Drop for Bootstrap {
     }
 }
 
+#[cfg(test)]
+mod env_tests;
 #[cfg(test)]
 mod tests;

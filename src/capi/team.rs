@@ -254,11 +254,15 @@ pub struct mcast_unique_id_t {
 /// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
 /// interface that is up, else loopback; this process must stay alive until every rank has
 /// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
-/// every process makes the same id (the secret derived from the address and
-/// `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.
-/// One id names one team; every process of that team passes the same bytes to
-/// `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL, `MCAST_BOOTSTRAP_ADDR`
-/// malformed, `MCAST_SOCKET_IFNAME` matching no interface. Thread-safe.
+/// every process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the
+/// id's secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
+/// `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
+/// white space ignored, case does not matter), random and fresh for each job (e.g.
+/// `openssl rand -hex 16`). One id names one team; every process of that team passes the same
+/// bytes to `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL,
+/// `MCAST_BOOTSTRAP_ADDR` malformed, or set with `MCAST_BOOTSTRAP_SECRET` missing, shorter or
+/// not hex (the message names the variable and how to make one), `MCAST_SOCKET_IFNAME`
+/// matching no interface. Thread-safe.
 ///
 /// # Safety
 /// `id` must be NULL or valid for writes.
@@ -295,7 +299,9 @@ pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcas
 /// allocations and frees are collective: every rank makes them in the same order and sizes.
 /// On failure nothing is left allocated and `*out` is untouched.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
-/// from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range.
+/// from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range,
+/// an id of `MCAST_BOOTSTRAP_ADDR` joined from an environment whose `MCAST_BOOTSTRAP_SECRET`
+/// is missing or breaks the rule of `mcast_get_unique_id`.
 /// Thread-safe.
 ///
 /// # Safety
