@@ -568,6 +568,16 @@ fn a_stranger_who_knows_only_the_address_cannot_join_an_env_mode_team() {
     }
 }
 
+/// Issue 24: a split under env mode made every color's id from the environment, so every color
+/// met at the same address with the same secret (color 1's root failed with EADDRINUSE, its
+/// ranks joined color 0's team). Split ids are fresh root-mode ids: with colors {0,0,1,1} each
+/// new team holds exactly its two ranks and sums only their values.
+#[test]
+fn split_under_env_mode_gives_each_color_its_own_team() {
+    let addr = free_loopback_addr();
+    all_ok(&spawn_in(4, "env-split", false, &[0; 128], |_| Vec::new(), |_| env_mode(&addr, Some(GOOD_SECRET))));
+}
+
 /// Team formation time of multi-process teams (reported with --nocapture).
 #[test]
 fn team_formation_time_of_processes() {
@@ -766,6 +776,22 @@ fn child() {
                     assert!(e.message.contains("MCAST_BOOTSTRAP_SECRET"), "rank {r}: {}", e.message);
                 }
             }
+        }
+        "env-split" => {
+            let team = Team::init_rank(&ctx, &new_unique_id().unwrap(), n as i32, rank, r as i32).unwrap();
+            let color = (r / 2) as i32;
+            let made = team.split(&[color], &[rank]).unwrap();
+            let [Some(sub)] = &made[..] else { panic!("rank {r}: no team for color {color}") };
+            assert_eq!(sub.size(), 2, "rank {r}: the team of color {color}");
+            let new_rank = sub.local_rank().unwrap();
+            assert_eq!(new_rank, r % 2, "rank {r}");
+            // Each rank contributes 1 << its old rank: the sum names the members.
+            let want = (1 << (2 * color)) | (1 << (2 * color + 1));
+            assert_eq!(all_reduce_i32(sub, new_rank as i32, 1 << r), want, "rank {r}: color {color}'s sum");
+            sub.destroy().unwrap();
+            // The parent team is intact.
+            assert_eq!(all_reduce_i32(&team, rank, 1 << r), (1 << n) - 1, "rank {r}: the parent's sum");
+            team.destroy().unwrap();
         }
         "env-id" => {
             let mine = new_unique_id().unwrap();

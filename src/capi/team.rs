@@ -153,7 +153,8 @@ pub unsafe extern "C" fn mcast_team_get_error(team: mcast_team_t, error: *mut mc
 /// `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
 /// ranks of one color share one new handle (destroy it once). Each new team chooses its
 /// transport afresh and shares no memory, state word or rendezvous with `team` or with the
-/// other new teams, so one failing (abort, timeout) never reaches another; `team` stays usable
+/// other new teams (across processes each new team meets through a fresh random id, never
+/// through `MCAST_BOOTSTRAP_ADDR`), so one failing (abort, timeout) never reaches another; `team` stays usable
 /// and is destroyed on its own. Collective over every rank of `team` (every process calls it).
 /// On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
 /// `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;

@@ -82,12 +82,11 @@ impl Team {
                 let color = all[r].0;
                 let members = groups.get(&color);
                 let new_rank = members.and_then(|m| m.iter().position(|&q| q == r));
-                // The new rank 0 of each color makes its team's id; it travels over this team.
-                let id = if new_rank == Some(0) {
-                    Some(crate::bootstrap::new_unique_id().map_err(Error::from))
-                } else {
-                    None
-                };
+                // The new rank 0 of each color makes its team's id; it travels over this team. A
+                // fresh root-mode id, never env mode: every color (and every split) must get its
+                // own address and secret, not the job's `MCAST_BOOTSTRAP_ADDR`.
+                let id =
+                    if new_rank == Some(0) { Some(crate::bootstrap::new_root_id().map_err(Error::from)) } else { None };
                 let mut e = Enc::default();
                 if let Some(Ok(id)) = &id {
                     e.bytes(id);
