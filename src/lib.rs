@@ -6,9 +6,13 @@
 //! - [`kernels`]: NVRTC compilation and launch of the device kernels, and their host execution
 //!   on the simulator;
 //! - [`driver`]: the CUDA driver subset, real ([`driver::cuda`]) or simulated ([`driver::sim`]).
+//!
+//! Beside them, [`bootstrap`] (how processes meet) and [`libpath`] (the rule for libraries named
+//! by environment variables).
 
 pub mod bootstrap;
 pub mod capi;
 pub mod driver;
 pub mod kernels;
+pub mod libpath;
 pub mod runtime;

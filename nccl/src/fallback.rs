@@ -1,4 +1,5 @@
-//! The NCCL that serves what mcast does not: the library `MCAST_NCCL_FALLBACK` names, loaded
+//! The NCCL that serves what mcast does not: the library `MCAST_NCCL_FALLBACK` names (an
+//! absolute path, ignored with a warning in a setuid or setgid program: `mcast::libpath`), loaded
 //! on first need with `RTLD_DEEPBIND`, so its own calls to NCCL's names stay inside it even when
 //! this library was put in front of it with `LD_PRELOAD` (when the program already loaded it,
 //! that copy is used as it is, and its calls on its communicators come back through
@@ -7,6 +8,8 @@
 
 use std::ffi::{c_void, CString};
 use std::sync::OnceLock;
+
+use mcast::libpath::{self, LibPath};
 
 /// A loaded fallback NCCL.
 pub struct Nccl {
@@ -27,12 +30,15 @@ static LIBRARY: OnceLock<Option<Result<Nccl, String>>> = OnceLock::new();
 pub const ENV: &str = "MCAST_NCCL_FALLBACK";
 
 /// The fallback NCCL: `None` when `MCAST_NCCL_FALLBACK` is unset or empty, `Some(Err)` when it
-/// could not be loaded (the message says why).
+/// is not loaded (the message says why: not an absolute path, ignored in a setuid or setgid
+/// program, or the load failed; see `mcast::libpath`).
 pub fn library() -> Option<&'static Result<Nccl, String>> {
     LIBRARY
-        .get_or_init(|| {
-            let path = std::env::var(ENV).ok().filter(|p| !p.is_empty())?;
-            Some(load(&path))
+        .get_or_init(|| match libpath::from_env(ENV) {
+            Ok(LibPath::Unset) => None,
+            Ok(LibPath::Ignored(why)) => Some(Err(why)),
+            Ok(LibPath::Path(path)) => Some(load(&path)),
+            Err(e) => Some(Err(e)),
         })
         .as_ref()
 }

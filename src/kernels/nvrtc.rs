@@ -6,8 +6,10 @@
 //!
 //! Lookup order:
 //! 1. `MCAST_NVRTC_PATH`, when set and not empty: a `libnvrtc.so.*` file, or a directory holding
-//!    one (e.g. `.../site-packages/nvidia/cu13/lib` of the `nvidia-cuda-nvrtc` wheel). Nothing
-//!    else is tried when it is set: a wrong value is an error, not a silent fallback.
+//!    one (e.g. `.../site-packages/nvidia/cu13/lib` of the `nvidia-cuda-nvrtc` wheel), as an
+//!    absolute path (see [`crate::libpath`]; ignored with a warning in a setuid or setgid
+//!    program). Nothing else is tried when it is set: a wrong value is an error, not a silent
+//!    fallback.
 //! 2. cudarc's candidate names (`libnvrtc.so`, `libnvrtc.so.13`, ...) through the dynamic linker
 //!    (`LD_LIBRARY_PATH`, ldconfig), then `/usr/local/cuda/lib64/libnvrtc.so`.
 
@@ -16,6 +18,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use super::error::KernelError;
+use crate::libpath::{self, LibPath};
 
 type Prog = *mut c_void;
 type FnVersion = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
@@ -259,13 +262,14 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).trim_end().to_string()
 }
 
-/// The process-wide NVRTC, loaded on first use (`MCAST_NVRTC_PATH` read then).
+/// The process-wide NVRTC, loaded on first use (`MCAST_NVRTC_PATH` read then, under
+/// [`crate::libpath`]'s rule).
 pub fn nvrtc() -> Result<&'static Nvrtc, KernelError> {
     static NVRTC: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
     NVRTC
-        .get_or_init(|| {
-            let env = std::env::var("MCAST_NVRTC_PATH").ok();
-            Nvrtc::load(env.as_deref())
+        .get_or_init(|| match libpath::from_env("MCAST_NVRTC_PATH")? {
+            LibPath::Path(p) => Nvrtc::load(Some(&p)),
+            LibPath::Unset | LibPath::Ignored(_) => Nvrtc::load(None),
         })
         .as_ref()
         .map_err(|e| KernelError::NvrtcUnavailable(e.clone()))
