@@ -15,7 +15,9 @@ use mcast::capi::collective::{
     mcast_dtype_t, mcast_op_t, mcast_stream_t, mcast_team_all_gather, mcast_team_all_reduce, mcast_team_broadcast,
     mcast_team_reduce_scatter,
 };
-use mcast::capi::team::{mcast_get_unique_id, mcast_team_get_error, mcast_team_split, mcast_team_t, mcast_unique_id_t};
+use mcast::capi::team::{
+    get_root_unique_id, mcast_get_unique_id, mcast_team_get_error, mcast_team_split, mcast_team_t, mcast_unique_id_t,
+};
 use parking_lot::Mutex;
 
 use crate::comm::{self, check, Comm, ContextRef, Failure, Outcome};
@@ -184,7 +186,9 @@ pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
 }
 
 /// `ncclGetUniqueId`: a new mcast unique id (a bootstrap listener in this process, which must
-/// live until every rank has joined).
+/// live until every rank has joined), or with `MCAST_BOOTSTRAP_ADDR` the job's env-mode id
+/// (`MCAST_BOOTSTRAP_SECRET` required, as for `mcast_get_unique_id`: else
+/// `ncclInvalidArgument` naming it).
 #[no_mangle]
 pub extern "C" fn ncclGetUniqueId(unique_id: *mut ncclUniqueId) -> ncclResult_t {
     guard("ncclGetUniqueId", || {
@@ -372,7 +376,7 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
 }
 
 /// `ncclCommInitAll`: one communicator per device of `devlist` (NULL: devices 0..ndev-1), all
-/// in this process, made together.
+/// in this process, made together (through a fresh id: `MCAST_BOOTSTRAP_ADDR` is not used).
 ///
 /// # Safety
 /// `comms` is NULL or has room for `ndev` communicators; `devlist` is NULL or holds `ndev` devices.
@@ -392,9 +396,10 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, de
             // SAFETY: the caller passes ndev devices.
             unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec()
         };
+        // Every rank is in this process: a fresh root-mode id, never the job's
+        // MCAST_BOOTSTRAP_ADDR (two processes' teams would meet there, as split's did).
         let mut id = mcast_unique_id_t { internal: [0; 128] };
-        // SAFETY: a valid out-pointer.
-        check(unsafe { mcast_get_unique_id(&mut id) }, "mcast_get_unique_id")?;
+        check(get_root_unique_id(&mut id), "mcast_get_unique_id")?;
         let nid = ncclUniqueId { internal: id.internal };
         let mut made: Vec<Arc<Comm>> = Vec::with_capacity(n);
         for (r, &d) in devices.iter().enumerate() {

@@ -30,6 +30,13 @@ fn env_mode_secret_and_a_relative_fallback_path() {
     assert_eq!(ncclGetUniqueId(&mut id), types::INVALID_ARGUMENT);
     let e = last_error();
     assert!(e.contains("MCAST_BOOTSTRAP_SECRET") && e.contains("32 hex digits"), "{e}");
+    // ncclCommInitAll's ranks are all in this process: it does not use env mode at all.
+    let mut comms: [ncclComm_t; 2] = [null_mut(); 2];
+    // SAFETY: room for 2 communicators; NULL devlist.
+    assert_eq!(unsafe { ncclCommInitAll(comms.as_mut_ptr(), 2, std::ptr::null()) }, types::SUCCESS, "{}", last_error());
+    for c in comms {
+        assert_eq!(ncclCommDestroy(c), types::SUCCESS);
+    }
     std::env::remove_var("MCAST_BOOTSTRAP_ADDR");
 
     // MCAST_NCCL_FALLBACK=libc.so.6 is not an absolute path: the init goes on without a

@@ -282,6 +282,20 @@ pub unsafe extern "C" fn mcast_get_unique_id(id: *mut mcast_unique_id_t) -> mcas
     })
 }
 
+/// Rust only, no C symbol (for `libmcast_nccl`'s `ncclCommInitAll`, whose ranks all live in
+/// this process): a fresh id as `mcast_get_unique_id` makes without `MCAST_BOOTSTRAP_ADDR`
+/// (a random secret, a listener in this process), whatever the environment. Status and
+/// message as `mcast_get_unique_id`.
+pub fn get_root_unique_id(id: &mut mcast_unique_id_t) -> mcast_status_t {
+    guard("mcast_get_unique_id", || {
+        let bytes = bootstrap::new_root_id()?;
+        for (d, s) in id.internal.iter_mut().zip(bytes) {
+            *d = s as c_char;
+        }
+        Ok(())
+    })
+}
+
 /// One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
 /// `device` of this process's context. Every process of the team calls it with the same `id`
 /// and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
