@@ -4,7 +4,8 @@
 //! its collective, see [`super::source`]) and the NVRTC options (which select the module's entry
 //! points, see [`super::select`]), NVRTC version, architecture, variant and module name.
 //! Disk directory: `MCAST_CACHE_DIR`, else `$XDG_CACHE_HOME/mcast`, else `~/.cache/mcast`;
-//! `MCAST_CACHE_DIR=off` disables the disk cache. Files are written atomically (temporary file in
+//! `MCAST_CACHE_DIR=off` disables the disk cache, and so does `AT_SECURE` (a setuid or setgid
+//! program, whose environment may come from a less privileged user). Files are written atomically (temporary file in
 //! the same directory, then rename) with a header and checksum; a file that fails the check is
 //! ignored and rebuilt.
 
@@ -87,15 +88,31 @@ impl CacheKey {
 /// The disk cache directory from the environment, `None` when disabled or no home is known.
 pub fn cache_dir() -> Option<PathBuf> {
     let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    cache_dir_from(get("MCAST_CACHE_DIR"), get("XDG_CACHE_HOME"), get("HOME"))
+    let secure = crate::libpath::secure();
+    if secure {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "the kernel disk cache is off in a setuid or setgid program (AT_SECURE): its directory comes from \
+                 the environment (MCAST_CACHE_DIR, XDG_CACHE_HOME, HOME)"
+            )
+        });
+    }
+    cache_dir_from(secure, get("MCAST_CACHE_DIR"), get("XDG_CACHE_HOME"), get("HOME"))
 }
 
-/// [`cache_dir`] from explicit values of `MCAST_CACHE_DIR`, `XDG_CACHE_HOME` and `HOME`.
+/// [`cache_dir`] from explicit values of `MCAST_CACHE_DIR`, `XDG_CACHE_HOME` and `HOME`, in a
+/// process that runs with `AT_SECURE` when `secure`: then none (the directory, and so the
+/// code loaded from it, would be chosen by a less privileged user).
 pub fn cache_dir_from(
+    secure: bool,
     mcast: Option<std::ffi::OsString>,
     xdg: Option<std::ffi::OsString>,
     home: Option<std::ffi::OsString>,
 ) -> Option<PathBuf> {
+    if secure {
+        return None;
+    }
     if let Some(d) = mcast {
         if d == "off" {
             return None;
@@ -241,11 +258,14 @@ mod tests {
     #[test]
     fn cache_dir_from_environment() {
         let s = |v: &str| Some(std::ffi::OsString::from(v));
-        assert_eq!(cache_dir_from(s("off"), s("/x"), s("/h")), None);
-        assert_eq!(cache_dir_from(s("/c"), s("/x"), s("/h")), Some(PathBuf::from("/c")));
-        assert_eq!(cache_dir_from(None, s("/x"), s("/h")), Some(PathBuf::from("/x/mcast")));
-        assert_eq!(cache_dir_from(None, None, s("/h")), Some(PathBuf::from("/h/.cache/mcast")));
-        assert_eq!(cache_dir_from(None, None, None), None);
+        assert_eq!(cache_dir_from(false, s("off"), s("/x"), s("/h")), None);
+        assert_eq!(cache_dir_from(false, s("/c"), s("/x"), s("/h")), Some(PathBuf::from("/c")));
+        assert_eq!(cache_dir_from(false, None, s("/x"), s("/h")), Some(PathBuf::from("/x/mcast")));
+        assert_eq!(cache_dir_from(false, None, None, s("/h")), Some(PathBuf::from("/h/.cache/mcast")));
+        assert_eq!(cache_dir_from(false, None, None, None), None);
+        // Under AT_SECURE no directory from the environment is used.
+        assert_eq!(cache_dir_from(true, s("/c"), s("/x"), s("/h")), None);
+        assert_eq!(cache_dir_from(true, None, None, s("/h")), None);
     }
 
     #[test]
