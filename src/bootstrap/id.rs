@@ -94,9 +94,10 @@ pub const ADDR_ENV: &str = "MCAST_BOOTSTRAP_ADDR";
 pub const SECRET_ENV: &str = "MCAST_BOOTSTRAP_SECRET";
 /// The fewest hex digits `MCAST_BOOTSTRAP_SECRET` may have: 32 digits are 128 bits.
 pub const SECRET_MIN_HEX_DIGITS: usize = 32;
-/// PBKDF2-HMAC-SHA256 rounds that stretch `MCAST_BOOTSTRAP_SECRET` into the id's secret: about
-/// 0.1 s once per process on a current x86 core, so that guessing a weak secret offline from a
-/// captured handshake costs as much per guess.
+/// PBKDF2-HMAC-SHA256 rounds that stretch `MCAST_BOOTSTRAP_SECRET` into the id's secret (OWASP's
+/// figure for this PRF): 65 ms of CPU once per process on an x86 core with the SHA extensions,
+/// a few times that without (and in unoptimised builds), so that guessing a weak secret offline
+/// from a captured handshake costs as much per guess.
 const SECRET_KDF_ROUNDS: u32 = 600_000;
 /// The salt's prefix (the address follows): ties a derived secret to this use and address.
 const SECRET_KDF_SALT: &[u8] = b"mcast bootstrap env secret v2\0";
