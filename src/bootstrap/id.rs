@@ -96,7 +96,7 @@ pub const SECRET_ENV: &str = "MCAST_BOOTSTRAP_SECRET";
 pub const SECRET_MIN_HEX_DIGITS: usize = 32;
 /// PBKDF2-HMAC-SHA256 rounds that stretch `MCAST_BOOTSTRAP_SECRET` into the id's secret (OWASP's
 /// figure for this PRF): 65 ms of CPU once per process on an x86 core with the SHA extensions,
-/// a few times that without (and in unoptimised builds), so that guessing a weak secret offline
+/// a few times that without, seconds in an unoptimised (debug) build, so that guessing a weak secret offline
 /// from a captured handshake costs as much per guess.
 const SECRET_KDF_ROUNDS: u32 = 600_000;
 /// The salt's prefix (the address follows): ties a derived secret to this use and address.
