@@ -1,9 +1,9 @@
 //! Unique ids: the 128 bytes every rank passes (address, mode, secret), how a fresh one is made,
 //! and the root listener that tells the ranks of an id where rank 0's hub listens.
 
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 
-use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
+use super::tcp::{self, kind, Acceptor, Secured, SECRET_BYTES};
 use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT};
 
 /// Bytes of a unique id.
@@ -143,7 +143,7 @@ pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BY
             let mut early = acceptor.next(Deadline::after_ms(1));
             // The sender lives as long as the thread (see `Acceptor::start`).
             let _ = ready_tx.send(());
-            let mut waiting: Vec<(TcpStream, u32, u32)> = Vec::new();
+            let mut waiting: Vec<(Secured, u32, u32)> = Vec::new();
             let mut hub: Option<(String, u32)> = None;
             let mut served = std::collections::BTreeSet::new();
             loop {
@@ -173,7 +173,7 @@ pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BY
                                  pass the same nranks"
                             ));
                         }
-                        let _ = tcp::write_frame(&mut w, kind::WELCOME, &e.0);
+                        let _ = w.send(kind::WELCOME, &e.0);
                         served.insert(rank);
                     }
                 }

@@ -1,0 +1,245 @@
+//! Tests of the bootstrap against a network that lies: a relay between a rank and the hub that
+//! alters, replays or injects frames, or only records them; the root's rank checks; queue caps.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::tcp::{self, kind, SECRET_BYTES};
+use super::*;
+
+const MAX: usize = 72;
+
+/// What the relay does to the frames a rank sends to the hub, counted after the handshake.
+#[derive(Clone, Copy, Debug)]
+enum Tamper {
+    /// Relays every frame as it is.
+    Nothing,
+    /// Flips one bit of the last byte of frame `n`.
+    Flip(usize),
+    /// Sends frame `frame` again just before frame `at`.
+    Replay { frame: usize, at: usize },
+    /// Sends a frame of its own making just before frame `n`.
+    Inject(usize),
+}
+
+/// A TCP relay between one rank and the hub that records every byte either way.
+struct Relay {
+    addr: SocketAddr,
+    capture: Arc<Mutex<Vec<u8>>>,
+}
+
+fn is_handshake(k: u8) -> bool {
+    // HELLO, PROOF and the client's nonce.
+    matches!(k, 1 | 2 | 5)
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, tamper: Tamper, capture: Arc<Mutex<Vec<u8>>>) {
+    let _ = from.set_read_timeout(Some(Duration::from_secs(20)));
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        if from.read_exact(&mut head).is_err() {
+            break;
+        }
+        let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+        if len > 4 << 20 {
+            break;
+        }
+        let mut frame = head.to_vec();
+        frame.resize(5 + len, 0);
+        if from.read_exact(&mut frame[5..]).is_err() {
+            break;
+        }
+        capture.lock().extend_from_slice(&frame);
+        if !is_handshake(head[4]) {
+            let i = sent.len();
+            match tamper {
+                Tamper::Flip(n) if n == i => *frame.last_mut().unwrap() ^= 1,
+                Tamper::Replay { frame: old, at } if at == i => {
+                    let _ = to.write_all(&sent[old]);
+                }
+                Tamper::Inject(n) if n == i => {
+                    // What an attacker without the keys can write: a well-formed plaintext part.
+                    let mut e = Enc::default();
+                    e.str("x").u32(0).bytes(&[9]).u32(0);
+                    let _ = tcp::write_frame(&mut to, kind::EXCH, &e.0);
+                }
+                _ => {}
+            }
+            sent.push(frame.clone());
+        }
+        if to.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+impl Relay {
+    /// Listens on loopback; relays the first connection to `target`.
+    fn start(target: SocketAddr, tamper: Tamper) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let capture = Arc::new(Mutex::new(Vec::new()));
+        let cap = capture.clone();
+        std::thread::spawn(move || {
+            l.set_nonblocking(true).unwrap();
+            let t = Instant::now();
+            let client = loop {
+                match l.accept() {
+                    Ok((s, _)) => break s,
+                    Err(_) if t.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(2)),
+                    Err(_) => return,
+                }
+            };
+            client.set_nonblocking(false).unwrap();
+            let Ok(server) = TcpStream::connect(target) else { return };
+            let (c2, s2, cap2) = (client.try_clone().unwrap(), server.try_clone().unwrap(), cap.clone());
+            std::thread::spawn(move || pump(s2, c2, Tamper::Nothing, cap2));
+            pump(client, server, tamper, cap);
+        });
+        Relay { addr, capture }
+    }
+}
+
+/// Three ranks (on three hosts) through the caller's allgather; rank 1 reaches the hub only
+/// through a relay doing `tamper`.
+fn team_through_relay(tamper: Tamper) -> (Vec<Bootstrap>, Relay) {
+    let n = 3;
+    let buf = Arc::new(Mutex::new(vec![0u8; n * oob::RECORD]));
+    let barrier = Arc::new(Barrier::new(n));
+    let relay: Arc<Mutex<Option<Relay>>> = Arc::default();
+    let boots = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (buf, barrier, relay) = (buf.clone(), barrier.clone(), relay.clone());
+                s.spawn(move || {
+                    let mut gather = |send: &[u8], recv: &mut [u8]| {
+                        buf.lock()[r * send.len()..(r + 1) * send.len()].copy_from_slice(send);
+                        barrier.wait();
+                        recv.copy_from_slice(&buf.lock());
+                        barrier.wait();
+                        if r == 1 {
+                            // Rank 1 is told the relay's address instead of the hub's.
+                            let mut d = Dec(&recv[..oob::RECORD]);
+                            let _ = (d.u32(), d.u32(), d.u32());
+                            let secret: [u8; SECRET_BYTES] = d.bytes().unwrap().try_into().unwrap();
+                            let hub: SocketAddr = d.str().unwrap().parse().unwrap();
+                            let r0 = Relay::start(hub, tamper);
+                            let rec = oob::record(n, 0, &secret, &r0.addr.to_string(), None);
+                            recv[..oob::RECORD].copy_from_slice(&rec);
+                            *relay.lock() = Some(r0);
+                        }
+                        Ok(())
+                    };
+                    Bootstrap::init_oob(&mut gather, n as i64, r as i64, MAX, 10_000, format!("h{r}"), None).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let relay = relay.lock().take().unwrap();
+    (boots, relay)
+}
+
+/// Every rank's result of one exchange "x".
+fn exchange_x(boots: &[Bootstrap]) -> Vec<Result<Vec<Part>, BootError>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> =
+            boots.iter().map(|b| s.spawn(move || b.allgather("x", Ok(()), &[b.rank() as u8], &[]))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A frame from rank 1 that the relay altered, replayed or forged fails the exchange on every
+/// rank at once with the status of a lost connection, the message naming authentication.
+fn tampering_fails_every_rank(tamper: Tamper) {
+    let (boots, _relay) = team_through_relay(tamper);
+    let t = Instant::now();
+    for (r, res) in exchange_x(&boots).into_iter().enumerate() {
+        let e = res.expect_err(&format!("rank {r} took a tampered exchange ({tamper:?})"));
+        assert_eq!(e.kind, Kind::Timeout, "rank {r}: {}", e.message);
+        assert!(
+            e.message.contains("connection from rank 1 failed authentication"),
+            "rank {r}: {tamper:?}: {}",
+            e.message
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The bootstrap stays broken.
+    assert!(boots[2].agree("after", Ok(())).is_err());
+}
+
+// Frames after rank 1's handshake with the hub: 0 its JOIN, 1 its part of the "bootstrap"
+// exchange that ends formation, 2 its part of "x".
+
+#[test]
+fn an_altered_frame_fails_the_team_on_every_rank() {
+    tampering_fails_every_rank(Tamper::Flip(2));
+}
+
+#[test]
+fn a_replayed_frame_fails_the_team_on_every_rank() {
+    tampering_fails_every_rank(Tamper::Replay { frame: 1, at: 2 });
+}
+
+#[test]
+fn an_injected_frame_fails_the_team_on_every_rank() {
+    tampering_fails_every_rank(Tamper::Inject(2));
+}
+
+/// What a split sends (the new team's id, with its secret) never travels in the clear.
+#[test]
+fn a_capture_of_a_split_holds_no_team_secret() {
+    let (boots, relay) = team_through_relay(Tamper::Nothing);
+    let id = new_unique_id().unwrap();
+    let secret = UniqueId::decode(&id).unwrap().secret;
+    std::thread::scope(|s| {
+        for b in &boots {
+            s.spawn(move || {
+                let mut e = Enc::default();
+                e.bytes(if b.rank() == 0 { &id[..] } else { &[] });
+                let parts = b.allgather("split: team ids", Ok(()), &e.0, &[]).unwrap();
+                assert_eq!(Dec(&parts[0].bytes).bytes().unwrap(), id.to_vec());
+            });
+        }
+    });
+    let cap = relay.capture.lock().clone();
+    assert!(cap.len() > 200, "the relay saw {} bytes", cap.len());
+    let holds = |needle: &[u8]| cap.windows(needle.len()).any(|w| w == needle);
+    assert!(!holds(&secret), "the capture holds the new team's secret");
+    assert!(!holds(&secret[..8]), "the capture holds part of the new team's secret");
+    assert!(!holds(b"MCASTID2"), "the capture holds a unique id");
+}
+
+/// A member that sends frames nobody asked for fills no unbounded queue: the hub drops it and
+/// the team fails with a message that says why.
+#[test]
+fn a_flood_of_frames_is_capped() {
+    let boots = super::tests::team(2, |r| format!("h{r}"), 10_000);
+    let hub = boots[1].conns[0].as_ref().unwrap();
+    for _ in 0..1000 {
+        if hub.send(kind::EXCH, &[0u8; 64]).is_err() {
+            break;
+        }
+    }
+    // The hub's reader drops rank 1 once the queue is full.
+    let t = Instant::now();
+    while boots[0].shared.q.lock().failure.is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the hub queued {} frames",
+            boots[0].shared.q.lock().frames[1].len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(boots[0].shared.q.lock().frames[1].len() <= QUEUE_FRAMES);
+    let e = boots[0].agree("x", Ok(())).unwrap_err();
+    assert_eq!(e.kind, Kind::Timeout, "{}", e.message);
+    assert!(e.message.contains("rank 1 sent more than"), "{}", e.message);
+}
