@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::id::{fresh_secret, spawn_root, UniqueId, ID_BYTES};
+use super::id::{fresh_secret, spawn_root_until, UniqueId, ID_BYTES};
 use super::tcp::{self, kind, Acceptor, Opener, Secured, SECRET_BYTES};
 use super::{
     fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
@@ -49,7 +49,7 @@ impl Bootstrap {
         let deadline = Deadline::after(timeout_ms);
         let hub = if r == 0 {
             if id.rank0_listens {
-                spawn_root(tcp::listen(id.addr)?, id.secret)?;
+                spawn_root_until(tcp::listen(id.addr)?, id.secret, timeout_ms)?;
             }
             Some(Self::hub_acceptor(&id.secret, id.rank0_listens.then_some(id.addr.ip()))?)
         } else {

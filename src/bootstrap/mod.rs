@@ -124,6 +124,10 @@ impl Deadline {
     }
 }
 
+/// The default of `MCAST_TIMEOUT_MS`: how long the bootstrap waits for a peer, and how long a
+/// unique id's root listener waits for the next rank.
+pub const DEFAULT_TIMEOUT_MS: u32 = 30_000;
+
 /// Most frames queued from one peer that no exchange has taken yet (a member keeps at most
 /// one in flight); more fails the team.
 pub const QUEUE_FRAMES: usize = 16;

@@ -243,3 +243,82 @@ fn a_flood_of_frames_is_capped() {
     assert_eq!(e.kind, Kind::Timeout, "{}", e.message);
     assert!(e.message.contains("rank 1 sent more than"), "{}", e.message);
 }
+
+/// A root listener on loopback for `secret`.
+fn root(secret: [u8; SECRET_BYTES]) -> SocketAddr {
+    let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    super::id::spawn_root_until(l, secret, 10_000).unwrap();
+    addr
+}
+
+/// Asks the root at `addr` where the hub is, as `rank` of `n` offering `hub`: (ok, message).
+fn ask_root(addr: SocketAddr, secret: &[u8; SECRET_BYTES], rank: u32, n: u32, hub: &str) -> (u32, String) {
+    let mut s = tcp::connect(addr, secret, Deadline::after_ms(3000)).unwrap();
+    let mut e = Enc::default();
+    e.u32(ASK_ROOT).u32(rank).u32(n).str(hub);
+    s.send(kind::JOIN, &e.0).unwrap();
+    let w = s.expect(kind::WELCOME, 4096, Deadline::after_ms(3000)).unwrap();
+    let mut d = Dec(&w);
+    (d.u32().unwrap(), d.str().unwrap())
+}
+
+#[test]
+fn a_second_claim_of_rank_0_never_replaces_the_hub() {
+    let secret = [5; SECRET_BYTES];
+    let addr = root(secret);
+    assert_eq!(ask_root(addr, &secret, 0, 3, "10.0.0.1:1"), (0, "10.0.0.1:1".to_string()));
+    let (ok, msg) = ask_root(addr, &secret, 0, 3, "10.6.6.6:6");
+    assert_eq!(ok, 1, "a second rank 0 was served: {msg}");
+    assert!(msg.contains("rank 0"), "{msg}");
+    assert_eq!(ask_root(addr, &secret, 1, 3, ""), (0, "10.0.0.1:1".to_string()));
+    // Each rank is served once.
+    let (ok, msg) = ask_root(addr, &secret, 1, 3, "");
+    assert_eq!(ok, 1, "rank 1 was served twice: {msg}");
+    assert!(msg.contains("rank 1"), "{msg}");
+}
+
+#[test]
+fn the_root_refuses_ranks_out_of_range() {
+    let secret = [6; SECRET_BYTES];
+    let addr = root(secret);
+    // Before rank 0 arrives (a rank beyond its own nranks) and after (beyond rank 0's).
+    let (ok, msg) = ask_root(addr, &secret, 4, 3, "");
+    assert_eq!(ok, 1, "{msg}");
+    assert!(msg.contains("rank 4") && msg.contains("nranks"), "{msg}");
+    assert_eq!(ask_root(addr, &secret, 0, 2, "10.0.0.1:1"), (0, "10.0.0.1:1".to_string()));
+    let (ok, msg) = ask_root(addr, &secret, 2, 2, "");
+    assert_eq!(ok, 1, "{msg}");
+    assert!(msg.contains("rank 2") && msg.contains("nranks"), "{msg}");
+}
+
+/// A root listener ends with its team, or when no rank asks within its timeout: its thread
+/// exits, its port refuses connections, and a rank still waiting for rank 0 is told why.
+#[test]
+fn the_root_listener_ends_with_its_team_or_its_timeout() {
+    let secret = [8; SECRET_BYTES];
+    // Formed: the only rank asked.
+    let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let root = super::id::spawn_root_until(l, secret, 60_000).unwrap();
+    assert_eq!(ask_root(addr, &secret, 0, 1, "10.0.0.1:1"), (0, "10.0.0.1:1".to_string()));
+    let t = Instant::now();
+    while !root.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(3), "the root outlived its team");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Unused: rank 1 waits for a rank 0 that never comes.
+    let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let root = super::id::spawn_root_until(l, secret, 300).unwrap();
+    let t = Instant::now();
+    let (ok, msg) = ask_root(addr, &secret, 1, 2, "");
+    assert_eq!(ok, 1, "{msg}");
+    assert!(msg.contains("rank 0 did not ask") && msg.contains("300 ms"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    while !root.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(3), "the root outlived its timeout");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(), "the root's port still accepts");
+}

@@ -253,7 +253,10 @@ pub struct mcast_unique_id_t {
 /// (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
 /// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
 /// interface that is up, else loopback; this process must stay alive until every rank has
-/// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
+/// joined. The listener closes (its port and threads) once every rank has asked it where rank 0
+/// is, or when `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a
+/// rank asking: an id nobody uses keeps nothing open, and ranks must start within that time of
+/// one another. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
 /// every process makes the same id (the secret derived from the address and
 /// `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.
 /// One id names one team; every process of that team passes the same bytes to
