@@ -651,6 +651,35 @@ mod tests {
         assert!(matches!(open(&mut rx, &[0xff, 0xff, 0xff, 0xff, kind::EXCH]), Err(FrameError::TooLarge(_))));
     }
 
+    /// Any change to a sealed frame (bytes altered, cut short, or random input) fails to open.
+    #[test]
+    fn fuzz_the_opener() {
+        let (mut tx, _) = direction();
+        let frame = tx.seal(kind::RESULT, &[0x5a; 40]).unwrap();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..5000 {
+            let input: Vec<u8> = if i % 2 == 0 {
+                (0..next() % 80).map(|_| next() as u8).collect()
+            } else {
+                let mut v = frame.clone();
+                let at = next() as usize % v.len();
+                v[at] ^= 1 + (next() % 255) as u8;
+                v.truncate(v.len() - next() as usize % 2);
+                v
+            };
+            let (_, mut rx) = direction();
+            assert!(open(&mut rx, &input).is_err(), "input {i} opened");
+        }
+        let (_, mut rx) = direction();
+        assert_eq!(open(&mut rx, &frame).unwrap(), (kind::RESULT, vec![0x5a; 40]));
+    }
+
     fn proof_of(label: &[u8], secret: &[u8; SECRET_BYTES], ns: &[u8], nc: &[u8]) -> Vec<u8> {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap();
         m.update(label);
