@@ -13,7 +13,7 @@ use super::*;
 
 const MAX: usize = 72;
 
-/// What the relay does to the frames a rank sends to the hub, counted after the handshake.
+/// What the relay does to the frames one way, counted after the handshake.
 #[derive(Clone, Copy, Debug)]
 enum Tamper {
     /// Relays every frame as it is.
@@ -81,8 +81,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, tamper: Tamper, capture: Arc<Mut
 }
 
 impl Relay {
-    /// Listens on loopback; relays the first connection to `target`.
-    fn start(target: SocketAddr, tamper: Tamper) -> Relay {
+    /// Listens on loopback; relays the first connection to `target`, doing `up` to what the
+    /// client sends and `down` to what it receives.
+    fn start(target: SocketAddr, up: Tamper, down: Tamper) -> Relay {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let capture = Arc::new(Mutex::new(Vec::new()));
@@ -100,16 +101,16 @@ impl Relay {
             client.set_nonblocking(false).unwrap();
             let Ok(server) = TcpStream::connect(target) else { return };
             let (c2, s2, cap2) = (client.try_clone().unwrap(), server.try_clone().unwrap(), cap.clone());
-            std::thread::spawn(move || pump(s2, c2, Tamper::Nothing, cap2));
-            pump(client, server, tamper, cap);
+            std::thread::spawn(move || pump(s2, c2, down, cap2));
+            pump(client, server, up, cap);
         });
         Relay { addr, capture }
     }
 }
 
 /// Three ranks (on three hosts) through the caller's allgather; rank 1 reaches the hub only
-/// through a relay doing `tamper`.
-fn team_through_relay(tamper: Tamper) -> (Vec<Bootstrap>, Relay) {
+/// through a relay doing `up` and `down`.
+fn team_through_relay(up: Tamper, down: Tamper) -> (Vec<Bootstrap>, Relay) {
     let n = 3;
     let buf = Arc::new(Mutex::new(vec![0u8; n * oob::RECORD]));
     let barrier = Arc::new(Barrier::new(n));
@@ -130,7 +131,7 @@ fn team_through_relay(tamper: Tamper) -> (Vec<Bootstrap>, Relay) {
                             let _ = (d.u32(), d.u32(), d.u32());
                             let secret: [u8; SECRET_BYTES] = d.bytes().unwrap().try_into().unwrap();
                             let hub: SocketAddr = d.str().unwrap().parse().unwrap();
-                            let r0 = Relay::start(hub, tamper);
+                            let r0 = Relay::start(hub, up, down);
                             let rec = oob::record(n, 0, &secret, &r0.addr.to_string(), None);
                             recv[..oob::RECORD].copy_from_slice(&rec);
                             *relay.lock() = Some(r0);
@@ -159,7 +160,7 @@ fn exchange_x(boots: &[Bootstrap]) -> Vec<Result<Vec<Part>, BootError>> {
 /// A frame from rank 1 that the relay altered, replayed or forged fails the exchange on every
 /// rank at once with the status of a lost connection, the message naming authentication.
 fn tampering_fails_every_rank(tamper: Tamper) {
-    let (boots, _relay) = team_through_relay(tamper);
+    let (boots, _relay) = team_through_relay(tamper, Tamper::Nothing);
     let t = Instant::now();
     for (r, res) in exchange_x(&boots).into_iter().enumerate() {
         let e = res.expect_err(&format!("rank {r} took a tampered exchange ({tamper:?})"));
@@ -193,10 +194,33 @@ fn an_injected_frame_fails_the_team_on_every_rank() {
     tampering_fails_every_rank(Tamper::Inject(2));
 }
 
+/// Frames the hub sends rank 1 after the handshake: 0 WELCOME, 1 the "bootstrap" result, 2
+/// the result of "x". Rank 1 sees the altered one; its sealed notice reaches the hub, which
+/// passes it on, so the next exchange fails on every rank at once.
+#[test]
+fn an_altered_frame_from_the_hub_fails_the_team_on_every_rank() {
+    let (boots, _relay) = team_through_relay(Tamper::Nothing, Tamper::Flip(2));
+    let t = Instant::now();
+    let x = exchange_x(&boots);
+    let e = x[1].as_ref().expect_err("rank 1 took an altered result");
+    assert_eq!(e.kind, Kind::Timeout, "{}", e.message);
+    assert!(e.message.contains("connection from rank 0 failed authentication"), "{}", e.message);
+    std::thread::scope(|s| {
+        for b in &boots {
+            s.spawn(move || {
+                let e = b.agree("y", Ok(())).unwrap_err();
+                assert_eq!(e.kind, Kind::Timeout, "rank {}: {}", b.rank(), e.message);
+                assert!(e.message.contains("failed authentication"), "rank {}: {}", b.rank(), e.message);
+            });
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 /// What a split sends (the new team's id, with its secret) never travels in the clear.
 #[test]
 fn a_capture_of_a_split_holds_no_team_secret() {
-    let (boots, relay) = team_through_relay(Tamper::Nothing);
+    let (boots, relay) = team_through_relay(Tamper::Nothing, Tamper::Nothing);
     let id = new_unique_id().unwrap();
     let secret = UniqueId::decode(&id).unwrap().secret;
     std::thread::scope(|s| {
