@@ -1074,7 +1074,10 @@ mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
  * `device` of this process's context. Every process of the team calls it with the same `id`
  * and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
  * The processes meet over TCP through the listener `id` names (on one host or many; every
- * connection proves the id's secret first); memory and multicast objects travel as POSIX
+ * connection proves the id's secret first, the listener before the caller, and everything
+ * after that is encrypted and authenticated: a message altered, replayed or injected on the
+ * network fails the team on every rank with `MCAST_ERROR_TIMEOUT`, the message naming the
+ * connection that failed authentication); memory and multicast objects travel as POSIX
  * file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
  * hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
  * naming the rank, its host and the reason.
