@@ -346,3 +346,37 @@ fn the_root_listener_ends_with_its_team_or_its_timeout() {
     }
     assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(), "the root's port still accepts");
 }
+
+/// The hub checks rank fields too: a member that joins as a rank beyond nranks fails the
+/// team's formation with INVALID_ARGUMENT naming it, and hears why.
+#[test]
+fn the_hub_refuses_a_rank_out_of_range() {
+    let rogue: Arc<Mutex<Option<std::thread::JoinHandle<String>>>> = Arc::default();
+    let r2 = rogue.clone();
+    let mut gather = |send: &[u8], recv: &mut [u8]| {
+        recv[..oob::RECORD].copy_from_slice(send);
+        let mut d = Dec(send);
+        let _ = (d.u32(), d.u32(), d.u32());
+        let secret: [u8; SECRET_BYTES] = d.bytes().unwrap().try_into().unwrap();
+        let hub: SocketAddr = d.str().unwrap().parse().unwrap();
+        recv[oob::RECORD..].copy_from_slice(&oob::record(2, 1, &secret, "", None));
+        // Rank 1's place is taken by a process that claims rank 5 of 2.
+        *r2.lock() = Some(std::thread::spawn(move || {
+            let mut s = tcp::connect(hub, &secret, Deadline::after_ms(3000)).unwrap();
+            let mut e = Enc::default();
+            e.u32(JOIN_HUB).u32(5).u32(2).str("h1");
+            s.send(kind::JOIN, &e.0).unwrap();
+            let w = s.expect(kind::WELCOME, 4096, Deadline::after_ms(3000)).unwrap();
+            let mut d = Dec(&w);
+            assert_eq!(d.u32().unwrap(), 1, "the hub welcomed rank 5 of 2");
+            let _ = d.u32();
+            d.str().unwrap()
+        }));
+        Ok(())
+    };
+    let e = Bootstrap::init_oob(&mut gather, 2, 0, MAX, 3000, "h0".into(), None).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument, "{}", e.message);
+    assert!(e.message.contains("rank 5 of 2"), "{}", e.message);
+    let told = rogue.lock().take().unwrap().join().unwrap();
+    assert!(told.contains("rank 5 of 2"), "{told}");
+}
