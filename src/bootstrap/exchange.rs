@@ -14,7 +14,11 @@ impl Bootstrap {
             if self.aborted() {
                 return Err(self.aborted_err());
             }
+            if let Some(why) = &q.failure {
+                return Err(self.failed_err(label, why));
+            }
             if let Some(f) = q.frames[src].pop_front() {
+                q.bytes[src] -= f.1.len();
                 return Ok(f);
             }
             if q.closed[src] {
@@ -29,6 +33,9 @@ impl Bootstrap {
                     if self.shared.cv.wait_until(&mut q, t).timed_out() && q.frames[src].is_empty() {
                         if self.aborted() {
                             return Err(self.aborted_err());
+                        }
+                        if let Some(why) = &q.failure {
+                            return Err(self.failed_err(label, why));
                         }
                         return Err(timeout_err(format!(
                             "rank {}: rank {src} did not arrive within timeout_ms = {} ms at \"{label}\"",
@@ -198,7 +205,7 @@ impl Bootstrap {
             if local_counts.iter().sum::<usize>() > 0 {
                 let got = local.allgather(fds, &local_counts, deadline, self.shared.wake.as_raw_fd());
                 let got = match got {
-                    Err(e) if e.kind == Kind::Aborted => return Err(self.aborted_err()),
+                    Err(e) if e.kind == Kind::Aborted => return Err(self.stop_err(label)),
                     x => x?,
                 };
                 for (i, f) in got.into_iter().enumerate() {

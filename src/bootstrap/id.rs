@@ -1,10 +1,12 @@
 //! Unique ids: the 128 bytes every rank passes (address, mode, secret), how a fresh one is made,
 //! and the root listener that tells the ranks of an id where rank 0's hub listens.
 
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
-use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
-use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT};
+use super::tcp::{self, kind, Acceptor, Secured, SECRET_BYTES};
+use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT, DEFAULT_TIMEOUT_MS};
 
 /// Bytes of a unique id.
 pub const ID_BYTES: usize = 128;
@@ -193,7 +195,8 @@ pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
 
 /// A fresh root-mode id, whatever the environment: a random secret, and a root listener started
 /// in this process on the interface [`tcp::pick_ip`] chooses, serving the team until every rank
-/// asked it where the hub is. Teams made inside a job (split) use it: they never share the
+/// asked it where the hub is (or `MCAST_TIMEOUT_MS` passes with no rank asking). Teams made
+/// inside a job (split) use it: they never share the
 /// job's env-mode address and secret.
 pub fn new_root_id() -> Result<[u8; ID_BYTES], BootError> {
     let secret = fresh_secret()?;
@@ -204,13 +207,37 @@ pub fn new_root_id() -> Result<[u8; ID_BYTES], BootError> {
     Ok(UniqueId { addr, secret, rank0_listens: false }.encode())
 }
 
-/// The root of a unique id: tells every rank where rank 0's hub listens, then ends once every
-/// rank has asked.
+/// How long a root listener made by [`new_unique_id`] waits for the next rank:
+/// `MCAST_TIMEOUT_MS` (0: for ever), else [`DEFAULT_TIMEOUT_MS`]. The id's maker has no
+/// context, so the variable is read here; a malformed value counts as unset.
+fn root_timeout_ms() -> u32 {
+    std::env::var("MCAST_TIMEOUT_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_TIMEOUT_MS)
+}
+
+/// The root of a unique id made by [`new_unique_id`]: [`spawn_root_until`] with
+/// `MCAST_TIMEOUT_MS`.
 pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Result<(), BootError> {
+    spawn_root_until(listener, secret, root_timeout_ms()).map(drop)
+}
+
+/// Most ranks the root keeps waiting for rank 0 (each a distinct rank below its nranks).
+const ROOT_MAX_WAITING: usize = 4096;
+
+/// The root of a unique id: tells every rank where rank 0's hub listens. It checks every
+/// claim: rank 0 is taken once (a second claim is refused and logged and never replaces the
+/// hub), every rank is below nranks and served once, at most [`ROOT_MAX_WAITING`] wait for
+/// rank 0. It ends, closing its listener and its threads, once every rank of the team has
+/// asked, or when `timeout_ms` passes (0: never) without a rank asking; the ranks still
+/// waiting for rank 0 are then told so. Returns the root thread.
+pub(super) fn spawn_root_until(
+    listener: std::net::TcpListener,
+    secret: [u8; SECRET_BYTES],
+    timeout_ms: u32,
+) -> Result<std::thread::JoinHandle<()>, BootError> {
     let acceptor = Acceptor::start(listener, secret, "bootstrap root")
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root: {e}")))?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("mcast-root".into())
         .spawn(move || {
             // A first, timed-out wait sets up this thread's channel waiting state (which
@@ -218,39 +245,20 @@ pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BY
             let mut early = acceptor.next(Deadline::after_ms(1));
             // The sender lives as long as the thread (see `Acceptor::start`).
             let _ = ready_tx.send(());
-            let mut waiting: Vec<(TcpStream, u32, u32)> = Vec::new();
-            let mut hub: Option<(String, u32)> = None;
-            let mut served = std::collections::BTreeSet::new();
-            loop {
-                if let Some((_, n)) = &hub {
-                    if served.len() >= *n as usize {
-                        break;
-                    }
-                }
-                let Some((s, join)) = early.take().or_else(|| acceptor.next(Deadline(None))) else { break };
+            let mut root = Root::default();
+            let mut until = Deadline::after(timeout_ms);
+            while !root.formed() {
+                let Some((s, join)) = early.take().or_else(|| acceptor.next(until)) else {
+                    root.expire(timeout_ms);
+                    break;
+                };
                 let mut d = Dec(&join);
                 let (Ok(ASK_ROOT), Ok(rank), Ok(nranks), Ok(addr)) = (d.u32(), d.u32(), d.u32(), d.str()) else {
                     tracing::warn!("bootstrap root: dropped a malformed request");
                     continue;
                 };
-                if rank == 0 {
-                    hub = Some((addr, nranks));
-                }
-                waiting.push((s, rank, nranks));
-                if let Some((addr, n)) = &hub {
-                    for (mut w, rank, their_n) in waiting.drain(..) {
-                        let mut e = Enc::default();
-                        if their_n == *n {
-                            e.u32(0).str(addr);
-                        } else {
-                            e.u32(1).str(&format!(
-                                "rank {rank} says nranks = {their_n} but rank 0 says nranks = {n}; every rank must \
-                                 pass the same nranks"
-                            ));
-                        }
-                        let _ = tcp::write_frame(&mut w, kind::WELCOME, &e.0);
-                        served.insert(rank);
-                    }
+                if root.ask(s, rank, nranks, addr) {
+                    until = Deadline::after(timeout_ms);
                 }
             }
             drop(acceptor);
@@ -258,5 +266,97 @@ pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BY
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root thread: {e}")))?;
     // As in `Acceptor::start`: the thread is parked in its loop before the id is handed out.
     let _ = ready_rx.recv();
-    Ok(())
+    Ok(thread)
+}
+
+/// What the root knows: rank 0's hub, the ranks waiting for it, the ranks served.
+#[derive(Default)]
+struct Root {
+    hub: Option<(String, u32)>,
+    waiting: Vec<(Secured, u32, u32)>,
+    served: BTreeSet<u32>,
+}
+
+/// Sends a rank its answer: `Ok(hub address)` or `Err(why)`.
+fn answer(mut s: Secured, reply: Result<&str, &str>) {
+    let mut e = Enc::default();
+    match reply {
+        Ok(addr) => e.u32(0).str(addr),
+        Err(why) => e.u32(1).str(why),
+    };
+    let _ = s.stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let _ = s.send(kind::WELCOME, &e.0);
+}
+
+impl Root {
+    fn formed(&self) -> bool {
+        self.hub.as_ref().is_some_and(|(_, n)| self.served.len() >= *n as usize)
+    }
+
+    /// Takes `rank`'s question; `true` when it was a valid one (the root then waits longer).
+    fn ask(&mut self, s: Secured, rank: u32, nranks: u32, addr: String) -> bool {
+        let n = self.hub.as_ref().map_or(nranks, |h| h.1);
+        let refusal = if rank >= nranks {
+            Some(format!("rank {rank} is out of range for nranks = {nranks}: every rank must be below nranks"))
+        } else if rank >= n {
+            Some(format!("rank {rank} is out of range for nranks = {n} (rank 0's): every rank must be below nranks"))
+        } else if rank == 0 && self.hub.is_some() {
+            Some(
+                "a second process claims rank 0 of this id; the first one's hub stays (every rank must pass a \
+                 distinct rank)"
+                    .to_string(),
+            )
+        } else if self.served.contains(&rank) || self.waiting.iter().any(|w| w.1 == rank) {
+            Some(format!("rank {rank} asked the bootstrap root twice: every rank must pass a distinct rank"))
+        } else if self.waiting.len() >= ROOT_MAX_WAITING {
+            Some(format!("more than {ROOT_MAX_WAITING} ranks wait for rank 0 of this id"))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            tracing::warn!("bootstrap root: refused a request: {why}");
+            answer(s, Err(&why));
+            return false;
+        }
+        if rank == 0 {
+            self.hub = Some((addr, nranks));
+        }
+        self.waiting.push((s, rank, nranks));
+        let Some((addr, n)) = &self.hub else { return true };
+        for (w, rank, their_n) in self.waiting.drain(..) {
+            if rank >= *n {
+                answer(w, Err(&format!("rank {rank} is out of range for nranks = {n} (rank 0's)")));
+                continue;
+            }
+            if their_n == *n {
+                answer(w, Ok(addr));
+            } else {
+                answer(
+                    w,
+                    Err(&format!(
+                        "rank {rank} says nranks = {their_n} but rank 0 says nranks = {n}; every rank must pass the \
+                         same nranks"
+                    )),
+                );
+            }
+            self.served.insert(rank);
+        }
+        true
+    }
+
+    /// The root's time ran out: the ranks still waiting hear why.
+    fn expire(&mut self, timeout_ms: u32) {
+        for (w, rank, _) in self.waiting.drain(..) {
+            answer(
+                w,
+                Err(&format!(
+                    "rank {rank}: rank 0 did not ask the id's bootstrap root within timeout_ms = {timeout_ms} ms of the \
+                     last rank (MCAST_TIMEOUT_MS of the process that made the id); the root closed"
+                )),
+            );
+        }
+        if self.hub.is_some() {
+            tracing::warn!("bootstrap root: closed after {timeout_ms} ms without every rank");
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! How a team forms: a rank joins through a unique id or the caller's allgather, then every
 //! rank connects to rank 0's hub (a star), the hosts' descriptor channels form, and one reader
-//! thread per connection starts.
+//! thread per connection starts. Every frame after a handshake is sealed (see `tcp.rs`).
 
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::id::{check_env_mode, fresh_secret, spawn_root, UniqueId, ID_BYTES};
-use super::tcp::{self, kind, Acceptor, SECRET_BYTES};
+use super::id::{check_env_mode, fresh_secret, spawn_root_until, UniqueId, ID_BYTES};
+use super::tcp::{self, kind, Acceptor, Opener, Secured, SECRET_BYTES};
 use super::{
     fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
+    QUEUE_BYTES, QUEUE_FRAMES,
 };
 
 /// The status code of a rank whose descriptor channel could not be formed.
@@ -51,7 +52,7 @@ impl Bootstrap {
         let deadline = Deadline::after(timeout_ms);
         let hub = if r == 0 {
             if id.rank0_listens {
-                spawn_root(tcp::listen(id.addr)?, id.secret)?;
+                spawn_root_until(tcp::listen(id.addr)?, id.secret, timeout_ms)?;
             }
             Some(Self::hub_acceptor(&id.secret, id.rank0_listens.then_some(id.addr.ip()))?)
         } else {
@@ -69,9 +70,8 @@ impl Bootstrap {
             .u32(r as u32)
             .u32(n as u32)
             .str(&hub.as_ref().map(|h| h.addr().to_string()).unwrap_or_default());
-        tcp::write_frame(&mut s, kind::JOIN, &e.0)
-            .map_err(|e| timeout_err(format!("rank {r}: bootstrap root: {e}")))?;
-        let w = tcp::expect_frame(&mut s, kind::WELCOME, 4096, deadline).map_err(|e| {
+        s.send(kind::JOIN, &e.0).map_err(|e| timeout_err(format!("rank {r}: bootstrap root: {e}")))?;
+        let w = s.expect(kind::WELCOME, 4096, deadline).map_err(|e| {
             timeout_err(format!(
                 "rank {r}: rank 0 did not join the team within timeout_ms = {timeout_ms} ms ({e}); every rank must call \
                  mcast_team_init_rank with the same id"
@@ -155,12 +155,13 @@ impl Bootstrap {
         deadline: Deadline,
     ) -> Result<Bootstrap, BootError> {
         let mut conns: Vec<Option<Arc<Conn>>> = (0..n).map(|_| None).collect();
+        let mut openers: Vec<Option<Opener>> = (0..n).map(|_| None).collect();
         let mut hosts = vec![String::new(); n];
         hosts[r] = host.clone();
         let nonce;
         if r == 0 {
             let hub = hub.expect("rank 0 holds the hub");
-            let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+            let mut streams: Vec<Option<Secured>> = (0..n).map(|_| None).collect();
             let mut failure = None;
             let mut joined = 1;
             while joined < n {
@@ -210,22 +211,26 @@ impl Bootstrap {
                 }
             };
             for s in streams.iter_mut().flatten() {
-                let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-                let _ = tcp::write_frame(s, kind::WELCOME, &e.0);
+                let _ = s.stream.set_write_timeout(Some(Duration::from_secs(5)));
+                let _ = s.send(kind::WELCOME, &e.0);
             }
             if let Some(f) = failure {
                 return Err(f);
             }
             for (q, s) in streams.into_iter().enumerate() {
-                conns[q] = s.map(|stream| Arc::new(Conn { stream, write: Mutex::new(()) }));
+                if let Some(s) = s {
+                    let (c, rx) = Conn::split(s);
+                    conns[q] = Some(Arc::new(c));
+                    openers[q] = Some(rx);
+                }
             }
         } else {
             let mut s = tcp::connect(hub_addr, &secret, deadline)
                 .map_err(|e| timeout_err(format!("rank {r}: rank 0's hub: {e}")))?;
             let mut e = Enc::default();
             e.u32(JOIN_HUB).u32(r as u32).u32(n as u32).str(&host);
-            tcp::write_frame(&mut s, kind::JOIN, &e.0).map_err(|e| timeout_err(format!("rank {r}: hub: {e}")))?;
-            let w = tcp::expect_frame(&mut s, kind::WELCOME, tcp::MAX_FRAME, deadline).map_err(|e| {
+            s.send(kind::JOIN, &e.0).map_err(|e| timeout_err(format!("rank {r}: hub: {e}")))?;
+            let w = s.expect(kind::WELCOME, tcp::MAX_FRAME, deadline).map_err(|e| {
                 timeout_err(format!("rank {r}: the team did not form within timeout_ms = {timeout_ms} ms ({e})"))
             })?;
             let mut d = Dec(&w);
@@ -240,7 +245,9 @@ impl Bootstrap {
             for h in hosts.iter_mut() {
                 *h = d.str()?;
             }
-            conns[0] = Some(Arc::new(Conn { stream: s, write: Mutex::new(()) }));
+            let (c, rx) = Conn::split(s);
+            conns[0] = Some(Arc::new(c));
+            openers[0] = Some(rx);
         }
         for c in conns.iter().flatten() {
             let _ = c.stream.set_read_timeout(None);
@@ -254,7 +261,12 @@ impl Bootstrap {
             return Err(BootError::new(Kind::Internal, "eventfd failed"));
         }
         let shared = Arc::new(Shared {
-            q: Mutex::new(Queues { frames: vec![Default::default(); n], closed: vec![false; n] }),
+            q: Mutex::new(Queues {
+                frames: vec![Default::default(); n],
+                bytes: vec![0; n],
+                closed: vec![false; n],
+                failure: None,
+            }),
             cv: Condvar::new(),
             aborted: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
@@ -273,7 +285,7 @@ impl Bootstrap {
             local: None,
             broken: Mutex::new(None),
         };
-        b.start_readers();
+        b.start_readers(openers);
         // Descriptor passing among the ranks of this host, then a vote so every rank agrees.
         let members: Vec<usize> = (0..n).filter(|&q| b.hosts[q] == b.hosts[r]).collect();
         let local = if members.len() > 1 {
@@ -296,41 +308,82 @@ impl Bootstrap {
         Ok(b)
     }
 
-    fn start_readers(&mut self) {
+    /// One thread per connection: opens frames and queues them; passes an abort or a failure
+    /// on at once (the hub to every other rank); fails the team when a frame does not open or
+    /// a peer breaks a cap.
+    fn start_readers(&mut self, openers: Vec<Option<Opener>>) {
         let mut readers = self.readers.lock();
-        for (src, c) in self.conns.iter().enumerate() {
-            let Some(c) = c.clone() else { continue };
+        for (src, (c, rx)) in self.conns.iter().zip(openers).enumerate() {
+            let (Some(c), Some(mut rx)) = (c.clone(), rx) else { continue };
             let shared = self.shared.clone();
             let conns = self.conns.clone();
             let hub = self.rank == 0;
             let me = self.rank;
+            // The hub passes a peer's abort or failure on to every other rank.
+            let relay = move |conns: &[Option<Arc<Conn>>], k: u8, p: &[u8]| {
+                for (q, other) in conns.iter().enumerate() {
+                    if let (Some(o), true) = (other, hub && q != src) {
+                        let _ = o.send(k, p);
+                    }
+                }
+            };
             let t = std::thread::Builder::new().name("mcast-boot-rx".into()).spawn(move || loop {
-                match tcp::read_frame(&mut &c.stream, tcp::MAX_FRAME) {
+                let failed = match rx.open(&mut &c.stream, tcp::MAX_FRAME) {
                     Ok((kind::ABORT, p)) => {
                         let reason = Dec(&p).str().unwrap_or_default();
-                        if shared.set_aborted(&reason) && hub {
-                            for (q, other) in conns.iter().enumerate() {
-                                if let (Some(o), true) = (other, q != src) {
-                                    let _ = o.send(kind::ABORT, &p);
-                                }
-                            }
+                        if shared.set_aborted(&reason) {
+                            relay(&conns, kind::ABORT, &p);
                         }
+                        continue;
                     }
-                    Ok(frame) => {
+                    Ok((kind::BROKEN, p)) => {
+                        let why = Dec(&p).str().unwrap_or_default();
+                        if shared.set_failed(&why) {
+                            relay(&conns, kind::BROKEN, &p);
+                        }
+                        continue;
+                    }
+                    Ok((k, p)) => {
                         let mut q = shared.q.lock();
-                        q.frames[src].push_back(frame);
-                        shared.cv.notify_all();
-                    }
-                    Err(e) => {
-                        if let tcp::FrameError::TooLarge(_) = e {
-                            tracing::warn!("rank {me}: rank {src} sent an oversized frame; connection dropped");
+                        if q.frames[src].len() < QUEUE_FRAMES && q.bytes[src] + p.len() <= QUEUE_BYTES {
+                            q.bytes[src] += p.len();
+                            q.frames[src].push_back((k, p));
+                            shared.cv.notify_all();
+                            continue;
                         }
+                        format!(
+                            "rank {me}: rank {src} sent more than {QUEUE_FRAMES} frames or {QUEUE_BYTES} bytes that no \
+                             exchange asked for; its connection is dropped"
+                        )
+                    }
+                    Err(tcp::FrameError::Auth) => format!(
+                        "rank {me}: the bootstrap connection from rank {src} failed authentication (a frame was \
+                         altered, replayed, reordered or injected on the network); the connection is dropped"
+                    ),
+                    Err(tcp::FrameError::TooLarge(n)) => format!(
+                        "rank {me}: rank {src} sent a frame of {n} bytes, above the cap of {} bytes; the connection \
+                         is dropped",
+                        tcp::MAX_FRAME
+                    ),
+                    Err(_) => {
                         let mut q = shared.q.lock();
                         q.closed[src] = true;
                         shared.cv.notify_all();
                         break;
                     }
+                };
+                tracing::warn!("{failed}");
+                shared.q.lock().closed[src] = true;
+                if shared.set_failed(&failed) {
+                    let mut e = Enc::default();
+                    e.str(&failed);
+                    // Every peer hears it: the hub tells every rank, a rank tells the hub. The
+                    // direction towards the peer still works when only this one failed.
+                    for o in conns.iter().flatten() {
+                        let _ = o.send(kind::BROKEN, &e.0);
+                    }
                 }
+                break;
             });
             if let Ok(t) = t {
                 readers.push(t);

@@ -14,6 +14,15 @@
 //! so an abort ([`Bootstrap::abort`], relayed by the hub) and a closed connection are seen at
 //! once, also while no exchange runs ([`Bootstrap::aborted`]).
 //!
+//! Every frame after a connection's handshake (the root's answer, the hub's join and welcome,
+//! every exchange, abort and failure) is sealed ([`tcp::Sealer`]): nothing a team sends, the
+//! ids of a split's new teams included, travels in the clear, and a frame altered, replayed,
+//! reordered or injected on the way fails to open. The reader that sees that (or a peer
+//! breaking a cap: an oversized frame, more queued frames than [`QUEUE_FRAMES`] or bytes than
+//! [`QUEUE_BYTES`]) fails the whole team: every wait on this rank ends with [`Kind::Timeout`]
+//! (the status of a lost connection) and a message naming the connection, and a `BROKEN`
+//! frame carries the message to the peers (relayed by the hub like an abort).
+//!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
 //! `exchange.rs` the all-gather and what is built on it; this file holds the errors, the
 //! deadline and the [`Bootstrap`] value with its abort.
@@ -115,6 +124,16 @@ impl Deadline {
     }
 }
 
+/// The default of `MCAST_TIMEOUT_MS`: how long the bootstrap waits for a peer, and how long a
+/// unique id's root listener waits for the next rank.
+pub const DEFAULT_TIMEOUT_MS: u32 = 30_000;
+
+/// Most frames queued from one peer that no exchange has taken yet (a member keeps at most
+/// one in flight); more fails the team.
+pub const QUEUE_FRAMES: usize = 16;
+/// Most payload bytes queued from one peer.
+pub const QUEUE_BYTES: usize = 4 * tcp::MAX_FRAME;
+
 /// JOIN purposes.
 const ASK_ROOT: u32 = 1;
 const JOIN_HUB: u32 = 2;
@@ -128,22 +147,33 @@ pub struct Part {
     pub fds: Vec<OwnedFd>,
 }
 
+/// The sending side of a connection (its reader thread owns the [`tcp::Opener`]).
 struct Conn {
     stream: TcpStream,
-    write: Mutex<()>,
+    tx: Mutex<tcp::Sealer>,
 }
 
 impl Conn {
+    /// A handshaken connection split into this and its reading half.
+    fn split(c: tcp::Secured) -> (Conn, tcp::Opener) {
+        (Conn { stream: c.stream, tx: Mutex::new(c.tx) }, c.rx)
+    }
+
     fn send(&self, k: u8, payload: &[u8]) -> std::io::Result<()> {
-        let _g = self.write.lock();
-        tcp::write_frame(&mut &self.stream, k, payload)
+        // Sealed and written under one lock: frame numbers reach the wire in order.
+        self.tx.lock().send(&mut &self.stream, k, payload)
     }
 }
 
 #[derive(Default)]
 struct Queues {
     frames: Vec<std::collections::VecDeque<(u8, Vec<u8>)>>,
+    /// Payload bytes in `frames`, per peer.
+    bytes: Vec<usize>,
     closed: Vec<bool>,
+    /// Why the team's bootstrap failed (a connection failed authentication or a cap), seen
+    /// here or told by a peer; every wait ends with it.
+    failure: Option<String>,
 }
 
 struct Shared {
@@ -161,11 +191,29 @@ impl Shared {
             return false;
         }
         *self.reason.lock() = reason.to_string();
+        self.wake_up();
+        let _g = self.q.lock();
+        self.cv.notify_all();
+        true
+    }
+
+    /// Makes `wake` readable for good (ends descriptor-passing waits).
+    fn wake_up(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to our eventfd.
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        let _g = self.q.lock();
+    }
+
+    /// Records why the team's bootstrap failed; `false` if it had failed already.
+    fn set_failed(&self, why: &str) -> bool {
+        let mut q = self.q.lock();
+        if q.failure.is_some() {
+            return false;
+        }
+        q.failure = Some(why.to_string());
         self.cv.notify_all();
+        drop(q);
+        self.wake_up();
         true
     }
 }
@@ -242,6 +290,19 @@ impl Bootstrap {
     fn aborted_err(&self) -> BootError {
         BootError::new(Kind::Aborted, format!("rank {}: the team was aborted ({})", self.rank, self.abort_reason()))
     }
+
+    /// The error of a team whose bootstrap failed for `why`, met at `label`.
+    fn failed_err(&self, label: &str, why: &str) -> BootError {
+        timeout_err(format!("rank {}: the team's bootstrap failed at \"{label}\": {why}", self.rank))
+    }
+
+    /// Why a wait was woken: the abort, else the failure.
+    fn stop_err(&self, label: &str) -> BootError {
+        match self.shared.q.lock().failure.clone() {
+            Some(why) if !self.aborted() => self.failed_err(label, &why),
+            _ => self.aborted_err(),
+        }
+    }
 }
 
 impl Drop for Bootstrap {
@@ -257,5 +318,7 @@ impl Drop for Bootstrap {
 
 #[cfg(test)]
 mod env_tests;
+#[cfg(test)]
+mod net_tests;
 #[cfg(test)]
 mod tests;

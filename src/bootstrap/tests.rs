@@ -12,7 +12,7 @@ use super::*;
 
 const MAX: usize = 72;
 
-fn team(n: usize, hosts: impl Fn(usize) -> String + Sync, timeout_ms: u32) -> Vec<Bootstrap> {
+pub(super) fn team(n: usize, hosts: impl Fn(usize) -> String + Sync, timeout_ms: u32) -> Vec<Bootstrap> {
     let id = new_unique_id().unwrap();
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)

@@ -254,8 +254,11 @@ pub struct mcast_unique_id_t {
 /// (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
 /// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
 /// interface that is up, else loopback; this process must stay alive until every rank has
-/// joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
-/// every process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the
+/// joined. The listener closes (its port and threads) once every rank has asked it where rank 0
+/// is, or when `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a
+/// rank asking: an id nobody uses keeps nothing open, and ranks must start within that time of
+/// one another. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there,
+/// and every process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the
 /// id's secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
 /// `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
 /// white space ignored, case does not matter), random and fresh for each job (e.g.
@@ -300,7 +303,10 @@ pub fn get_root_unique_id(id: &mut mcast_unique_id_t) -> mcast_status_t {
 /// `device` of this process's context. Every process of the team calls it with the same `id`
 /// and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
 /// The processes meet over TCP through the listener `id` names (on one host or many; every
-/// connection proves the id's secret first); memory and multicast objects travel as POSIX
+/// connection proves the id's secret first, the listener before the caller, and everything
+/// after that is encrypted and authenticated: a message altered, replayed or injected on the
+/// network fails the team on every rank with `MCAST_ERROR_TIMEOUT`, the message naming the
+/// connection that failed authentication); memory and multicast objects travel as POSIX
 /// file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
 /// hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
 /// naming the rank, its host and the reason.

@@ -102,7 +102,7 @@ impl Default for Config {
             multicast: MulticastMode::Auto,
             oom_retries: 3,
             retry_backoff_ms: 10,
-            timeout_ms: 30_000,
+            timeout_ms: crate::bootstrap::DEFAULT_TIMEOUT_MS,
             sim_devices: 4,
             sim_device_memory: 1 << 30,
             sim_multicast_slots: 128,
