@@ -253,8 +253,9 @@ impl Bootstrap {
         let shared = Arc::new(Shared {
             q: Mutex::new(Queues { frames: vec![Default::default(); n], closed: vec![false; n] }),
             cv: Condvar::new(),
+            failed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
-            reason: Mutex::new(String::new()),
+            failure: Mutex::new(None),
             // SAFETY: a fresh descriptor.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
         });
@@ -303,12 +304,18 @@ impl Bootstrap {
             let me = self.rank;
             let t = std::thread::Builder::new().name("mcast-boot-rx".into()).spawn(move || loop {
                 match tcp::read_frame(&mut &c.stream, tcp::MAX_FRAME) {
-                    Ok((kind::ABORT, p)) => {
-                        let reason = Dec(&p).str().unwrap_or_default();
-                        if shared.set_aborted(&reason) && hub {
+                    Ok((k @ (kind::ABORT | kind::FAILED), p)) => {
+                        let mut d = Dec(&p);
+                        let what = if k == kind::ABORT {
+                            Kind::Aborted
+                        } else {
+                            d.u32().map_or(Kind::Internal, Kind::from_code)
+                        };
+                        let reason = d.str().unwrap_or_default();
+                        if shared.set_failed(what, &reason) && hub {
                             for (q, other) in conns.iter().enumerate() {
                                 if let (Some(o), true) = (other, q != src) {
-                                    let _ = o.send(kind::ABORT, &p);
+                                    let _ = o.send(k, &p);
                                 }
                             }
                         }

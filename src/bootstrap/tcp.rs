@@ -53,6 +53,8 @@ pub mod kind {
     pub const FAIL: u8 = 12;
     /// The team was aborted: reason.
     pub const ABORT: u8 = 13;
+    /// The team failed (a rank timed out): kind + reason.
+    pub const FAILED: u8 = 14;
 }
 
 /// Why a frame could not be read.
