@@ -244,6 +244,39 @@ fn a_rank_that_stopped_issuing_learns_of_the_timeout_at_once() {
     }
 }
 
+/// Ranks 2 and 3 of four never arrive: the timeout names both (the barrier's wait reads every
+/// rank's barrier count when it times out), on both ranks that waited, on either transport.
+#[test]
+fn every_rank_that_did_not_arrive_is_named() {
+    if on_gpu() {
+        return;
+    }
+    // Past the LL kernels' size: barriers (an LL wait names the rank whose line it waited for).
+    let count = 100_000;
+    for multicast in [false, true] {
+        let ctx = sim_context(4, 200, multicast);
+        let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+        let buf = Buffer::alloc(&team, 4 * count).unwrap();
+        let s = rank_streams(&team);
+        for r in 0..2 {
+            run(&buf, r, 0, count, AR, s[r as usize]).unwrap();
+        }
+        for r in 0..2 {
+            let e = synchronize(&team, r, s[r as usize]).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            assert!(
+                e.message.contains("timed out first: ranks 2 and 3 did not arrive within timeout_ms = 200 ms"),
+                "{e}"
+            );
+        }
+        assert_eq!(team.async_error(), Some(ErrorKind::Timeout));
+        drop_rank_streams(&team, s);
+        buf.free().unwrap();
+        team.destroy().unwrap();
+        assert_clean(&ctx);
+    }
+}
+
 #[test]
 fn abort_racing_destroy_from_16_threads() {
     if on_gpu() {

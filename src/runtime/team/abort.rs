@@ -83,7 +83,7 @@ impl Team {
             };
             let at = match info {
                 0 => String::new(),
-                _ => format!(" (wait {} of a collective, block {})", info >> 8, (info & 0xff) - 1),
+                _ => format!(" (wait {} of a collective, block {})", info >> 8, (info & 0xff).saturating_sub(1)),
             };
             let timeout_ms = self.env.config().timeout_ms;
             format!("rank {first} timed out first: {who} did not arrive within timeout_ms = {timeout_ms} ms{at}")
