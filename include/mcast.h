@@ -1002,10 +1002,13 @@ mcast_status_t mcast_team_abort(struct mcast_team_t team);
 
 /**
  * Writes the team's sticky asynchronous error into `*error` without waiting (like
- * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a peer did not arrive
+ * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
  * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
  * waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
- * process). Once set it stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+ * process). A timeout is every rank's: the rank that timed out tells the others (through their
+ * state words and over the connections of a multi-process team), so every rank reports
+ * `MCAST_ERROR_TIMEOUT`, a paused or slow one within a second of running again. Once set it
+ * stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
  * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
  * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
  *

@@ -36,24 +36,32 @@
 // [4096, 8192): local state, written only by this rank's kernels:
 //   MCAST_ERROR_OFFSET       u32 error code (0 = none), first error wins (atomic CAS);
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
+//   MCAST_MISSING_OFFSET     MCAST_MISSING_WORDS u32: bit q (word q / 32) set when rank q did not
+//                            arrive in a wait of this rank that timed out;
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
 //   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b;
 //   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh).
-// [8192, 8256): team state: MCAST_STATE_OFFSET u32 (MCAST_STATE_OK, or nonzero once the team
-//   was aborted), written by the host (mcast_team_abort, in every rank's region, peers' included)
-//   and read by every barrier spin: an abort ends device waits within microseconds.
+// [8192, 8256): team state: MCAST_STATE_OFFSET u32, read by every wait: anything but
+//   MCAST_STATE_OK ends it within microseconds. MCAST_STATE_TIMEOUT | (t << 8) once rank t timed
+//   out (its kernel writes it in every rank's region, its own included, first failure wins:
+//   record_timeout), MCAST_STATE_ABORTED once the team was aborted (the host: mcast_team_abort,
+//   in every rank's region, peers' included).
 // [8256, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
 #define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
 #define MCAST_ERROR_OFFSET 4096
 #define MCAST_ERROR_INFO_OFFSET 4100
+#define MCAST_MISSING_OFFSET 4104
+#define MCAST_MISSING_WORDS 3
 #define MCAST_EPOCH_OFFSET 4352
 #define MCAST_ERR_NONE 0
 #define MCAST_ERR_TIMEOUT 1
 #define MCAST_ERR_ABORTED 2
 #define MCAST_STATE_OFFSET 8192
 #define MCAST_STATE_OK 0
+#define MCAST_STATE_TIMEOUT 1
+#define MCAST_STATE_ABORTED 2
 // Push all-reduce scratch: after the sync region, per block slot b and slot s (0..PUSH_SLOTS-1),
 // one row per writer other than the owner (see push_slot_row): MCAST_PUSH_CHUNK bytes for teams of
 // two, MCAST_PUSH_CHUNK_WIDE for three or four.

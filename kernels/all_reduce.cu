@@ -102,8 +102,13 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
   const bool vec = ((src | dst) & 15) == 0;
   if (threadIdx.x == 0) {
     s_seq = *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot);
-    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE &&
-             *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) == MCAST_STATE_OK;
+    const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
+    s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
+    // A failed team (aborted, a rank timed out): record it and push nothing.
+    if (s_live && state != MCAST_STATE_OK) {
+      record_error(a, state_error(state), slot, 0);
+      s_live = 0;
+    }
   }
   __syncthreads();
   if (!s_live) return;
@@ -153,7 +158,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     if (threadIdx.x == 0) {
       u32 ok = 1;
       for (u32 p = 0; p < a.nranks && ok; ++p)
-        if (p != me) ok = wait_count(a, push_flag(a, me, slot, p), y, slot, j);
+        if (p != me) ok = wait_count(a, push_flag(a, me, slot, p), y, slot, j, (int)p);
       s_ok = ok;
     }
     __syncthreads();

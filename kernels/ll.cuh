@@ -79,15 +79,17 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
   return true;
 }
 
-// Polls the LL line at addr until it carries flag. False once the team is aborted, the timeout
-// passes (both recorded, as wait 1 of the collective) or another thread of this rank recorded
-// an error; *start is the thread's first timer reading (0 before).
-__device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start) {
+// Polls the LL line at addr, stored by rank `writer`, until it carries flag. False once the
+// team failed (aborted, a rank timed out), the timeout passes (both recorded, as wait 1 of the
+// collective) or another thread of this rank recorded an error; *start is the thread's first
+// timer reading (0 before).
+__device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer) {
   u32 spins = 0;
   while (!ll_load(addr, flag, v)) {
     if ((++spins & 255u) != 0) continue;
-    if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 1);
+    const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
+    if (state != MCAST_STATE_OK) {
+      record_error(a, state_error(state), blockIdx.x, 1);
       return false;
     }
     if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
@@ -96,7 +98,7 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
       if (*start == 0) {
         *start = now;
       } else if (now - *start > a.timeout_ns) {
-        record_error(a, MCAST_ERR_TIMEOUT, blockIdx.x, 1);
+        record_timeout(a, blockIdx.x, 1, (int)writer);
         return false;
       }
     }
@@ -120,8 +122,9 @@ __device__ LlPart ll_begin(const McastArgs& a, u64 S) {
     const u32 f = *seq >= 0xfffffffeu ? 1u : *seq + 1u;
     s_flag = f;
     s_live = *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
-    if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      record_error(a, MCAST_ERR_ABORTED, blockIdx.x, 0);
+    const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
+    if (s_live && state != MCAST_STATE_OK) {
+      record_error(a, state_error(state), blockIdx.x, 0);
       s_live = 0;
     }
     if (s_live) *seq = f;
@@ -205,7 +208,7 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     Acc8<D> acc;
     for (u32 q = 0; q < a.nranks; ++q) {
       u64 v = mine[k];
-      if (q != me && !ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start)) return;
+      if (q != me && !ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q)) return;
       if (q == 0)
         acc.load(v);
       else
@@ -242,7 +245,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
   }
   u64 start = 0, v;
   if (!gather && t < a.nranks && t != me && t != a.root &&
-      !ll_wait(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start))
+      !ll_wait(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start, t))
     return;
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
@@ -251,7 +254,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     const u32 n = ll_line_bytes(p, i);
     for (u32 q = 0; q < a.nranks; ++q) {
       if (q == me || (!gather && q != a.root)) continue;
-      if (!ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start)) return;
+      if (!ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q)) return;
       st_payload(a.out[me] + (gather ? (u64)q * S : 0) + p.lo + i * 8, v, n);
     }
   }

@@ -23,6 +23,14 @@ __device__ __forceinline__ u32 atom_cas_u32(u64 addr, u32 cmp, u32 val) {
   asm volatile("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
   return old;
 }
+__device__ __forceinline__ u32 atom_cas_sys_u32(u64 addr, u32 cmp, u32 val) {
+  u32 old;
+  asm volatile("atom.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
+  return old;
+}
+__device__ __forceinline__ void red_or_u32(u64 addr, u32 v) {
+  asm volatile("red.global.or.b32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ float u32_as_f32(u32 x) {
   float f;
   asm("mov.b32 %0, %1;" : "=f"(f) : "r"(x));

@@ -325,6 +325,8 @@ fn a_missing_rank_times_out() {
         let e = synchronize(&team, 0, s[0]).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Timeout, "{c:?}: {e}");
         assert!(e.message.contains("timeout_ms = 300 ms"), "{e}");
+        // The rank whose lines never came is named.
+        assert!(e.message.contains("rank 0 timed out first: rank 1 did not arrive"), "{c:?}: {e}");
         assert!(started.elapsed().as_secs_f64() < 10.0);
         assert_eq!(run(&buf, 1, 0, 256, c, s[1]).unwrap_err().kind, ErrorKind::Timeout);
         drop_rank_streams(&team, s);

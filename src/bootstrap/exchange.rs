@@ -7,15 +7,13 @@ use super::tcp::kind;
 use super::{timeout_err, BootError, Bootstrap, Deadline, Dec, Enc, Kind, Part, Status};
 
 impl Bootstrap {
-    /// Waits for the next frame from `src`: `Err` on abort, close or deadline.
+    /// Waits for the next frame from `src`: `Err` on a failure of the team (abort, a rank's
+    /// timeout), close or deadline.
     fn next_frame(&self, src: usize, label: &str, deadline: Deadline) -> Result<(u8, Vec<u8>), BootError> {
         let mut q = self.shared.q.lock();
         loop {
-            if self.aborted() {
-                return Err(self.aborted_err());
-            }
-            if let Some(why) = &q.failure {
-                return Err(self.failed_err(label, why));
+            if let Some(e) = self.failed_err() {
+                return Err(e);
             }
             if let Some(f) = q.frames[src].pop_front() {
                 q.bytes[src] -= f.1.len();
@@ -31,11 +29,8 @@ impl Bootstrap {
                 None => self.shared.cv.wait(&mut q),
                 Some(t) => {
                     if self.shared.cv.wait_until(&mut q, t).timed_out() && q.frames[src].is_empty() {
-                        if self.aborted() {
-                            return Err(self.aborted_err());
-                        }
-                        if let Some(why) = &q.failure {
-                            return Err(self.failed_err(label, why));
+                        if let Some(e) = self.failed_err() {
+                            return Err(e);
                         }
                         return Err(timeout_err(format!(
                             "rank {}: rank {src} did not arrive within timeout_ms = {} ms at \"{label}\"",
@@ -76,8 +71,8 @@ impl Bootstrap {
     }
 
     fn exchange(&self, label: &str, status: Status, bytes: &[u8], fds: &[RawFd]) -> Result<Vec<Part>, BootError> {
-        if self.aborted() {
-            return Err(self.aborted_err());
+        if let Some(e) = self.failed_err() {
+            return Err(e);
         }
         let deadline = Deadline::after(self.timeout_ms);
         let mut mine = Enc::default();
@@ -205,7 +200,7 @@ impl Bootstrap {
             if local_counts.iter().sum::<usize>() > 0 {
                 let got = local.allgather(fds, &local_counts, deadline, self.shared.wake.as_raw_fd());
                 let got = match got {
-                    Err(e) if e.kind == Kind::Aborted => return Err(self.stop_err(label)),
+                    Err(e) if e.kind == Kind::Aborted => return Err(self.failed_err().unwrap_or(e)),
                     x => x?,
                 };
                 for (i, f) in got.into_iter().enumerate() {

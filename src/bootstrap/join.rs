@@ -265,11 +265,11 @@ impl Bootstrap {
                 frames: vec![Default::default(); n],
                 bytes: vec![0; n],
                 closed: vec![false; n],
-                failure: None,
             }),
             cv: Condvar::new(),
+            failed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
-            reason: Mutex::new(String::new()),
+            failure: Mutex::new(None),
             // SAFETY: a fresh descriptor.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
         });
@@ -329,17 +329,16 @@ impl Bootstrap {
             };
             let t = std::thread::Builder::new().name("mcast-boot-rx".into()).spawn(move || loop {
                 let failed = match rx.open(&mut &c.stream, tcp::MAX_FRAME) {
-                    Ok((kind::ABORT, p)) => {
-                        let reason = Dec(&p).str().unwrap_or_default();
-                        if shared.set_aborted(&reason) {
-                            relay(&conns, kind::ABORT, &p);
-                        }
-                        continue;
-                    }
-                    Ok((kind::BROKEN, p)) => {
-                        let why = Dec(&p).str().unwrap_or_default();
-                        if shared.set_failed(&why) {
-                            relay(&conns, kind::BROKEN, &p);
+                    Ok((k @ (kind::ABORT | kind::FAILED), p)) => {
+                        let mut d = Dec(&p);
+                        let what = if k == kind::ABORT {
+                            Kind::Aborted
+                        } else {
+                            d.u32().map_or(Kind::Internal, Kind::from_code)
+                        };
+                        let reason = d.str().unwrap_or_default();
+                        if shared.set_failed(what, &reason) {
+                            relay(&conns, k, &p);
                         }
                         continue;
                     }
@@ -374,13 +373,13 @@ impl Bootstrap {
                 };
                 tracing::warn!("{failed}");
                 shared.q.lock().closed[src] = true;
-                if shared.set_failed(&failed) {
+                if shared.set_failed(Kind::Timeout, &failed) {
                     let mut e = Enc::default();
-                    e.str(&failed);
+                    e.u32(Kind::Timeout.code()).str(&failed);
                     // Every peer hears it: the hub tells every rank, a rank tells the hub. The
                     // direction towards the peer still works when only this one failed.
                     for o in conns.iter().flatten() {
-                        let _ = o.send(kind::BROKEN, &e.0);
+                        let _ = o.send(kind::FAILED, &e.0);
                     }
                 }
                 break;

@@ -11,8 +11,9 @@
 //! through the caller's allgather. Then every rank holds one authenticated TCP connection to
 //! rank 0, the hub of a star; [`Bootstrap::allgather`] gathers every rank's labelled part at
 //! the hub and sends all parts back. A reader thread per connection turns frames into a queue,
-//! so an abort ([`Bootstrap::abort`], relayed by the hub) and a closed connection are seen at
-//! once, also while no exchange runs ([`Bootstrap::aborted`]).
+//! so an abort ([`Bootstrap::abort`], relayed by the hub), a rank's failure ([`Bootstrap::fail`]:
+//! a timeout) and a closed connection are seen at once, also while no exchange runs
+//! ([`Bootstrap::aborted`], [`Bootstrap::failure`]).
 //!
 //! Every frame after a connection's handshake (the root's answer, the hub's join and welcome,
 //! every exchange, abort and failure) is sealed ([`tcp::Sealer`]): nothing a team sends, the
@@ -20,7 +21,7 @@
 //! reordered or injected on the way fails to open. The reader that sees that (or a peer
 //! breaking a cap: an oversized frame, more queued frames than [`QUEUE_FRAMES`] or bytes than
 //! [`QUEUE_BYTES`]) fails the whole team: every wait on this rank ends with [`Kind::Timeout`]
-//! (the status of a lost connection) and a message naming the connection, and a `BROKEN`
+//! (the status of a lost connection) and a message naming the connection, and a `FAILED`
 //! frame carries the message to the peers (relayed by the hub like an abort).
 //!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
@@ -171,49 +172,46 @@ struct Queues {
     /// Payload bytes in `frames`, per peer.
     bytes: Vec<usize>,
     closed: Vec<bool>,
-    /// Why the team's bootstrap failed (a connection failed authentication or a cap), seen
-    /// here or told by a peer; every wait ends with it.
-    failure: Option<String>,
 }
 
 struct Shared {
     q: Mutex<Queues>,
     cv: Condvar,
+    /// Set once the team failed, here or in a peer (aborted, a rank timed out, a connection
+    /// failed authentication or broke a cap): every wait ends.
+    failed: AtomicBool,
+    /// Set once the team was aborted.
     aborted: AtomicBool,
-    reason: Mutex<String>,
-    /// An eventfd made readable by an abort (wakes descriptor-passing waits).
+    /// The failure and why; an abort replaces an earlier failure of another kind.
+    failure: Mutex<Option<(Kind, String)>>,
+    /// An eventfd made readable by a failure (wakes descriptor-passing waits).
     wake: OwnedFd,
 }
 
 impl Shared {
     fn set_aborted(&self, reason: &str) -> bool {
-        if self.aborted.swap(true, Ordering::SeqCst) {
-            return false;
-        }
-        *self.reason.lock() = reason.to_string();
-        self.wake_up();
-        let _g = self.q.lock();
-        self.cv.notify_all();
-        true
+        self.set_failed(Kind::Aborted, reason)
     }
 
-    /// Makes `wake` readable for good (ends descriptor-passing waits).
-    fn wake_up(&self) {
+    /// Records that the team failed (`kind`, `reason`): the first failure, or an abort after
+    /// another one. True when it is news (to relay); false when already known.
+    fn set_failed(&self, kind: Kind, reason: &str) -> bool {
+        {
+            let mut f = self.failure.lock();
+            if f.as_ref().is_some_and(|(k, _)| kind != Kind::Aborted || *k == Kind::Aborted) {
+                return false;
+            }
+            *f = Some((kind, reason.to_string()));
+            if kind == Kind::Aborted {
+                self.aborted.store(true, Ordering::SeqCst);
+            }
+            self.failed.store(true, Ordering::SeqCst);
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to our eventfd.
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    /// Records why the team's bootstrap failed; `false` if it had failed already.
-    fn set_failed(&self, why: &str) -> bool {
-        let mut q = self.q.lock();
-        if q.failure.is_some() {
-            return false;
-        }
-        q.failure = Some(why.to_string());
+        let _g = self.q.lock();
         self.cv.notify_all();
-        drop(q);
-        self.wake_up();
         true
     }
 }
@@ -277,30 +275,54 @@ impl Bootstrap {
         }
     }
 
+    /// Tells every peer (through the hub) that the team failed with `kind` (a rank timed out:
+    /// [`Kind::Timeout`]; `reason` says which rank and why), and ends every wait here and in the
+    /// peers with `kind`, as [`Bootstrap::abort`] does (which is `fail` with [`Kind::Aborted`]).
+    /// Only the first failure travels (an abort still does after another one).
+    pub fn fail(&self, what: Kind, reason: &str) {
+        if what == Kind::Aborted {
+            return self.abort(reason);
+        }
+        if self.shared.set_failed(what, reason) {
+            let mut e = Enc::default();
+            e.u32(what.code()).str(reason);
+            for c in self.conns.iter().flatten() {
+                let _ = c.send(kind::FAILED, &e.0);
+            }
+        }
+    }
+
     /// Whether this rank or a peer aborted the team; never blocks.
     pub fn aborted(&self) -> bool {
         self.shared.aborted.load(Ordering::SeqCst)
     }
 
+    /// The team's failure (aborted, or told by [`Bootstrap::fail`], here or by a peer) and its
+    /// reason; `None` while healthy. Never blocks; one atomic load while healthy.
+    pub fn failure(&self) -> Option<(Kind, String)> {
+        if !self.shared.failed.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.shared.failure.lock().clone()
+    }
+
     /// Why the team was aborted ("" when it was not).
     pub fn abort_reason(&self) -> String {
-        self.shared.reason.lock().clone()
+        match self.failure() {
+            Some((Kind::Aborted, why)) => why,
+            _ => String::new(),
+        }
     }
 
     fn aborted_err(&self) -> BootError {
         BootError::new(Kind::Aborted, format!("rank {}: the team was aborted ({})", self.rank, self.abort_reason()))
     }
 
-    /// The error of a team whose bootstrap failed for `why`, met at `label`.
-    fn failed_err(&self, label: &str, why: &str) -> BootError {
-        timeout_err(format!("rank {}: the team's bootstrap failed at \"{label}\": {why}", self.rank))
-    }
-
-    /// Why a wait was woken: the abort, else the failure.
-    fn stop_err(&self, label: &str) -> BootError {
-        match self.shared.q.lock().failure.clone() {
-            Some(why) if !self.aborted() => self.failed_err(label, &why),
-            _ => self.aborted_err(),
+    /// The error that ends every wait once the team failed.
+    fn failed_err(&self) -> Option<BootError> {
+        match self.failure()? {
+            (Kind::Aborted, _) => Some(self.aborted_err()),
+            (k, why) => Some(BootError::new(k, format!("rank {}: the team failed: {why}", self.rank))),
         }
     }
 }

@@ -254,7 +254,7 @@ fn a_flood_of_frames_is_capped() {
     }
     // The hub's reader drops rank 1 once the queue is full.
     let t = Instant::now();
-    while boots[0].shared.q.lock().failure.is_none() {
+    while boots[0].failure().is_none() {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the hub queued {} frames",

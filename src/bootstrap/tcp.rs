@@ -85,8 +85,9 @@ pub mod kind {
     pub const FAIL: u8 = 12;
     /// The team was aborted: reason.
     pub const ABORT: u8 = 13;
-    /// A connection of the team failed (authentication, caps): why. Relayed by the hub.
-    pub const BROKEN: u8 = 14;
+    /// The team failed (a rank timed out, a connection failed authentication or broke a cap):
+    /// kind + reason. Relayed by the hub.
+    pub const FAILED: u8 = 14;
 }
 
 /// Why a frame could not be read.

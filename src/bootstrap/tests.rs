@@ -116,6 +116,49 @@ fn an_abort_is_seen_without_an_exchange() {
     assert!(boots[2].abort_reason().contains("rank 1"));
 }
 
+/// A rank's failure ([`Bootstrap::fail`], a timeout) told by a non-hub rank reaches every rank
+/// without an exchange, ends a waiting exchange with that kind and reason in milliseconds, is
+/// not replaced by a later failure of another kind, and an abort still travels after it.
+#[test]
+fn a_failure_told_by_one_rank_ends_every_rank_s_waits() {
+    let boots = team(4, |r| format!("host{}", r / 2), 60_000);
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        // Ranks 0 and 1 wait in an exchange ranks 2 and 3 never join; rank 2 tells of a timeout.
+        for b in &boots[..2] {
+            s.spawn(move || {
+                let e = b.agree("never", Ok(())).unwrap_err();
+                assert_eq!(e.kind, Kind::Timeout, "{}", e.message);
+                assert!(e.message.contains("rank 2 timed out first"), "{}", e.message);
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        boots[2].fail(Kind::Timeout, "rank 2 timed out first");
+    });
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Rank 3 waits in nothing: it is told all the same.
+    while boots[3].failure().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(2), "the failure did not reach rank 3");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for b in &boots {
+        assert_eq!(b.failure(), Some((Kind::Timeout, "rank 2 timed out first".to_string())), "rank {}", b.rank());
+        assert!(!b.aborted());
+        assert_eq!(b.agree("after", Ok(())).unwrap_err().kind, Kind::Timeout);
+    }
+    // A second failure does not replace the first; an abort does, everywhere.
+    boots[0].fail(Kind::Timeout, "rank 0 timed out first");
+    assert_eq!(boots[0].failure().unwrap().1, "rank 2 timed out first");
+    boots[3].abort("giving up");
+    let t = Instant::now();
+    while !boots.iter().all(|b| b.aborted()) {
+        assert!(t.elapsed() < Duration::from_secs(2), "the abort did not arrive after the failure");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(boots[1].abort_reason().contains("giving up"));
+    assert_eq!(boots[1].failure().unwrap().0, Kind::Aborted);
+}
+
 #[test]
 fn a_dead_peer_is_a_timeout_at_once() {
     let mut boots = team(3, |_| "h".into(), 60_000);

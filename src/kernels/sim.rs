@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    ll_offset, plan, push_row_capacity, KernelId, KernelKind, Variant, EPOCH_OFFSET, ERROR_INFO_OFFSET,
-    ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT, LL_ROW, LL_SEQ_OFFSET, PUSH_SEQ_OFFSET, PUSH_SLOTS,
-    SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
+    ll_offset, plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, EPOCH_OFFSET,
+    ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, LL_ROW, LL_SEQ_OFFSET, MISSING_OFFSET,
+    PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -29,6 +29,15 @@ unsafe impl Send for Targets {}
 // SAFETY: as for `Send`: a captured job (a CUDA-graph node) is shared by its replays, which run
 // one after another on the stream's worker; the pointers are only read.
 unsafe impl Sync for Targets {}
+
+/// Who a wait waits for: which ranks did not arrive when it times out.
+#[derive(Clone, Copy)]
+enum Awaited {
+    /// Every rank (a barrier): those whose barrier count is behind this rank's.
+    Barrier,
+    /// One rank (an LL line it stores).
+    Rank(usize),
+}
 
 /// Everything one rank's job needs, captured at launch.
 struct Job {
@@ -196,8 +205,9 @@ impl Job {
         if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
             return;
         }
-        if word(me, STATE_OFFSET).load(Ordering::Acquire) != STATE_OK {
-            self.fail(ERR_ABORTED, 0);
+        let state = word(me, STATE_OFFSET).load(Ordering::Acquire);
+        if state != STATE_OK {
+            self.fail(state_error(state), 0);
             return;
         }
         let esize = self.red.map_or(1, |(d, _)| d.size());
@@ -384,12 +394,13 @@ impl Job {
         }
         let target = k.wrapping_mul(self.nranks as u32);
         let counter = word(me, SIGNAL_OFFSET);
-        self.wait_until(index, || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0)
+        self.wait_until(index, Awaited::Barrier, || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0)
     }
 
-    /// Spins (then yields, then sleeps) until `done`; false once the team is aborted or the
-    /// timeout passes, recorded in this rank's error word with `index`, as a kernel's wait does.
-    fn wait_until(&self, index: u32, done: impl Fn() -> bool) -> bool {
+    /// Spins (then yields, then sleeps) until `done`; false once the team failed (the state
+    /// word: aborted, a rank timed out) or the timeout passes (then [`Job::time_out`]), recorded
+    /// in this rank's error word with `index`, as a kernel's wait does.
+    fn wait_until(&self, index: u32, awaited: Awaited, done: impl Fn() -> bool) -> bool {
         if done() {
             return true;
         }
@@ -398,13 +409,14 @@ impl Job {
         let mut spins = 0u32;
         let state = word(me, STATE_OFFSET);
         while !done() {
-            // The team's state word: an abort ends the wait, as on a GPU.
-            if state.load(Ordering::Acquire) != STATE_OK {
-                self.fail(ERR_ABORTED, index);
+            // The team's state word: an abort or a rank's timeout ends the wait, as on a GPU.
+            let s = state.load(Ordering::Acquire);
+            if s != STATE_OK {
+                self.fail(state_error(s), index);
                 return false;
             }
             if self.timeout.is_some_and(|t| start.elapsed() >= t) {
-                self.fail(ERR_TIMEOUT, index);
+                self.time_out(index, awaited);
                 return false;
             }
             spins += 1;
@@ -470,7 +482,7 @@ impl Job {
         let fetch = |b: usize, writer: usize, i: usize| -> Option<u64> {
             let [x, y] = line(r, b, writer, i);
             let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flags[b];
-            self.wait_until(1, || carries(x) && carries(y))
+            self.wait_until(1, Awaited::Rank(writer), || carries(x) && carries(y))
                 .then(|| (x.load(Ordering::Relaxed) & 0xffff_ffff) | y.load(Ordering::Relaxed) << 32)
         };
         // Broadcast: the other ranks acknowledge the call to every peer (one line, payload 0).
@@ -534,6 +546,35 @@ impl Job {
                     if root as usize != r {
                         write(out[r], lo, &rows[root as usize]);
                     }
+                }
+            }
+        }
+    }
+
+    /// This rank's wait `index` timed out (`record_timeout` in `kernels/sync.cuh`): records the
+    /// timeout and the ranks that did not arrive, then writes "this rank timed out" into every
+    /// rank's state word (its own first; a failure already there stays), so their waits end at
+    /// once instead of each waiting out its own timeout.
+    fn time_out(&self, index: u32, awaited: Awaited) {
+        self.fail(ERR_TIMEOUT, index);
+        let me = self.sync.0[self.rank];
+        let mine = word(me, EPOCH_OFFSET).load(Ordering::Relaxed);
+        for (q, &s) in self.sync.0.iter().enumerate() {
+            let missing = match awaited {
+                Awaited::Rank(p) => q == p,
+                Awaited::Barrier => (word(s, EPOCH_OFFSET).load(Ordering::Relaxed).wrapping_sub(mine) as i32) < 0,
+            };
+            if missing {
+                word(me, MISSING_OFFSET + 4 * (q / 32)).fetch_or(1 << (q % 32), Ordering::Release);
+            }
+        }
+        let told = state_timeout(self.rank as u32);
+        let tell =
+            |s: *mut u8| word(s, STATE_OFFSET).compare_exchange(STATE_OK, told, Ordering::AcqRel, Ordering::Acquire);
+        if tell(me).is_ok() {
+            for (q, &s) in self.sync.0.iter().enumerate() {
+                if q != self.rank {
+                    let _ = tell(s);
                 }
             }
         }

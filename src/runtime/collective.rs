@@ -486,7 +486,8 @@ pub(super) fn kernel_error_at(e: KernelError, rank: usize, collective: Collectiv
 }
 
 /// Waits for rank `rank`'s work on `stream`, then reports the first device-side error of the
-/// team (a barrier timeout), which stays reported until the team is destroyed.
+/// team (a wait that timed out, here or in another rank), which stays reported until the team
+/// is destroyed.
 pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
     let dev = team.devices()[r];
@@ -516,18 +517,19 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
             )));
             return Err(team.error().expect("an aborted team has its error"));
         }
-        let detail = if code == ERR_TIMEOUT {
+        if code == ERR_TIMEOUT {
+            // This rank's wait timed out, or it ended because another rank's did (the state
+            // word): the error names the rank that timed out first and whom it waited for, and
+            // the peer processes are told.
+            return Err(team.timed_out(r));
+        }
+        team.set_error(Error::new(
+            ErrorKind::Timeout,
             format!(
-                "rank {rank}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms (barrier {} of the \
-                 collective, block {}); every rank must call each collective; the team reports this error until it \
-                 is destroyed",
-                info >> 8,
-                (info & 0xff).saturating_sub(1)
-            )
-        } else {
-            format!("rank {rank}: device error code {code} (info {info:#x}); the team is unusable")
-        };
-        team.set_error(Error::new(ErrorKind::Timeout, detail));
+                "rank {rank}: device error code {code} (info {info:#x}) after waiting up to timeout_ms = {timeout_ms} \
+                 ms; the team is unusable"
+            ),
+        ));
     }
     match team.error() {
         Some(e) => Err(e),

@@ -97,4 +97,20 @@ impl Comm {
     pub fn aborted(&self) -> Option<String> {
         self.boot.aborted().then(|| self.boot.abort_reason())
     }
+
+    /// Tells every peer process (through rank 0) that a rank of the team timed out (`reason`:
+    /// which, and whom it waited for): their waits on the connections end with
+    /// [`ErrorKind::Timeout`] and [`Comm::failure`] reports it there. Only the first failure
+    /// travels.
+    pub fn timed_out(&self, reason: &str) {
+        self.boot.fail(Kind::Timeout, reason);
+    }
+
+    /// The team's failure told here or by a peer process ([`Comm::abort`],
+    /// [`Comm::timed_out`]): its kind and reason; `None` while healthy. Never blocks; one atomic
+    /// load while healthy.
+    pub fn failure(&self) -> Option<(ErrorKind, String)> {
+        let (k, why) = self.boot.failure()?;
+        Some((Error::from(BootError::new(k, "")).kind, why))
+    }
 }

@@ -28,13 +28,20 @@ pub const LOCAL_OFFSET: usize = 4096;
 pub const ERROR_WORD_OFFSET: usize = 4096;
 /// `u32` detail of the first error: `(block slot + 1) | (barrier index in the kernel << 8)`.
 pub const ERROR_INFO_OFFSET: usize = 4100;
+/// [`MISSING_WORDS`] `u32` bit words: bit `q % 32` of word `q / 32` is set when rank `q` did not
+/// arrive in a wait of this rank that timed out (the kernel that timed out sets them before it
+/// tells the other ranks through their state words).
+pub const MISSING_OFFSET: usize = 4104;
+/// Words of the missing-rank bits: one bit per rank of the largest team.
+pub const MISSING_WORDS: usize = 3;
 /// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
 /// `b` (the target of slot `b`'s counter is that number times `nranks`).
 pub const EPOCH_OFFSET: usize = 4352;
-/// `u32` team state word ([`STATE_OK`] or [`STATE_ABORTED`]): written by the host (an abort
-/// writes it in every rank's sync region, through the peer mappings for ranks of other
-/// processes) and read by every barrier spin, so an abort ends device waits within
-/// microseconds. Outside the local state: peers write it.
+/// `u32` team state word, read by every device wait: anything but [`STATE_OK`] ends it within
+/// microseconds. [`state_timeout`]`(t)` once rank `t` timed out (its kernel writes it in every
+/// rank's sync region, its own first; the first failure stays), [`STATE_ABORTED`] once the team
+/// was aborted (the host writes it in every rank's region, through the peer mappings for ranks
+/// of other processes). Outside the local state: peers write it.
 pub const STATE_OFFSET: usize = 8192;
 /// End of the used part of the sync region; the rest is reserved.
 pub const SYNC_USED_BYTES: usize = 8256;
@@ -137,9 +144,35 @@ pub const ERR_TIMEOUT: u32 = 1;
 pub const ERR_ABORTED: u32 = 2;
 /// State word value: the team is usable.
 pub const STATE_OK: u32 = 0;
-/// State word value: the team was aborted; every barrier returns at once.
+/// State word value (low byte): a rank timed out; its number is in the bits above
+/// ([`state_timeout`], [`timed_out_rank`]). Every wait ends at once, recording [`ERR_TIMEOUT`].
+pub const STATE_TIMEOUT: u32 = 1;
+/// State word value: the team was aborted; every wait ends at once, recording [`ERR_ABORTED`].
 pub const STATE_ABORTED: u32 = 2;
 
+/// The state word a rank that timed out writes: [`STATE_TIMEOUT`] and its rank.
+pub const fn state_timeout(rank: u32) -> u32 {
+    STATE_TIMEOUT | rank << 8
+}
+
+/// The rank that timed out, if `state` says one did.
+pub fn timed_out_rank(state: u32) -> Option<usize> {
+    (state & 0xff == STATE_TIMEOUT).then_some((state >> 8) as usize)
+}
+
+/// The error a wait records when it finds `state` (not [`STATE_OK`]): a rank's timeout is a
+/// timeout here too, anything else an abort (`state_error` in `kernels/sync.cuh`).
+pub fn state_error(state: u32) -> u32 {
+    if timed_out_rank(state).is_some() {
+        ERR_TIMEOUT
+    } else {
+        ERR_ABORTED
+    }
+}
+
+const _: () = assert!(ERROR_INFO_OFFSET + 4 <= MISSING_OFFSET);
+const _: () = assert!(MISSING_OFFSET + 4 * MISSING_WORDS <= EPOCH_OFFSET);
+const _: () = assert!(32 * MISSING_WORDS >= crate::kernels::MAX_RANKS);
 const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= PUSH_SEQ_OFFSET);
 const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= LL_SEQ_OFFSET);
 const _: () = assert!(LL_SEQ_OFFSET + 4 * LL_MAX_BLOCKS as usize <= STATE_OFFSET);
@@ -193,6 +226,10 @@ mod tests {
         assert_eq!(define("MCAST_ERR_ABORTED"), ERR_ABORTED as u64);
         assert_eq!(define("MCAST_STATE_OFFSET"), STATE_OFFSET as u64);
         assert_eq!(define("MCAST_STATE_OK"), STATE_OK as u64);
+        assert_eq!(define("MCAST_STATE_TIMEOUT"), STATE_TIMEOUT as u64);
+        assert_eq!(define("MCAST_STATE_ABORTED"), STATE_ABORTED as u64);
+        assert_eq!(define("MCAST_MISSING_OFFSET"), MISSING_OFFSET as u64);
+        assert_eq!(define("MCAST_MISSING_WORDS"), MISSING_WORDS as u64);
         assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
     }
 }

@@ -1,27 +1,98 @@
-//! A team's failures: the sticky error (a device timeout), abort (`mcast_team_abort`: every
-//! wait ends, here and in peer processes) and the asynchronous error read from the device words.
+//! A team's failures: the sticky error (a device timeout, here or in a peer), abort
+//! (`mcast_team_abort`: every wait ends, here and in peer processes) and the asynchronous error
+//! read from the device words.
+//!
+//! A failure is every rank's. A kernel whose wait times out writes "rank t timed out" into
+//! every rank's state word (`record_timeout`, kernels/sync.cuh), so every other rank's waits,
+//! and its later kernels, end at once with a timeout too; the host that learns of a timeout
+//! ([`Team::timed_out`]: synchronize, `mcast_team_get_error`) tells the peer processes over
+//! the connections, as an abort does, so their host waits and calls end too.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
 
 use super::Team;
-use crate::kernels::abi::{ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET};
+use crate::kernels::abi::{
+    timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, MISSING_OFFSET, MISSING_WORDS,
+    STATE_ABORTED, STATE_OFFSET,
+};
 use crate::runtime::error::{Error, ErrorKind, Result};
 
+/// How a timeout message ends.
+const STICKY: &str = "every rank must call each collective; every rank of the team reports this error until it is \
+                      destroyed: destroy it and make a new one";
+
 impl Team {
-    /// The sticky error, if a collective of this team failed on the device or the team was
-    /// aborted (an abort, here or noticed from a peer, wins over an earlier timeout). Cheap: it
-    /// reads only what this process already knows (see [`Team::async_error`] for more). While
-    /// the team is healthy it reads two atomic flags and takes no lock (every collective call
-    /// asks, from every rank's thread).
+    /// The sticky error, if a collective of this team failed on the device, a peer process
+    /// told of a failure, or the team was aborted (an abort, here or noticed from a peer, wins
+    /// over an earlier timeout). Cheap: it reads only what this process already knows (see
+    /// [`Team::async_error`] for more). While the team is healthy it reads three atomic flags
+    /// (the third the connections', for a multi-process team) and takes no lock (every
+    /// collective call asks, from every rank's thread).
     pub fn error(&self) -> Option<Error> {
         if self.aborted.load(Ordering::Acquire) {
             return Some(self.aborted_error());
         }
         if !self.failed.load(Ordering::Acquire) {
-            return None;
+            let (kind, why) = self.comm.as_ref()?.failure()?;
+            self.told(kind, &why);
+            return self.error();
         }
         self.error.lock().clone()
+    }
+
+    /// Records the failure a peer process told over the connections (an abort, a rank's
+    /// timeout).
+    fn told(&self, kind: ErrorKind, why: &str) {
+        if kind == ErrorKind::Aborted {
+            return self.mark_aborted(why);
+        }
+        let me = self.local_rank().map_or_else(|| "this process".to_string(), |r| format!("rank {r}"));
+        self.set_error(Error::new(kind, format!("{me}: {why} (told by a peer process); {STICKY}")));
+    }
+
+    /// Rank `r`'s device recorded a timeout, or its state word says a rank timed out: records
+    /// the team's sticky timeout, naming the rank that timed out first (`r`'s state word; `r`
+    /// when it names none) and the ranks it waited for (that rank's missing-rank words, read
+    /// through `r`'s peer mapping), and tells the peer processes, so a rank that was paused or
+    /// slow learns of it at once. Returns the team's error (the first one recorded).
+    pub(crate) fn timed_out(&self, r: usize) -> Error {
+        let what = {
+            let live = self.sync_live.read();
+            let driver = self.env.driver();
+            let n = self.size();
+            let peek = |rank: usize, offset: usize| {
+                (*live).then(|| driver.peek_u32(self.devices[r], self.sync[r][rank] + offset as u64).ok()).flatten()
+            };
+            let first = peek(r, STATE_OFFSET).and_then(timed_out_rank).filter(|&t| t < n).unwrap_or(r);
+            let missing: Vec<usize> = (0..MISSING_WORDS)
+                .flat_map(|w| {
+                    let bits = peek(first, MISSING_OFFSET + 4 * w).unwrap_or(0);
+                    (0..32).filter(move |b| bits >> b & 1 == 1).map(move |b| 32 * w + b)
+                })
+                .filter(|&q| q < n)
+                .collect();
+            let info = peek(first, ERROR_INFO_OFFSET).unwrap_or(0);
+            let who = match missing.as_slice() {
+                [] => "a peer rank".to_string(),
+                [q] => format!("rank {q}"),
+                [init @ .., last] => {
+                    let init: Vec<String> = init.iter().map(usize::to_string).collect();
+                    format!("ranks {} and {last}", init.join(", "))
+                }
+            };
+            let at = match info {
+                0 => String::new(),
+                _ => format!(" (wait {} of a collective, block {})", info >> 8, (info & 0xff).saturating_sub(1)),
+            };
+            let timeout_ms = self.env.config().timeout_ms;
+            format!("rank {first} timed out first: {who} did not arrive within timeout_ms = {timeout_ms} ms{at}")
+        };
+        self.set_error(Error::new(ErrorKind::Timeout, format!("rank {r}: {what}; {STICKY}")));
+        if let Some(c) = &self.comm {
+            c.timed_out(&what);
+        }
+        self.error().expect("a timed-out team has its error")
     }
 
     /// Records the first device error; later calls report it until the team is destroyed.
@@ -113,17 +184,13 @@ impl Team {
     }
 
     /// The team's asynchronous error without waiting (`mcast_team_get_error`): `None`,
-    /// [`ErrorKind::Timeout`] or [`ErrorKind::Aborted`]. Besides the host's sticky error it
-    /// reads this process's ranks' device words (a peer process's abort, a barrier timeout)
-    /// without waiting for any stream.
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::Aborted`]. Besides the host's sticky error (with
+    /// what peer processes told) it reads this process's ranks' device words (a peer process's
+    /// abort, a rank's timeout in the state word, a wait's timeout) without waiting for any
+    /// stream.
     pub fn async_error(&self) -> Option<ErrorKind> {
         if let Some(e) = self.error() {
             return Some(e.kind);
-        }
-        // A peer process's abort message, not consumed (rendezvous waits see it too).
-        if let Some(why) = self.comm.as_ref().and_then(|c| c.aborted()) {
-            self.mark_aborted(&why);
-            return Some(ErrorKind::Aborted);
         }
         let live = self.sync_live.read();
         if !*live {
@@ -132,22 +199,20 @@ impl Team {
         let driver = self.env.driver();
         for r in self.own_ranks() {
             let (dev, base) = (self.devices[r], self.sync[r][r]);
-            if driver.peek_u32(dev, base + STATE_OFFSET as u64).is_ok_and(|w| w == STATE_ABORTED) {
+            let state = driver.peek_u32(dev, base + STATE_OFFSET as u64);
+            if state.as_ref().is_ok_and(|&w| w == STATE_ABORTED) {
                 drop(live);
                 self.mark_aborted("by a peer process: its rank wrote this rank's state word");
                 return Some(ErrorKind::Aborted);
             }
+            if state.is_ok_and(|w| timed_out_rank(w).is_some()) {
+                drop(live);
+                return Some(self.timed_out(r).kind);
+            }
             match driver.peek_u32(dev, base + ERROR_WORD_OFFSET as u64) {
                 Ok(ERR_TIMEOUT) => {
-                    let timeout_ms = self.env.config().timeout_ms;
-                    self.set_error(Error::new(
-                        ErrorKind::Timeout,
-                        format!(
-                            "rank {r}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms; the team \
-                             reports this error until it is destroyed"
-                        ),
-                    ));
-                    return Some(ErrorKind::Timeout);
+                    drop(live);
+                    return Some(self.timed_out(r).kind);
                 }
                 Ok(ERR_ABORTED) => {
                     drop(live);
