@@ -1,0 +1,245 @@
+//! The listeners under attack: connections that trickle, a process out of descriptors, and
+//! other users at the host-local descriptor socket. Each case runs in a child process (this
+//! test binary run again with `FLOOD_CHILD` naming the case), so its thread count, CPU time and
+//! descriptor limit are its own and not those of the tests running beside it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::tcp::{self, kind, SECRET_BYTES};
+use super::*;
+
+const CHILD: &str = "FLOOD_CHILD";
+const MAX: usize = 72;
+
+/// Runs the case `case` in a child process, killed after `limit`; returns its output after
+/// asserting it passed.
+fn run_child(case: &str, prefix: &[&str], limit: Duration) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    c.args(["--exact", "bootstrap::flood_tests::child", "--nocapture", "--test-threads=1"])
+        .env(CHILD, case)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) of the child this test started (not yet reaped: the waiting
+            // thread still holds it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().unwrap().unwrap();
+            panic!("case {case} ran past {limit:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+    };
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "case {case} failed:\n{text}");
+    assert!(text.contains("1 passed"), "case {case} did not run:\n{text}");
+    text
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+/// CPU time (user + system) of this process so far.
+fn cpu_time() -> Duration {
+    // SAFETY: rusage is plain old data filled by getrusage.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// `n` thread ranks join the team of `id`; every rank on one host.
+fn form(id: &[u8; ID_BYTES], n: usize) -> Vec<Bootstrap> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| s.spawn(move || Bootstrap::init_id(id, n as i64, r as i64, MAX, 10_000, "one".into()).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// 200 connections that each send a byte every 100 ms: against a listener, a rank still gets
+/// through at once, the process's threads stay bounded and every trickling connection is closed
+/// by the handshake deadline; against the root listener while a team forms through it, the team
+/// forms about as fast as alone.
+#[test]
+fn trickling_connections_are_cut_at_the_deadline() {
+    let out = run_child("trickle", &[], Duration::from_secs(60));
+    eprintln!("{out}");
+}
+
+const TRICKLERS: usize = 200;
+
+/// Opens [`TRICKLERS`] connections to `addr`, says so on `ready`, then sends each a byte every
+/// 100 ms (a proof frame, slowly) until every one is closed or 8 s passed. Returns when each
+/// was closed after its connect (`None`: never) and the most threads this process had.
+fn trickle(addr: std::net::SocketAddr, ready: std::sync::mpsc::Sender<()>) -> (Vec<Option<Duration>>, usize) {
+    let mut frame = vec![64, 0, 0, 0, kind::PROOF];
+    frame.resize(5 + 64, 0);
+    let mut conns: Vec<(TcpStream, Instant, Option<Duration>)> = (0..TRICKLERS)
+        .map(|_| {
+            // As an attacker would, retry when the backlog is full.
+            let t = Instant::now();
+            let s = loop {
+                match TcpStream::connect(addr) {
+                    Ok(s) => break s,
+                    Err(e) if t.elapsed() > Duration::from_secs(3) => panic!("{e}"),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            };
+            s.set_nonblocking(true).unwrap();
+            (s, Instant::now(), None)
+        })
+        .collect();
+    let _ = ready.send(());
+    let mut most = 0;
+    let start = Instant::now();
+    for tick in 0.. {
+        most = most.max(threads());
+        for (s, since, closed) in conns.iter_mut().filter(|c| c.2.is_none()) {
+            let mut buf = [0u8; 256];
+            let gone = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break true,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                    Err(_) => break true,
+                }
+            };
+            if gone || s.write(&frame[tick % frame.len()..][..1]).is_err() {
+                *closed = Some(since.elapsed());
+            }
+        }
+        if conns.iter().all(|c| c.2.is_some()) || start.elapsed() > Duration::from_secs(8) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (conns.into_iter().map(|c| c.2).collect(), most)
+}
+
+fn trickle_case() {
+    // Against a listener that outlives the trickle.
+    let secret = [5u8; SECRET_BYTES];
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let acc = tcp::Acceptor::start(l, secret, "test listener").unwrap();
+    let before = threads();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let trickler = std::thread::spawn(move || trickle(addr, tx));
+    rx.recv().unwrap();
+    let t = Instant::now();
+    let mut s = tcp::connect(addr, &secret, Deadline::after_ms(3000)).unwrap();
+    tcp::write_frame(&mut s, kind::JOIN, b"rank").unwrap();
+    let (_, join) = acc.next(Deadline::after_ms(3000)).expect("the rank got through");
+    let through = t.elapsed();
+    assert_eq!(join, b"rank");
+    let (closed, most) = trickler.join().unwrap();
+    let mut ms: Vec<u128> = closed.iter().map(|c| c.map_or(u128::MAX, |d| d.as_millis())).collect();
+    ms.sort_unstable();
+    eprintln!(
+        "{TRICKLERS} trickling connections: a rank got through in {through:?}; threads {before} before, {most} at \
+         most; closed after (ms) min {} median {} max {}",
+        ms[0],
+        ms[TRICKLERS / 2],
+        ms[TRICKLERS - 1]
+    );
+    assert!(through < Duration::from_millis(500), "{through:?}");
+    assert!(most <= before + tcp::MAX_PENDING + tcp::MAX_PENDING / 4 + 8, "{most} threads (from {before})");
+    let late = ms.iter().filter(|&&m| m > u128::from(tcp::HANDSHAKE_MS) + 600).count();
+    assert_eq!(late, 0, "{late} of {TRICKLERS} connections were not closed by the deadline");
+    drop(acc);
+
+    // Against the root listener while a team forms through it.
+    let t = Instant::now();
+    drop(form(&new_unique_id().unwrap(), 4));
+    let alone = t.elapsed();
+    let id = new_unique_id().unwrap();
+    let addr = UniqueId::decode(&id).unwrap().addr;
+    let before = threads();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let trickler = std::thread::spawn(move || trickle(addr, tx));
+    rx.recv().unwrap();
+    let t = Instant::now();
+    let boots = form(&id, 4);
+    let formed = t.elapsed();
+    let (_, most) = trickler.join().unwrap();
+    eprintln!("a team of 4: alone {alone:?}, with {TRICKLERS} trickling connections {formed:?}; threads {before} before, {most} at most");
+    assert!(formed < alone * 3 + Duration::from_millis(500), "formation took {formed:?} (alone: {alone:?})");
+    // The handshake threads, the team's own (4 ranks, readers, hub) and slack.
+    assert!(most <= before + tcp::MAX_PENDING + tcp::MAX_PENDING / 4 + 24, "{most} threads (from {before})");
+    drop(boots);
+}
+
+/// Out of descriptors while a stranger's connection waits: the accept loop rests instead of
+/// spinning (the process's CPU time over 1 s stays low), the waiting connection is served once
+/// descriptors free up, and a team forms.
+#[test]
+fn out_of_descriptors_the_accept_loop_rests() {
+    let out = run_child("emfile", &[], Duration::from_secs(60));
+    eprintln!("{out}");
+}
+
+fn emfile_case() {
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let lim = libc::rlimit { rlim_cur: open + 64, rlim_max: open + 64 };
+    // SAFETY: setrlimit of this (child) process.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let id = new_unique_id().unwrap();
+    let addr = UniqueId::decode(&id).unwrap().addr;
+    let mut hog = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        hog.push(f);
+    }
+    // One descriptor for a connection, then none: its accept fails with EMFILE.
+    hog.pop();
+    let mut stranger = TcpStream::connect(addr).unwrap();
+    assert!(std::fs::File::open("/dev/null").is_err(), "the descriptors are exhausted");
+    std::thread::sleep(Duration::from_millis(100));
+    let (c0, t0) = (cpu_time(), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = cpu_time() - c0;
+    let wall = t0.elapsed();
+    drop(hog);
+    eprintln!("out of descriptors: {cpu:?} of CPU in {wall:?}");
+    assert!(cpu < Duration::from_millis(100), "the accept loop used {cpu:?} of CPU in {wall:?}");
+    // The connection waited in the backlog and gets its challenge now.
+    stranger.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let (k, _) = tcp::read_frame(&mut stranger, tcp::MAX_HANDSHAKE_FRAME).unwrap();
+    assert_eq!(k, kind::HELLO);
+    let t = Instant::now();
+    let boots = form(&id, 2);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(boots);
+    let _ = stranger.write_all(b"x");
+}
+
+/// The child side: runs the case named by `FLOOD_CHILD`; nothing without it.
+#[test]
+fn child() {
+    if std::env::var_os(CHILD).is_some() {
+        crate::runtime::logging::init();
+    }
+    match std::env::var(CHILD).as_deref() {
+        Ok("trickle") => trickle_case(),
+        Ok("emfile") => emfile_case(),
+        Ok(other) => panic!("unknown case {other}"),
+        Err(_) => {}
+    }
+}
