@@ -54,7 +54,7 @@ impl DropLog {
     fn emit(&self, s: &mut State) {
         let counts: Vec<String> = s.counts.iter().map(|(r, n)| format!("{n} {r}")).collect();
         let since = match s.logged {
-            Some(t) => format!(" in the last {:.0} s", t.elapsed().as_secs_f64()),
+            Some(t) => format!(" in the last {:.1} s", t.elapsed().as_secs_f64()),
             None => String::new(),
         };
         let last = if s.last.is_empty() { String::new() } else { format!(" (last: {})", s.last) };

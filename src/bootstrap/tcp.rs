@@ -124,7 +124,12 @@ impl Read for UntilDeadline<'_> {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the deadline passed"));
         }
         self.s.set_read_timeout(Some(left))?;
-        (&mut &*self.s).read(buf)
+        (&mut &*self.s).read(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                io::Error::new(io::ErrorKind::TimedOut, "no complete frame before the deadline")
+            }
+            _ => e,
+        })
     }
 }
 
