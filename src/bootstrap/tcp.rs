@@ -309,13 +309,14 @@ impl Acceptor {
         let (tx, rx) = mpsc::channel();
         let flag = stop.clone();
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        // Allocated here: the loop allocates nothing until a connection arrives (see below).
         let log = Arc::new(DropLog::new(format!("{what} at {addr}")));
+        let threads = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new().name("mcast-accept".into()).spawn(move || {
             use std::os::fd::AsRawFd;
             // The sender lives as long as the thread: dropping it could free the channel
             // (an allocator call) just when the caller forks.
             let _ = ready_tx.send(());
-            let threads = Arc::new(AtomicUsize::new(0));
             // Oldest first. Empty, it holds no allocation.
             let mut pending: VecDeque<Pending> = VecDeque::new();
             let handshake = Duration::from_millis(HANDSHAKE_MS);
