@@ -187,9 +187,10 @@ fn trickle_case() {
     drop(boots);
 }
 
-/// Out of descriptors while a stranger's connection waits: the accept loop rests instead of
-/// spinning (the process's CPU time over 1 s stays low), the waiting connection is served once
-/// descriptors free up, and a team forms.
+/// Out of descriptors while a stranger's connection waits, at the root listener and then at
+/// the host's descriptor socket: the accept loop rests instead of spinning (the process's CPU
+/// time over 1 s stays low), the waiting connection is served once descriptors free up, and
+/// the ranks form.
 #[test]
 fn out_of_descriptors_the_accept_loop_rests() {
     let out = run_child("emfile", &[], Duration::from_secs(60));
@@ -228,6 +229,35 @@ fn emfile_case() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     drop(boots);
     let _ = stranger.write_all(b"x");
+    drop(stranger);
+
+    // The same at the host's descriptor socket.
+    let secret = [2u8; SECRET_BYTES];
+    let name = fd_name("emfile");
+    let hub = {
+        let name = name.clone();
+        std::thread::spawn(move || Local::form(&name, vec![0, 1], 0, &secret, Deadline::after_ms(10_000)))
+    };
+    wait_bound(&name);
+    let mut hog = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        hog.push(f);
+    }
+    hog.pop();
+    let stranger = connect_fd(&name);
+    assert!(std::fs::File::open("/dev/null").is_err(), "the descriptors are exhausted");
+    std::thread::sleep(Duration::from_millis(100));
+    let (c0, t0) = (cpu_time(), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = cpu_time() - c0;
+    let wall = t0.elapsed();
+    drop(hog);
+    eprintln!("descriptor socket out of descriptors: {cpu:?} of CPU in {wall:?}");
+    assert!(cpu < Duration::from_millis(100), "the hub's accept used {cpu:?} of CPU in {wall:?}");
+    let ch = recv_within(&stranger, 3000).expect("the waiting connection gets its challenge");
+    assert_eq!(&ch[..8], fdpass::CHALLENGE_MAGIC);
+    Local::form(&name, vec![0, 1], 1, &secret, Deadline::after_ms(5000)).unwrap();
+    hub.join().unwrap().unwrap();
 }
 
 // ---- the host-local descriptor socket ----
@@ -239,6 +269,21 @@ use std::os::fd::{AsRawFd, OwnedFd};
 fn fd_name(tag: &str) -> String {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     format!("mcast-fd-floodtest-{}-{tag}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Waits until the abstract socket `name` is in /proc/net/unix (at most 4 s); its listed name.
+fn wait_bound(name: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+        let found =
+            table.lines().filter_map(|l| l.split_whitespace().nth(7)).find(|p| p.strip_prefix('@') == Some(name));
+        if let Some(p) = found {
+            return p[1..].to_string();
+        }
+        assert!(t.elapsed() < Duration::from_secs(4), "{name} is not in /proc/net/unix");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Connects to the abstract socket `name`, retrying until it is bound (at most 3 s).
@@ -347,7 +392,9 @@ fn the_descriptor_socket_refuses_strangers_and_replays() {
         let name = name.clone();
         move || Local::form(&name, vec![0, 1], 1, &secret, Deadline::after_ms(3000))
     });
-    // SAFETY: accept on a listening socket.
+    let ready = fdpass::wait_readable(listener.as_raw_fd(), None, Deadline::after_ms(3000));
+    assert_eq!(ready, Ready::Readable, "the rank did not connect");
+    // SAFETY: accept on a listening socket with a connection waiting.
     let c = unsafe { libc::accept(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
     assert!(c >= 0);
     // SAFETY: a fresh descriptor.
@@ -452,18 +499,7 @@ fn another_users_connections_to_the_descriptor_socket_are_closed_at_once() {
 fn nobody_case() {
     // SAFETY: getuid cannot fail.
     assert_ne!(unsafe { libc::getuid() }, 0, "runs as nobody");
-    let want = std::env::var("FLOOD_SOCKET").unwrap();
-    let t = Instant::now();
-    let name = loop {
-        let table = std::fs::read_to_string("/proc/net/unix").unwrap();
-        let found =
-            table.lines().filter_map(|l| l.split_whitespace().nth(7)).find(|p| p.strip_prefix('@') == Some(&want));
-        if let Some(p) = found {
-            break p[1..].to_string();
-        }
-        assert!(t.elapsed() < Duration::from_secs(4), "{want} is not in /proc/net/unix");
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let name = wait_bound(&std::env::var("FLOOD_SOCKET").unwrap());
     let conns: Vec<OwnedFd> = (0..40).map(|_| connect_fd(&name)).collect();
     println!("FLOOD connected 40 to @{name}");
     let t = Instant::now();
