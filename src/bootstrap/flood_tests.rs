@@ -418,17 +418,25 @@ fn another_users_connections_to_the_descriptor_socket_are_closed_at_once() {
         eprintln!("skipped: needs root to run a process as uid nobody");
         return;
     }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipped: no setpriv to run a process as uid nobody");
-        return;
+    let exe = std::env::current_exe().unwrap();
+    let as_nobody = ["--reuid=nobody", "--regid=nogroup", "--clear-groups"];
+    match Command::new("setpriv").args(as_nobody).arg("test").arg("-x").arg(&exe).status() {
+        Err(e) => {
+            eprintln!("skipped: no setpriv to run a process as uid nobody ({e})");
+            return;
+        }
+        Ok(st) if !st.success() => {
+            eprintln!("skipped: uid nobody cannot run {} (a directory above it is closed to others)", exe.display());
+            return;
+        }
+        Ok(_) => {}
     }
     let secret = [6u8; SECRET_BYTES];
     let members = vec![0, 1, 2, 3];
     let alone = form_local(&fd_name("alone"), &members, &secret);
     let name = fd_name("nobody");
-    let exe = std::env::current_exe().unwrap();
     let mut child = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .args(as_nobody)
         .arg(&exe)
         .args(["--exact", "bootstrap::flood_tests::child", "--nocapture", "--test-threads=1"])
         .env(CHILD, "nobody")
