@@ -5,6 +5,7 @@
 //! - [`oob`]: the caller's allgather (`mcast_oob_t`), used once to swap what TCP needs.
 //! - [`host`]: host identity (which ranks may pass file descriptors).
 //! - [`fdpass`]: `SCM_RIGHTS` between the ranks of one host.
+//! - `droplog`: rate-limited warnings about connections a listener closed.
 //!
 //! A team meets either through a unique id (a root listener in the process that made the id,
 //! or at `MCAST_BOOTSTRAP_ADDR` in rank 0, tells every rank where rank 0's hub listens) or
@@ -28,6 +29,7 @@
 //! `exchange.rs` the all-gather and what is built on it; this file holds the errors, the
 //! deadline and the [`Bootstrap`] value with its abort.
 
+mod droplog;
 mod exchange;
 pub mod fdpass;
 pub mod host;
@@ -340,6 +342,8 @@ impl Drop for Bootstrap {
 
 #[cfg(test)]
 mod env_tests;
+#[cfg(test)]
+mod flood_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]

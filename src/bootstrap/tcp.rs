@@ -31,9 +31,10 @@
 //! made up fails to open. On the wire the length then counts the 16-byte tag after the
 //! ciphertext.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +45,7 @@ use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use super::droplog::DropLog;
 use super::{BootError, Deadline};
 
 /// Bytes of the team secret.
@@ -152,10 +154,33 @@ pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> io::Result<(
     w.write_all(&buf)
 }
 
-/// Reads a plain (handshake) frame of `want` kind before `deadline`.
+/// A stream whose every read waits at most the time left before one deadline: a peer that
+/// sends a byte at a time is cut at the deadline instead of getting a fresh timeout per byte.
+struct UntilDeadline<'a> {
+    s: &'a TcpStream,
+    deadline: Deadline,
+}
+
+impl Read for UntilDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.remaining_or(Duration::from_secs(3600));
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the deadline passed"));
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&mut &*self.s).read(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                io::Error::new(io::ErrorKind::TimedOut, "no complete frame before the deadline")
+            }
+            _ => e,
+        })
+    }
+}
+
+/// Reads a plain (handshake) frame of `want` kind before `deadline` (the whole frame, not each
+/// read).
 pub fn expect_frame(s: &mut TcpStream, want: u8, cap: usize, deadline: Deadline) -> Result<Vec<u8>, String> {
-    set_read_deadline(s, deadline)?;
-    let (k, p) = read_frame(s, cap).map_err(|e| e.to_string())?;
+    let (k, p) = read_frame(&mut UntilDeadline { s, deadline }, cap).map_err(|e| e.to_string())?;
     if k != want {
         return Err(format!("expected a frame of kind {want}, got kind {k}"));
     }
@@ -282,18 +307,12 @@ impl Secured {
 
     /// Reads and opens a frame of `want` kind before `deadline`.
     pub fn expect(&mut self, want: u8, cap: usize, deadline: Deadline) -> Result<Vec<u8>, String> {
-        set_read_deadline(&self.stream, deadline)?;
-        let (k, p) = self.rx.open(&mut &self.stream, cap).map_err(|e| e.to_string())?;
+        let (k, p) = self.rx.open(&mut UntilDeadline { s: &self.stream, deadline }, cap).map_err(|e| e.to_string())?;
         if k != want {
             return Err(format!("expected a frame of kind {want}, got kind {k}"));
         }
         Ok(p)
     }
-}
-
-fn set_read_deadline(s: &TcpStream, deadline: Deadline) -> Result<(), String> {
-    s.set_read_timeout(Some(deadline.remaining_or(Duration::from_secs(3600)).max(Duration::from_millis(1))))
-        .map_err(|e| e.to_string())
 }
 
 /// `n` random bytes from the kernel.
@@ -388,10 +407,66 @@ pub fn connect(addr: SocketAddr, secret: &[u8; SECRET_BYTES], deadline: Deadline
     }
 }
 
+/// Most connections in their handshake at once on one listener: above the largest team (72
+/// ranks, which may all reach the root at once). A connection beyond it evicts the oldest one
+/// still in its handshake: a stranger holding connections open cannot lock out a rank, whose
+/// handshake takes a round trip.
+pub const MAX_PENDING: usize = 128;
+/// Most handshake threads alive at once (evicted ones take a moment to end); a connection
+/// beyond it is closed at once.
+const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING + MAX_PENDING / 4;
+/// How long the accept loop rests when the process is out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Stack of a handshake thread (a proof, a frame, a log line).
+const HANDSHAKE_STACK: usize = 256 << 10;
+
+/// A connection in its handshake, as the accept loop tracks it.
+struct Pending {
+    since: Instant,
+    /// A second handle on the socket, to cut it (`shutdown` wakes the handshake's read).
+    stream: TcpStream,
+    /// `LIVE` until the handshake thread (`DONE`) or the accept loop (`CUT`) claims it.
+    state: Arc<AtomicU8>,
+}
+
+const LIVE: u8 = 0;
+const DONE: u8 = 1;
+const CUT: u8 = 2;
+
+impl Pending {
+    /// Cuts the connection unless its handshake already finished; whether it did.
+    fn cut(&self) -> bool {
+        let won = self.state.compare_exchange(LIVE, CUT, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if won {
+            let _ = self.stream.shutdown(Shutdown::Both);
+        }
+        won
+    }
+}
+
+/// Counts a live handshake thread; the count drops when the thread ends.
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
 /// A listener whose accepted connections are authenticated on their own threads (a stranger
-/// that stays silent, knows no secret, sends garbage or an oversized frame is dropped and
-/// logged without delaying anyone); authenticated connections with their first (sealed)
+/// that stays silent, trickles bytes, knows no secret, sends garbage or an oversized frame is
+/// dropped without delaying anyone); authenticated connections with their first (sealed)
 /// frame, a `JOIN`, arrive on a channel.
+///
+/// Bounds: a handshake (proof and `JOIN`) gets [`HANDSHAKE_MS`] in all, after which the accept
+/// loop cuts it whatever its reads do; at most [`MAX_PENDING`] handshakes run at once (a new
+/// connection evicts the oldest); when the process is out of descriptors the loop rests instead
+/// of spinning, and the connections wait in the kernel's backlog. Drops are logged as one line
+/// per interval with counts ([`super::droplog`]).
 pub struct Acceptor {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -408,36 +483,106 @@ impl Acceptor {
         let (tx, rx) = mpsc::channel();
         let flag = stop.clone();
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        // Allocated here: the loop allocates nothing until a connection arrives (see below).
+        let log = Arc::new(DropLog::new(format!("{what} at {addr}")));
+        let threads = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new().name("mcast-accept".into()).spawn(move || {
             use std::os::fd::AsRawFd;
             // The sender lives as long as the thread: dropping it could free the channel
             // (an allocator call) just when the caller forks.
             let _ = ready_tx.send(());
+            // Oldest first. Empty, it holds no allocation.
+            let mut pending: VecDeque<Pending> = VecDeque::new();
+            let handshake = Duration::from_millis(HANDSHAKE_MS);
             while !flag.load(Ordering::Relaxed) {
+                for p in &pending {
+                    if p.since.elapsed() >= handshake && p.cut() {
+                        log.note("past the handshake deadline", format!("{HANDSHAKE_MS} ms"));
+                    }
+                }
+                pending.retain(|p| p.state.load(Ordering::Acquire) == LIVE);
+                log.flush_if_due();
                 let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd.
                 unsafe { libc::poll(&mut p, 1, 50) };
-                let (s, peer) = match listener.accept() {
-                    Ok(x) => x,
-                    Err(_) => continue,
-                };
-                let tx = tx.clone();
-                let _ = std::thread::Builder::new().name("mcast-handshake".into()).spawn(move || {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_nodelay(true);
-                    let deadline = Deadline::after_ms(HANDSHAKE_MS);
-                    let r = prove_server(s, &secret, deadline).and_then(|mut c| {
-                        let join = c.expect(kind::JOIN, MAX_HANDSHAKE_FRAME * 4, deadline)?;
-                        Ok((c, join))
-                    });
-                    match r {
-                        Ok(joined) => {
-                            let _ = tx.send(joined);
+                // Drain the backlog (a burst must not overflow it), then look at the deadlines.
+                for _ in 0..MAX_PENDING {
+                    let (s, peer) = match listener.accept() {
+                        Ok(x) => x,
+                        Err(e) if out_of_descriptors(&e) => {
+                            // The connection stays in the backlog and is served once descriptors
+                            // free up; closing it instead would fail a rank's connect outright.
+                            log.note("not accepted while the process is out of descriptors", e.to_string());
+                            std::thread::sleep(ACCEPT_BACKOFF);
+                            break;
                         }
-                        // Dropping the stream closed it.
-                        Err(e) => tracing::warn!("{what} at {addr}: dropped a connection from {peer}: {e}"),
+                        // Nothing waiting (`WouldBlock`), or a connection reset before it was
+                        // accepted.
+                        Err(_) => break,
+                    };
+                    if threads.load(Ordering::Acquire) >= MAX_HANDSHAKE_THREADS {
+                        log.note("closed at once (too many handshake threads)", peer.to_string());
+                        continue;
                     }
-                });
+                    if pending.len() >= MAX_PENDING {
+                        if let Some(old) = pending.pop_front() {
+                            if old.cut() {
+                                log.note("evicted at the cap of pending handshakes", format!("for {peer}"));
+                            }
+                        }
+                    }
+                    let watch = match s.try_clone() {
+                        Ok(w) => w,
+                        Err(e) => {
+                            log.note("closed at once (out of descriptors)", e.to_string());
+                            std::thread::sleep(ACCEPT_BACKOFF);
+                            break;
+                        }
+                    };
+                    let state = Arc::new(AtomicU8::new(LIVE));
+                    pending.push_back(Pending { since: Instant::now(), stream: watch, state: state.clone() });
+                    threads.fetch_add(1, Ordering::AcqRel);
+                    let live = Live(threads.clone());
+                    let (tx, hs_log) = (tx.clone(), log.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("mcast-handshake".into())
+                        .stack_size(HANDSHAKE_STACK)
+                        .spawn(move || {
+                            let _live = live;
+                            let _ = s.set_nonblocking(false);
+                            let _ = s.set_nodelay(true);
+                            let deadline = Deadline::after_ms(HANDSHAKE_MS);
+                            // On failure the stream is dropped, which closes it.
+                            let r = prove_server(s, &secret, deadline).and_then(|mut c| {
+                                let join = c.expect(kind::JOIN, MAX_HANDSHAKE_FRAME * 4, deadline)?;
+                                Ok((c, join))
+                            });
+                            let mine = state.compare_exchange(LIVE, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                            match r {
+                                Ok(joined) if mine => {
+                                    let _ = tx.send(joined);
+                                }
+                                Ok(_) => {}
+                                Err(e) => {
+                                    if mine {
+                                        hs_log.note("failed the handshake", format!("{peer}: {e}"));
+                                    }
+                                }
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        // The closure, and with it the connection, was dropped.
+                        if let Some(p) = pending.pop_back() {
+                            p.cut();
+                        }
+                        log.note("closed at once (no thread for the handshake)", e.to_string());
+                        std::thread::sleep(ACCEPT_BACKOFF);
+                        break;
+                    }
+                }
+            }
+            for p in &pending {
+                p.cut();
             }
         })?;
         // Return only once the thread runs its loop, which allocates nothing until a
