@@ -146,7 +146,7 @@ fn trickle_case() {
     rx.recv().unwrap();
     let t = Instant::now();
     let mut s = tcp::connect(addr, &secret, Deadline::after_ms(3000)).unwrap();
-    tcp::write_frame(&mut s, kind::JOIN, b"rank").unwrap();
+    s.send(kind::JOIN, b"rank").unwrap();
     let (_, join) = acc.next(Deadline::after_ms(3000)).expect("the rank got through");
     let through = t.elapsed();
     assert_eq!(join, b"rank");
