@@ -32,6 +32,9 @@ const EXPECT_CE: &str = "MCAST_MP_EXPECT_CE";
 const TIGHT: &str = "MCAST_MP_TIGHT";
 /// The case a `register-errors` child runs.
 const CASE: &str = "MCAST_MP_CASE";
+/// What an `identity` rank uses and expects: `device;transport;blocks;reason` (the reason a
+/// substring of the team's, `{uuid}` standing for this rank's GPU's UUID; empty: none).
+const IDENTITY: &str = "MCAST_MP_IDENTITY";
 
 /// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
 /// rank's exit status and how long the slowest took.
@@ -75,6 +78,8 @@ fn spawn_in(
                 .env_remove("MCAST_HOST_ID")
                 .env_remove("MCAST_BOOTSTRAP_ADDR")
                 .env_remove("MCAST_BOOTSTRAP_SECRET")
+                .env_remove("CUDA_VISIBLE_DEVICES")
+                .env_remove(IDENTITY)
                 .env_remove(TIGHT);
             for (k, v) in env(r) {
                 c.env(k, v);
@@ -149,6 +154,53 @@ fn register_across_two_hosts_uses_fabric_handles() {
             v
         }));
     }
+}
+
+/// `CUDA_VISIBLE_DEVICES` set per process (SLURM `--gpus-per-task=1`, Kubernetes): rank `r`'s
+/// env gives its `CUDA_VISIBLE_DEVICES`, device ordinal and expectations (see [`IDENTITY`]).
+fn identity(n: usize, per_rank: impl Fn(usize) -> (String, Option<String>, &'static str)) -> Vec<ExitStatus> {
+    spawn(n, "identity", false, |r| {
+        let (visible, host, expect) = per_rank(r);
+        let mut v = vec![("CUDA_VISIBLE_DEVICES", visible), (IDENTITY, expect.to_string())];
+        if let Some(h) = host {
+            v.push(("MCAST_HOST_ID", h));
+        }
+        v
+    })
+}
+
+/// One visible GPU per process, each calling it device 0: distinct GPUs, so the team gets the
+/// transport and grid of one process holding all of them (MULTICAST, every SM: 132 blocks),
+/// and the collectives are right. Before UUIDs, this was "device 0 appears more than once",
+/// P2P and 132 / N blocks.
+#[test]
+fn one_visible_gpu_per_process_is_one_process_holding_them_all() {
+    for n in [2, 3] {
+        all_ok(&identity(n, |r| (r.to_string(), None, "0;multicast;132;;collectives")));
+    }
+    // On two simulated hosts, the GPU each calls device 0 is another GPU too.
+    all_ok(&identity(2, |r| ("0".into(), Some(format!("host{r}")), "0;multicast;132;")));
+}
+
+/// Two processes given the same GPU (`CUDA_VISIBLE_DEVICES=1` each): P2P with a reason naming
+/// the shared GPU, and the SMs shared out between its two ranks (66 blocks each).
+#[test]
+fn processes_given_the_same_gpu_share_it() {
+    all_ok(&identity(2, |_| ("1".into(), None, "0;p2p;66;device 0 appears more than once (ranks 0 and 1, {uuid})")));
+}
+
+/// Permuted lists (`0,1` in one process, `1,0` in the other): the same ordinal is another GPU,
+/// another ordinal the same GPU; decided by UUID either way.
+#[test]
+fn permuted_visible_lists_are_decided_by_uuid() {
+    let lists = ["0,1", "1,0"];
+    // Device 0 in each: GPUs 0 and 1, distinct.
+    all_ok(&identity(2, |r| (lists[r].into(), None, "0;multicast;132;")));
+    // Device 1 in rank 0 and device 0 in rank 1: both GPU 1.
+    all_ok(&identity(2, |r| {
+        let expect = ["1;p2p;66;ranks 0 and 1 are on one GPU ({uuid}: device 1 and device 0", "0;p2p;66;{uuid}"][r];
+        (lists[r].into(), None, expect)
+    }));
 }
 
 /// A rule broken on rank 1 only (memory not from cuMemCreate; a pointer off the multicast
@@ -621,6 +673,27 @@ fn child() {
             b.free().unwrap();
             check_collectives(&team, n, r);
             team.destroy().unwrap();
+        }
+        "identity" => {
+            let spec = std::env::var(IDENTITY).unwrap();
+            let f: Vec<&str> = spec.split(';').collect();
+            let dev: i32 = f[0].parse().unwrap();
+            // AUTO: the team's own facts decide the transport.
+            let auto = Config { multicast: MulticastMode::Auto, ..ctx.config().clone() };
+            let ctx = Arc::new(Context::new(auto).unwrap());
+            let team = Team::init_rank(&ctx, &id, n as i32, rank, dev).unwrap();
+            let info = team.info();
+            let want = if f[1] == "multicast" { Transport::Multicast } else { Transport::P2P };
+            assert_eq!(team.transport(), want, "rank {r}: {}", info.transport_reason);
+            assert_eq!(team.max_blocks().to_string(), f[2], "rank {r}: grid cap");
+            let uuid = mcast::driver::uuid_string(&ctx.props(dev).unwrap().uuid);
+            let reason = f[3].replace("{uuid}", &uuid);
+            assert!(info.transport_reason.contains(&reason), "rank {r}: {:?} lacks {reason:?}", info.transport_reason);
+            if f.get(4) == Some(&"collectives") {
+                check_collectives(&team, n, r);
+            }
+            team.destroy().unwrap();
+            assert!(ctx.driver().as_sim().unwrap().ledger().is_empty());
         }
         "fault" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();

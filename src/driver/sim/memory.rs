@@ -50,8 +50,10 @@ impl SimDriver {
             }
             // Memory made by the simulator of another process: adopt the descriptor.
             None => {
-                let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
-                self.check_dev(dev)?;
+                let (gpu, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
+                // Memory of a GPU this process does not see (another host's, or one hidden by
+                // CUDA_VISIBLE_DEVICES) imports all the same, as on CUDA; it is on no ordinal.
+                let dev = self.ordinal_of_key(gpu).unwrap_or(NOT_VISIBLE);
                 if !types.contains(need) {
                     return Err(INVALID_VALUE);
                 }
@@ -127,7 +129,7 @@ pub(super) fn mem_create(sim: &SimDriver, dev: Device, size: usize, handle_types
         if st.used_bytes(dev).saturating_add(size as u64) > sim.config.device_memory {
             return Err(CuResult::ERROR_OUT_OF_MEMORY);
         }
-        let tag = format!("mem:dev={dev}:types={}", handle_types.0);
+        let tag = format!("mem:gpu={:x}:types={}", sim.gpu_key(dev), handle_types.0);
         let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
         let id = st.fresh_id();
         st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
@@ -393,12 +395,17 @@ pub(super) fn mem_free(sim: &SimDriver, dev: Device, ptr: DevicePtr) -> DResult<
 }
 
 /// Device, handle types and size of a memory memfd made by a simulator (any process).
-fn parse_mem_tag(fd: RawFd) -> Option<(Device, HandleTypes, usize)> {
+/// The GPU key (see `identity::key`), handle types and size of memory made by [`mem_create`]
+/// in any process.
+fn parse_mem_tag(fd: RawFd) -> Option<(u64, HandleTypes, usize)> {
     let (tag, size) = host::memfd_tag(fd)?;
-    let rest = tag.strip_prefix("mem:dev=")?;
-    let (dev, types) = rest.split_once(":types=")?;
-    Some((dev.parse().ok()?, HandleTypes(types.parse().ok()?), size))
+    let rest = tag.strip_prefix("mem:gpu=")?;
+    let (gpu, types) = rest.split_once(":types=")?;
+    Some((u64::from_str_radix(gpu, 16).ok()?, HandleTypes(types.parse().ok()?), size))
 }
+
+/// The device of imported memory whose GPU this process does not see.
+pub(super) const NOT_VISIBLE: Device = -1;
 
 /// A close-on-exec duplicate of `fd`.
 fn host_dup(fd: RawFd) -> R<OwnedFd> {
