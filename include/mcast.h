@@ -457,7 +457,7 @@ typedef struct mcast_device_info_t {
   uint64_t granularity_recommended;
   /**
    * The GPU's UUID (`cuDeviceGetUuid`): the same in every process that sees the GPU,
-   * whatever its ordinal there. Added in 0.x with the fields below; a `struct_size` of
+   * whatever its ordinal there. Appended with the fields below; a `struct_size` of
    * the earlier struct (up to `granularity_recommended`) is still accepted and filled up to
    * its size.
    */
@@ -1110,8 +1110,9 @@ mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_i
 /**
  * Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
  * (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
- * interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
- * interface that is up, else loopback; this process must stay alive until every rank has
+ * interface `MCAST_SOCKET_IFNAME` selects (as `NCCL_SOCKET_IFNAME`: prefixes, `^` excludes,
+ * `=` whole names), else the first that is up but for `lo`, `docker*` and `veth*`, else
+ * loopback; this process must stay alive until every rank has
  * joined. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and
  * every process makes the same id (the secret derived from the address and
  * `MCAST_BOOTSTRAP_SECRET`), so each can call this itself, like `NCCL_COMM_ID`.

@@ -22,6 +22,7 @@ mod exchange;
 pub mod fdpass;
 pub mod host;
 mod id;
+pub mod ifname;
 mod join;
 pub mod oob;
 pub mod tcp;
