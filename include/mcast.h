@@ -514,6 +514,20 @@ typedef struct mcast_team_info_t {
    * Device bytes held per rank, all buffers and metadata.
    */
   uint64_t bytes_reserved;
+  /**
+   * NVLink domains the team spans (1 on one host with peer access). Appended with the
+   * fields below; a `struct_size` of the earlier struct (up to `bytes_reserved`) is still
+   * accepted and filled up to its size.
+   */
+  int32_t domains;
+  /**
+   * Ranks per domain; 0 when the domains differ in size.
+   */
+  int32_t domain_size;
+  /**
+   * The engine between domains (`"nccl 2.27.7"`, `"mpi"`, ...), NUL-terminated, or `""`.
+   */
+  char net_engine[48];
 } mcast_team_info_t;
 
 /**
@@ -1098,12 +1112,14 @@ mcast_status_t mcast_team_split(struct mcast_team_t team,
                                 struct mcast_team_t *out);
 
 /**
- * Describes `team` in `*info`, whose `struct_size` the caller sets.
+ * Describes `team` in `*info`, whose `struct_size` the caller sets: at least the size of the
+ * struct's first version (up to `bytes_reserved`); the first `struct_size` bytes are filled.
  * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
  * `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
  *
  * # Safety
- * `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_team_info_t)` are written).
  */
 mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
 

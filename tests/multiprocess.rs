@@ -35,6 +35,9 @@ const CASE: &str = "MCAST_MP_CASE";
 /// What an `identity` rank uses and expects: `device;transport;blocks;reason` (the reason a
 /// substring of the team's, `{uuid}` standing for this rank's GPU's UUID; empty: none).
 const IDENTITY: &str = "MCAST_MP_IDENTITY";
+/// What a `domains` rank uses and expects: `device;ok;domains;domain_size` or
+/// `device;refused;substring|substring...` (NOT_SUPPORTED naming each).
+const DOMAINS: &str = "MCAST_MP_DOMAINS";
 
 /// Runs `n` ranks of `role`; `env(rank)` gives extra environment for a rank. Returns each
 /// rank's exit status and how long the slowest took.
@@ -80,6 +83,10 @@ fn spawn_in(
                 .env_remove("MCAST_BOOTSTRAP_SECRET")
                 .env_remove("CUDA_VISIBLE_DEVICES")
                 .env_remove(IDENTITY)
+                .env_remove(DOMAINS)
+                .env_remove("MCAST_SIM_IMEX")
+                .env_remove("MCAST_DOMAIN")
+                .env_remove("MCAST_MNNVL")
                 .env_remove(TIGHT);
             for (k, v) in env(r) {
                 c.env(k, v);
@@ -201,6 +208,80 @@ fn permuted_visible_lists_are_decided_by_uuid() {
         let expect = ["1;p2p;66;ranks 0 and 1 are on one GPU ({uuid}: device 1 and device 0", "0;p2p;66;{uuid}"][r];
         (lists[r].into(), None, expect)
     }));
+}
+
+/// Ranks on simulated hosts (`host{r / per_host}`), device `r % per_host`, each with extra
+/// environment, expecting `expect` (see [`DOMAINS`]).
+fn domains(
+    n: usize,
+    per_host: usize,
+    expect: &str,
+    extra: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<ExitStatus> {
+    spawn(n, "domains", false, |r| {
+        let mut v =
+            vec![("MCAST_HOST_ID", format!("host{}", r / per_host)), (DOMAINS, format!("{};{expect}", r % per_host))];
+        v.extend(extra(r));
+        v
+    })
+}
+
+/// 2 to 8 processes on simulated hosts of one NVLink fabric (the default): the trial FABRIC
+/// handles import everywhere, so the team is one domain of every rank.
+#[test]
+fn hosts_of_one_fabric_are_one_domain() {
+    all_ok(&domains(2, 1, "ok;1;2", |_| vec![]));
+    all_ok(&domains(4, 2, "ok;1;4", |_| vec![]));
+    all_ok(&domains(8, 2, "ok;1;8", |_| vec![]));
+}
+
+/// Two fabrics (`MCAST_SIM_FABRIC` per host), or no IMEX channel on one host, or fabric
+/// information ignored (`MCAST_MNNVL=off`): one domain per host, and a team over several
+/// domains is NOT_SUPPORTED on every rank naming the domains (the engine between domains is
+/// the next issue's).
+#[test]
+fn several_domains_are_refused_naming_them() {
+    all_ok(&domains(4, 2, "refused;2 NVLink domains|host host0 (ranks 0, 1)|host host1 (ranks 2, 3)", |r| {
+        vec![("MCAST_SIM_FABRIC", format!("rack{}", r / 2))]
+    }));
+    all_ok(&domains(2, 1, "refused;2 NVLink domains|rank 1 on host host1|CUDA_ERROR_NOT_PERMITTED", |r| {
+        if r == 1 {
+            vec![("MCAST_SIM_IMEX", "0".into())]
+        } else {
+            vec![]
+        }
+    }));
+    all_ok(&domains(2, 1, "refused;2 NVLink domains|MCAST_MNNVL=off", |_| vec![("MCAST_MNNVL", "off".into())]));
+}
+
+/// One fabric by NVML, but a FABRIC handle does not import between the hosts (injected
+/// `CUDA_ERROR_INVALID_HANDLE` on rank 2's import, as torchcomms#3516 saw): the candidate
+/// domain splits by host, with the reason in the message; the handshake never fails the team
+/// by itself, so the error is the domains'.
+#[test]
+fn a_failed_handshake_splits_the_fabric_by_host() {
+    let expect =
+        "refused;host host0 (ranks 0, 1), host host1 (ranks 2, 3)|rank 2 cannot import rank 0's fabric handle|\
+                  CUDA_ERROR_INVALID_HANDLE";
+    all_ok(&domains(4, 2, expect, |r| {
+        if r == 2 {
+            vec![("MCAST_SIM_FAULTS", "cuMemImportFromShareableHandle=INVALID_HANDLE@1".into())]
+        } else {
+            vec![]
+        }
+    }));
+}
+
+/// `MCAST_DOMAIN` puts ranks with equal labels in one domain and no others: four processes of
+/// one host labelled A, A, B, B are two domains; labels equal everywhere make one, even across
+/// hosts without fabric handles between them.
+#[test]
+fn the_domain_label_overrides() {
+    let ab = |r: usize| vec![("MCAST_DOMAIN", ["A", "A", "B", "B"][r].to_string())];
+    all_ok(&domains(4, 4, "refused;MCAST_DOMAIN=A (ranks 0, 1)|MCAST_DOMAIN=B (ranks 2, 3)", ab));
+    all_ok(&domains(4, 4, "ok;1;4", |_| vec![("MCAST_DOMAIN", "all".into())]));
+    // Two hosts whose fabric information is ignored (two domains by themselves), one label.
+    all_ok(&domains(2, 1, "ok;1;2", |_| vec![("MCAST_DOMAIN", "x".into()), ("MCAST_MNNVL", "off".into())]));
 }
 
 /// A rule broken on rank 1 only (memory not from cuMemCreate; a pointer off the multicast
@@ -564,7 +645,8 @@ fn context(multicast: bool) -> Arc<Context> {
     }
     // The handle type and the simulated fabric support come from the environment.
     .with_env(|name| match name {
-        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" => std::env::var(name).ok(),
+        "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" | "MCAST_SIM_IMEX"
+        | "MCAST_DOMAIN" | "MCAST_MNNVL" => std::env::var(name).ok(),
         _ => None,
     });
     Arc::new(Context::new(config).unwrap())
@@ -694,6 +776,29 @@ fn child() {
             }
             team.destroy().unwrap();
             assert!(ctx.driver().as_sim().unwrap().ledger().is_empty());
+        }
+        "domains" => {
+            let spec = std::env::var(DOMAINS).unwrap();
+            let f: Vec<&str> = spec.split(';').collect();
+            let dev: i32 = f[0].parse().unwrap();
+            match f[1] {
+                "ok" => {
+                    let team = Team::init_rank(&ctx, &id, n as i32, rank, dev).unwrap();
+                    let info = team.info();
+                    assert_eq!((info.domains.to_string(), info.domain_size.to_string()), (f[2].into(), f[3].into()));
+                    assert_eq!(info.net_engine, "");
+                    team.destroy().unwrap();
+                }
+                _ => {
+                    let e = Team::init_rank(&ctx, &id, n as i32, rank, dev).err().expect("several domains");
+                    assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+                    for want in f[2].split('|') {
+                        assert!(e.message.contains(want), "rank {r}: {:?} lacks {want:?}", e.message);
+                    }
+                    assert!(start.elapsed() < bound);
+                }
+            }
+            assert!(ctx.driver().as_sim().unwrap().ledger().is_empty(), "rank {r}");
         }
         "fault" => {
             let team = Team::init_rank(&ctx, &id, n as i32, rank, r as i32).unwrap();

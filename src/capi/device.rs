@@ -1,7 +1,6 @@
 //! Device queries.
 
 use std::ffi::{c_char, c_int};
-use std::mem::size_of;
 
 use super::context::mcast_context_t;
 use super::{copy_str, guard, mcast_status_t, out_ptr, write_versioned};
@@ -67,8 +66,6 @@ pub enum McastFabricState {
 
 /// The size of the first version of `mcast_device_info_t` (before `uuid`).
 const DEVICE_INFO_V1: usize = std::mem::offset_of!(mcast_device_info_t, uuid);
-// No padding: `write_versioned` copies the struct's bytes.
-const _: () = assert!(size_of::<mcast_device_info_t>() == DEVICE_INFO_V1 + 16 + 16 + 16 + 4 + 4);
 
 /// Writes the number of devices of `ctx` into `*count`. `MCAST_ERROR_INVALID_ARGUMENT`: `count`
 /// NULL; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.

@@ -104,7 +104,7 @@ pub(crate) fn check_struct_size(given: u32, min: usize, name: &str) -> Result<()
 /// at `ptr`: `struct_size` must be at least `first` (the size of the struct's first version);
 /// `fill(struct_size)` makes the value, of which the first `min(struct_size, sizeof(T))` bytes
 /// are written, so a caller built against an earlier, smaller version gets the fields it
-/// knows and nothing past its struct. `T` must have no padding bytes.
+/// knows and nothing past its struct.
 ///
 /// # Safety
 /// `ptr` must be NULL or valid for reading 4 bytes and for writing `struct_size` bytes or
@@ -129,9 +129,9 @@ pub(crate) unsafe fn write_versioned<T>(
     }
     let value = fill(given)?;
     let n = (given as usize).min(std::mem::size_of::<T>());
-    // SAFETY: `value` is a T without padding (the caller's promise), so its first `n` bytes are
-    // initialised; the destination holds at least `n` bytes (checked above and the caller's
-    // promise) and cannot overlap a local.
+    // SAFETY: an untyped copy of `value`'s first `n` bytes (padding included, copied as it is);
+    // the destination holds at least `n` bytes (checked above and the caller's promise) and
+    // cannot overlap a local.
     unsafe { std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), ptr.cast::<u8>(), n) };
     Ok(())
 }

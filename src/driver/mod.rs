@@ -309,6 +309,11 @@ pub trait Driver: Send + Sync + 'static {
     /// Name, compute capability, memory and the capability attributes of `dev`.
     fn device_props(&self, dev: Device) -> DResult<DeviceProps>;
 
+    /// The GPU's place in a multi-node NVLink fabric: NVML's GPU fabric info
+    /// (`nvmlDeviceGetGpuFabricInfoV`), loaded at run time like the driver; no NVML, or a GPU
+    /// without fabric support, is [`FabricState::None`].
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo>;
+
     /// `cuDeviceCanAccessPeer`; a device can always access itself.
     fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool>;
 

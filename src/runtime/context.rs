@@ -122,6 +122,8 @@ impl Context {
             fabric_supported: config.sim_fabric_supported,
             faults,
             visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            fabric: config.sim_fabric.clone().unwrap_or_else(|| (crate::driver::sim::DEFAULT_FABRIC.to_string(), 0)),
+            imex: config.sim_imex,
             ..SimConfig::default()
         }))
     }
@@ -150,7 +152,7 @@ impl Context {
             multicast_reason: reason.unwrap_or_default(),
             granularity_min,
             granularity_recommended,
-            fabric: FabricInfo::default(),
+            fabric: self.fabric(dev)?,
         })
     }
 

@@ -125,6 +125,9 @@ pub(super) fn mem_create(sim: &SimDriver, dev: Device, size: usize, handle_types
         if handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
         }
+        if handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
         let mut st = sim.state.lock();
         if st.used_bytes(dev).saturating_add(size as u64) > sim.config.device_memory {
             return Err(CuResult::ERROR_OUT_OF_MEMORY);
@@ -294,7 +297,10 @@ pub(super) fn mem_export_fabric(sim: &SimDriver, handle: MemHandle) -> DResult<[
         }
         let st = sim.state.lock();
         let (fd, identity) = st.exportable(handle, HandleTypes::FABRIC)?;
-        Ok(fabric::encode(std::process::id(), fd, identity))
+        if !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
+        Ok(fabric::encode(std::process::id(), fd, identity, fabric::fabric_id(&sim.config.fabric)))
     })
 }
 
@@ -302,6 +308,13 @@ pub(super) fn mem_import_fabric(sim: &SimDriver, data: &[u8; FABRIC_HANDLE_BYTES
     sim.call("cuMemImportFromShareableHandle", || {
         if !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
+        }
+        // Memory of another NVLink fabric is out of reach: the handle names nothing here.
+        if fabric::fabric_of(data).is_some_and(|f| f != fabric::fabric_id(&sim.config.fabric)) {
+            return Err(CuResult::ERROR_INVALID_HANDLE);
+        }
+        if !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
         }
         let fd = fabric::open(data)?;
         sim.import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd), HandleTypes::FABRIC)

@@ -56,9 +56,9 @@ pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES
 pub use ledger::Ledger;
 
 use super::{
-    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
-    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
-    FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, FabricInfo,
+    FabricState, Function, Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp,
+    Stream, FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use memory::plain_layout;
@@ -82,6 +82,16 @@ pub struct SimConfig {
     /// multicast objects cannot be created with [`HandleTypes::FABRIC`] (`NOT_SUPPORTED`) and
     /// fabric handles neither export nor import. Default true.
     pub fabric_supported: bool,
+    /// The NVLink fabric this host's GPUs are in (`MCAST_SIM_FABRIC=<name>[:<clique>]`), with
+    /// `fabric_supported`: cluster UUID derived from the name. A fabric handle made in another
+    /// fabric does not import here (`CUDA_ERROR_INVALID_HANDLE`). Default: one fabric that
+    /// every simulated host shares, clique 0.
+    pub fabric: (String, u32),
+    /// An IMEX channel is usable (`MCAST_SIM_IMEX`, default true). Without one, creating memory
+    /// or a multicast object with [`HandleTypes::FABRIC`] and exporting a fabric handle fail
+    /// with `CUDA_ERROR_NOT_PERMITTED`, though the device still reports fabric support (as a
+    /// real system without an IMEX channel does).
+    pub imex: bool,
     /// `cuMemGetAllocationGranularity` (both options); a power of two. Default 2 MiB.
     pub mem_granularity: usize,
     /// `CU_MULTICAST_GRANULARITY_MINIMUM`; a power of two. Default 2 MiB.
@@ -112,6 +122,8 @@ impl Default for SimConfig {
             multicast_slots: 128,
             multicast_supported: true,
             fabric_supported: true,
+            fabric: (DEFAULT_FABRIC.to_string(), 0),
+            imex: true,
             mem_granularity: 2 * MIB,
             multicast_granularity_min: 2 * MIB,
             multicast_granularity_recommended: 512 * MIB,
@@ -122,6 +134,9 @@ impl Default for SimConfig {
         }
     }
 }
+
+/// The name of the one fabric every simulated host is in unless `MCAST_SIM_FABRIC` says otherwise.
+pub const DEFAULT_FABRIC: &str = "mcast-sim";
 
 type R<T> = Result<T, CuResult>;
 
@@ -289,6 +304,20 @@ impl Driver for SimDriver {
                 fabric_supported: self.config.fabric_supported,
                 uuid: self.gpus[dev as usize].1,
                 pci_bus_id: identity::pci_bus_id(self.gpus[dev as usize].0),
+            })
+        })
+    }
+
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
+        self.call("nvmlDeviceGetGpuFabricInfoV", || {
+            self.check_dev(dev)?;
+            if !self.config.fabric_supported {
+                return Ok(FabricInfo::default());
+            }
+            Ok(FabricInfo {
+                cluster_uuid: fabric::cluster_uuid(&self.config.fabric.0),
+                clique_id: self.config.fabric.1,
+                state: FabricState::Completed,
             })
         })
     }

@@ -237,6 +237,9 @@ pub(super) fn multicast_create(sim: &SimDriver, prop: &MulticastProp) -> DResult
         if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
         }
+        if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
         let mut st = sim.state.lock();
         if st.mcs.len() >= sim.config.multicast_slots as usize {
             return Err(CuResult::ERROR_OUT_OF_MEMORY);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::domains::{self, Domains};
 use super::pool::Pool;
 use super::streams::Claims;
 use super::transport::{self, handle_type_label, Transport};
@@ -65,7 +66,8 @@ impl Team {
             }
         };
         let ce = env.ce_min_bytes();
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
+        let agreed = (max_blocks, ll, ce);
+        let team = Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), seg, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
     }
@@ -118,6 +120,8 @@ impl Team {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
         let (n, r) = (comm.nranks(), comm.rank());
         comm.vote("arguments", env.check_device(device, "device").map(|_| ()))?;
+        // NVLink domains first: a team over several is not served yet (the same error on every rank).
+        let domains = domains::decide(env, &comm, device)?;
         // Capabilities: every rank's device, its GPU's UUID, why it cannot use multicast, and
         // its mode. Ordinals are the ranks' own (each process may see other GPUs, in another
         // order); "the same GPU?" is decided by UUID.
@@ -225,7 +229,7 @@ impl Team {
             )),
             _ => e,
         })?;
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
+        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), domains, seg, reserved);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
             handle_type_label(handle_type)
@@ -236,12 +240,14 @@ impl Team {
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
     /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold.
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         env: &Arc<Env>,
         shape: Shape,
         transport: Transport,
         reason: String,
         agreed: (u32, bool, u64),
+        domains: Domains,
         seg: Segment,
         reserved: usize,
     ) -> Arc<Team> {
@@ -270,6 +276,7 @@ impl Team {
             sync_live: RwLock::new(true),
             destroying: Mutex::new(()),
             claims,
+            domains,
         });
         env.join(team.clone());
         team

@@ -98,3 +98,68 @@ fn imported_memory_keeps_its_gpu() {
         assert!(s.ledger().is_empty(), "{}", s.ledger());
     }
 }
+
+fn fabric_sim(fabric: Option<(&str, u32)>, imex: bool, host: &str) -> SimDriver {
+    let mut c = SimConfig { imex, host: host.to_string(), ..config() };
+    if let Some((name, clique)) = fabric {
+        c.fabric = (name.to_string(), clique);
+    }
+    SimDriver::new(c)
+}
+
+/// NVML's GPU fabric info (`nvmlDeviceGetGpuFabricInfoV`): GPUs of one NVLink fabric report
+/// the same cluster UUID and clique and state COMPLETED; a GPU without fabric support reports
+/// none. Unset, every simulated host is in one fabric.
+#[test]
+fn fabric_info_names_the_fabric() {
+    let (a, b) = (fabric_sim(None, true, "h0"), fabric_sim(None, true, "h1"));
+    let (fa, fb) = (a.fabric_info(0).unwrap(), b.fabric_info(3).unwrap());
+    assert_eq!(fa.state, FabricState::Completed);
+    assert_eq!((fa.cluster_uuid, fa.clique_id), (fb.cluster_uuid, fb.clique_id));
+    let c = fabric_sim(Some(("rack2", 5)), true, "h2");
+    let fc = c.fabric_info(0).unwrap();
+    assert_ne!(fc.cluster_uuid, fa.cluster_uuid);
+    assert_eq!(fc.clique_id, 5);
+    let none = SimDriver::new(SimConfig { fabric_supported: false, ..config() });
+    assert_eq!(none.fabric_info(0).unwrap(), FabricInfo::default());
+    assert_eq!(code(a.fabric_info(4)), ID);
+}
+
+/// A FABRIC handle names memory anywhere in its NVLink fabric and nowhere else: importing one
+/// made in another fabric fails with `CUDA_ERROR_INVALID_HANDLE` (CUresult 400), what
+/// torchcomms#3516 saw on a system whose local probe passed (domains.md).
+#[test]
+fn fabric_handles_do_not_cross_fabrics() {
+    let a = fabric_sim(Some(("rackA", 0)), true, "h0");
+    let h = a.mem_create(0, G, HandleTypes::FABRIC).unwrap();
+    let bytes = a.mem_export_fabric(h).unwrap();
+    let same = fabric_sim(Some(("rackA", 0)), true, "h1");
+    let ok = same.mem_import_fabric(&bytes).unwrap();
+    same.mem_release(ok).unwrap();
+    for other in [fabric_sim(Some(("rackB", 0)), true, "h2"), fabric_sim(Some(("rackA", 1)), true, "h3")] {
+        assert_eq!(code(other.mem_import_fabric(&bytes)), CuResult::ERROR_INVALID_HANDLE);
+        assert!(other.ledger().is_empty());
+    }
+    a.mem_release(h).unwrap();
+}
+
+/// CUDA programming guide, "Multi-Node NVLink": memory shared through FABRIC handles needs an
+/// IMEX channel; without access to one, creating or exporting such memory fails with
+/// `CUDA_ERROR_NOT_PERMITTED`, though the device still reports
+/// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` (`MCAST_SIM_IMEX=0`).
+#[test]
+fn no_imex_channel_is_not_permitted() {
+    let s = fabric_sim(None, false, "h0");
+    assert!(s.device_props(0).unwrap().fabric_supported);
+    assert_eq!(code(s.mem_create(0, G, HandleTypes::FABRIC)), CuResult::ERROR_NOT_PERMITTED);
+    assert_eq!(code(s.multicast_create(&prop(2, G, HandleTypes::FABRIC))), CuResult::ERROR_NOT_PERMITTED);
+    // POSIX descriptors need no IMEX channel.
+    let h = s.mem_create(0, G, HandleTypes::POSIX_FD).unwrap();
+    s.mem_release(h).unwrap();
+    // A handle made where there is a channel does not import here either.
+    let a = fabric_sim(None, true, "h1");
+    let m = a.mem_create(0, G, HandleTypes::FABRIC).unwrap();
+    assert_eq!(code(s.mem_import_fabric(&a.mem_export_fabric(m).unwrap())), CuResult::ERROR_NOT_PERMITTED);
+    a.mem_release(m).unwrap();
+    assert!(s.ledger().is_empty());
+}
