@@ -55,6 +55,22 @@ pub fn check(status: mcast_status_t, what: &str) -> Outcome {
     Err(Failure::new(types::result_of(status), message))
 }
 
+/// A communicator over several NVLink domains (every rank gets the same refusal from team
+/// setup): refused at init with `ncclInvalidUsage` naming the domains and `MCAST_NCCL_FALLBACK`,
+/// never at the first collective. Serving it whole by the fallback NCCL is not done yet.
+fn across_domains(f: Failure) -> Failure {
+    if !mcast::runtime::team::spans_domains(&f.message) {
+        return f;
+    }
+    let how = match fallback::library() {
+        None => format!("set {}=/path/to/libnccl.so.2 to run such a communicator on NCCL", fallback::ENV),
+        Some(_) => {
+            format!("handing such a communicator whole to the fallback NCCL ({}) is not implemented yet", fallback::ENV)
+        }
+    };
+    Failure::new(types::INVALID_USAGE, format!("{}; mcast serves one NVLink domain: {how}", f.message))
+}
+
 /// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
 /// allocation, destroyed when the last of them goes.
 struct Process {
@@ -253,7 +269,8 @@ impl Comm {
         check(
             unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
             &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
-        )?;
+        )
+        .map_err(across_domains)?;
         let fallback = match fallback::library() {
             None => None,
             Some(Err(e)) => {

@@ -15,6 +15,15 @@ use crate::runtime::comm::{Comm, Dec, Enc};
 use crate::runtime::env::Env;
 use crate::runtime::error::{Error, Result};
 
+/// How the refusal of a team over several domains begins (see [`spans_domains`]).
+const SPANS: &str = "the team spans ";
+
+/// True when `message` (an error's) is the refusal of a team over several NVLink domains, which
+/// callers such as `libmcast_nccl` serve another way.
+pub fn spans_domains(message: &str) -> bool {
+    message.contains(SPANS) && message.contains(" NVLink domains: ")
+}
+
 /// The domains of a team: how many, their size, and which each rank is in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Domains {
@@ -196,7 +205,7 @@ pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<Domains> 
             .chain(failures.iter().map(|(p, q, why)| format!("rank {p} cannot import rank {q}'s fabric handle: {why}")))
             .collect();
         return Err(Error::not_supported(format!(
-            "the team spans {} NVLink domains: {}; a team across NVLink domains needs an engine between them, which \
+            "{SPANS}{} NVLink domains: {}; a team across NVLink domains needs an engine between them, which \
              this build does not provide yet (MCAST_DOMAIN labels and MCAST_MNNVL=off decide domains too){}",
             domains.count(),
             domains.describe(),
@@ -343,6 +352,13 @@ mod tests {
         assert_eq!(d.of_rank, vec![0, 0, 1, 2]);
         assert_eq!(d.size(), 0, "unequal domains");
         assert!(d.names[0].starts_with("NVLink fabric"), "{:?}", d.names);
+    }
+
+    #[test]
+    fn the_refusal_is_recognised() {
+        let d = Domains { of_rank: vec![0, 1], names: vec!["A".into(), "B".into()] };
+        assert!(spans_domains(&format!("x: {SPANS}2 NVLink domains: {}", d.describe())));
+        assert!(!spans_domains("the team spans hosts (rank 0 on host a, rank 1 on host b)"));
     }
 
     #[test]
