@@ -39,7 +39,7 @@ pub(crate) fn last_error_ptr() -> *const c_char {
 }
 
 /// The status a runtime error kind is reported as.
-pub(crate) fn status_of(kind: ErrorKind) -> mcast_status_t {
+pub fn status_of(kind: ErrorKind) -> mcast_status_t {
     use status::McastStatus as S;
     let s = match kind {
         ErrorKind::InvalidArgument => S::MCAST_ERROR_INVALID_ARGUMENT,

@@ -24,6 +24,20 @@ use crate::runtime::error::{Error, ErrorKind, Result};
 use crate::runtime::policy;
 use crate::runtime::segment::{Segment, Shape};
 
+/// What [`Team::join_rank`] gave.
+pub enum Joined {
+    /// The team.
+    Team(Arc<Team>),
+    /// The ranks span several NVLink domains: their connections (for the caller's own
+    /// exchanges) and the refusal `init_rank` returns.
+    AcrossDomains {
+        /// The team's connections, formed.
+        comm: Arc<Comm>,
+        /// `NotSupported`, naming the domains.
+        refusal: Error,
+    },
+}
+
 impl Team {
     /// Creates a team over `devices` in `env` (a context: `&ctx`).
     pub fn create(env: &Arc<Env>, devices: &[i32]) -> Result<Arc<Team>> {
@@ -79,6 +93,16 @@ impl Team {
     /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
     /// `timeout_ms`.
     pub fn init_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Arc<Team>> {
+        match Self::join_rank(env, id, nranks, rank, device)? {
+            Joined::Team(team) => Ok(team),
+            Joined::AcrossDomains { refusal, .. } => Err(refusal),
+        }
+    }
+
+    /// [`Team::init_rank`], but a team whose ranks span several NVLink domains (which no team
+    /// serves yet) gives back the formed connections with the refusal, the same on every rank,
+    /// for a caller that serves such a team another way (`libmcast_nccl` hands it to NCCL).
+    pub fn join_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Joined> {
         let boot = Bootstrap::init_id(
             id,
             i64::from(nranks),
@@ -87,7 +111,12 @@ impl Team {
             env.config().timeout_ms,
             host::host_id(),
         )?;
-        Self::init_with(env, Arc::new(Comm::new(boot)), device)
+        let comm = Arc::new(Comm::new(boot));
+        match Self::init_with(env, comm.clone(), device) {
+            Ok(team) => Ok(Joined::Team(team)),
+            Err(e) if domains::spans_domains(&e.message) => Ok(Joined::AcrossDomains { comm, refusal: e }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Like [`Team::init_rank`], but the processes meet through the caller's allgather

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+pub use create::Joined;
 pub use domains::{spans_domains, Domains};
 pub use pool::Allocation;
 pub use transport::Transport;
