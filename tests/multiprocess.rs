@@ -196,6 +196,21 @@ fn processes_given_the_same_gpu_share_it() {
     all_ok(&identity(2, |_| ("1".into(), None, "0;p2p;66;device 0 appears more than once (ranks 0 and 1, {uuid})")));
 }
 
+/// Each process sees only its own GPU, so peer access is left to importing and mapping the
+/// peer's memory; when that fails (an injected `CUDA_ERROR_INVALID_VALUE` on rank 1's import)
+/// the team is NOT_SUPPORTED on every rank, "no peer access" naming the GPUs, promptly, with
+/// nothing left behind.
+#[test]
+fn a_peer_gpu_that_does_not_map_is_no_peer_access() {
+    all_ok(&spawn(2, "identity-no-access", false, |r| {
+        let mut v = vec![("CUDA_VISIBLE_DEVICES", r.to_string())];
+        if r == 1 {
+            v.push(("MCAST_SIM_FAULTS", "cuMemImportFromShareableHandle=INVALID_VALUE@1".into()));
+        }
+        v
+    }));
+}
+
 /// Permuted lists (`0,1` in one process, `1,0` in the other): the same ordinal is another GPU,
 /// another ordinal the same GPU; decided by UUID either way.
 #[test]
@@ -798,6 +813,16 @@ fn child() {
                     assert!(start.elapsed() < bound);
                 }
             }
+            assert!(ctx.driver().as_sim().unwrap().ledger().is_empty(), "rank {r}");
+        }
+        "identity-no-access" => {
+            // P2P (multicast off): the import that fails is of the peer's memory.
+            let e = Team::init_rank(&ctx, &id, n as i32, rank, 0).err().expect("no peer access");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "rank {r}: {}", e.message);
+            let other = ctx.props(0).unwrap().uuid;
+            assert!(e.message.contains("no peer access"), "rank {r}: {}", e.message);
+            assert!(e.message.contains(&mcast::driver::uuid_string(&other)), "rank {r}: {}", e.message);
+            assert!(start.elapsed() < bound);
             assert!(ctx.driver().as_sim().unwrap().ledger().is_empty(), "rank {r}");
         }
         "fault" => {
