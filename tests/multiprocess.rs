@@ -259,13 +259,18 @@ fn several_domains_are_refused_naming_them() {
     all_ok(&domains(4, 2, "refused;2 NVLink domains|host host0 (ranks 0, 1)|host host1 (ranks 2, 3)", |r| {
         vec![("MCAST_SIM_FABRIC", format!("rack{}", r / 2))]
     }));
-    all_ok(&domains(2, 1, "refused;2 NVLink domains|rank 1 on host host1|CUDA_ERROR_NOT_PERMITTED", |r| {
-        if r == 1 {
-            vec![("MCAST_SIM_IMEX", "0".into())]
-        } else {
-            vec![]
-        }
-    }));
+    all_ok(&domains(
+        2,
+        1,
+        "refused;2 NVLink domains|rank 1 on host host1|CUDA_ERROR_NOT_PERMITTED|no usable IMEX channel?",
+        |r| {
+            if r == 1 {
+                vec![("MCAST_SIM_IMEX", "0".into())]
+            } else {
+                vec![]
+            }
+        },
+    ));
     all_ok(&domains(2, 1, "refused;2 NVLink domains|MCAST_MNNVL=off", |_| vec![("MCAST_MNNVL", "off".into())]));
 }
 

@@ -10,7 +10,9 @@
 //! - `MCAST_DOMAIN=<label>` puts ranks with equal labels in one domain and no others;
 //!   `MCAST_MNNVL=off` ignores fabric information (every host its own domain).
 
-use crate::driver::{uuid_string, Device, FabricInfo, FabricState, Granularity, HandleTypes, FABRIC_HANDLE_BYTES};
+use crate::driver::{
+    uuid_string, CuResult, Device, FabricInfo, FabricState, Granularity, HandleTypes, FABRIC_HANDLE_BYTES,
+};
 use crate::runtime::comm::{Comm, Dec, Enc};
 use crate::runtime::env::Env;
 use crate::runtime::error::{Error, Result};
@@ -234,15 +236,19 @@ fn trial_handle(
 ) -> std::result::Result<(crate::driver::MemHandle, [u8; FABRIC_HANDLE_BYTES]), String> {
     let driver = env.driver();
     let ht = HandleTypes::FABRIC;
-    let size = driver.mem_granularity(dev, Granularity::Minimum, ht).map_err(|e| e.to_string())?;
-    let h = driver.mem_create(dev, size, ht).map_err(|e| e.to_string())?;
+    let why = |e: crate::driver::DriverError| match e.code {
+        CuResult::ERROR_NOT_PERMITTED => format!("{e} (no usable IMEX channel?)"),
+        _ => e.to_string(),
+    };
+    let size = driver.mem_granularity(dev, Granularity::Minimum, ht).map_err(why)?;
+    let h = driver.mem_create(dev, size, ht).map_err(why)?;
     match driver.mem_export_fabric(h) {
         Ok(bytes) => Ok((h, bytes)),
         Err(e) => {
             if let Err(e) = driver.mem_release(h) {
                 tracing::error!("releasing a trial fabric allocation on device {dev}: {e}");
             }
-            Err(format!("{e} (no usable IMEX channel?)"))
+            Err(why(e))
         }
     }
 }
