@@ -127,25 +127,14 @@ pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<Domains> 
             return Err(e);
         }
     };
-    let mut facts = Vec::with_capacity(n);
-    for p in &parts {
-        let mut d = Dec(&p.bytes);
-        let label = if d.u32()? != 0 { Some(d.str()?) } else { None };
-        let state = match d.u32()? {
-            x if x == FabricState::Completed as u32 => FabricState::Completed,
-            x if x == FabricState::InProgress as u32 => FabricState::InProgress,
-            _ => FabricState::None,
-        };
-        let cluster_uuid =
-            <[u8; 16]>::try_from(d.bytes()?).map_err(|_| Error::internal("a cluster UUID of bad size"))?;
-        let clique_id = d.u32()?;
-        let trial = if d.u32()? != 0 {
-            Ok(<[u8; FABRIC_HANDLE_BYTES]>::try_from(d.bytes()?).map_err(|_| Error::internal("a bad fabric handle"))?)
-        } else {
-            Err(d.str()?)
-        };
-        facts.push(Facts { label, fabric: FabricInfo { cluster_uuid, clique_id, state }, trial });
-    }
+    let facts = match parse_facts(&parts) {
+        Ok(f) => f,
+        Err(e) => {
+            release(env);
+            return Err(e);
+        }
+    };
+    debug_assert_eq!(facts.len(), n);
     // The handshake: import every trial handle of a peer on another host in this rank's fabric.
     let mut failed = Vec::new();
     if let Some(key) = facts[r].fabric_key() {
@@ -215,6 +204,30 @@ pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<Domains> 
         )));
     }
     Ok(domains)
+}
+
+/// Every rank's [`Facts`] from the "domain facts" exchange.
+fn parse_facts(parts: &[crate::runtime::comm::Part]) -> Result<Vec<Facts>> {
+    let mut facts = Vec::with_capacity(parts.len());
+    for p in parts {
+        let mut d = Dec(&p.bytes);
+        let label = if d.u32()? != 0 { Some(d.str()?) } else { None };
+        let state = match d.u32()? {
+            x if x == FabricState::Completed as u32 => FabricState::Completed,
+            x if x == FabricState::InProgress as u32 => FabricState::InProgress,
+            _ => FabricState::None,
+        };
+        let cluster_uuid =
+            <[u8; 16]>::try_from(d.bytes()?).map_err(|_| Error::internal("a cluster UUID of bad size"))?;
+        let clique_id = d.u32()?;
+        let trial = if d.u32()? != 0 {
+            Ok(<[u8; FABRIC_HANDLE_BYTES]>::try_from(d.bytes()?).map_err(|_| Error::internal("a bad fabric handle"))?)
+        } else {
+            Err(d.str()?)
+        };
+        facts.push(Facts { label, fabric: FabricInfo { cluster_uuid, clique_id, state }, trial });
+    }
+    Ok(facts)
 }
 
 /// Why `dev` is in no NVLink fabric that the team can use.
