@@ -60,7 +60,13 @@ pub fn device_reason(mode: MulticastMode, has_api: bool, dev: Device, props: &De
 /// [`device_reason`]), or `None` when it can.
 pub fn team_reason(devices: &[Device], gpus: &[[u8; 16]], device_reasons: &[Option<String>]) -> Option<String> {
     if let Some(reason) = device_reasons.iter().flatten().next() {
-        return Some(reason.clone());
+        // Ranks sharing a GPU are worth naming even when policy already rules multicast out
+        // (a lent machine with multicast off): P2P on one GPU shares its SMs.
+        let shared = gpus.iter().enumerate().find_map(|(j, g)| {
+            let i = gpus[..j].iter().position(|x| x == g)?;
+            Some(format!("; ranks {i} and {j} share one GPU ({})", uuid_string(g)))
+        });
+        return Some(format!("{reason}{}", shared.unwrap_or_default()));
     }
     if devices.len() < 2 {
         return Some("a team of one rank has no peer to multicast to".into());
@@ -111,6 +117,9 @@ mod tests {
         assert!(team_reason(&[0, 0], &[a, a], &[None, None]).unwrap().contains("device 0 appears more than once"));
         let r = team_reason(&[0, 1], &[a, b], &[None, Some("device 1 does not report X".into())]);
         assert_eq!(r.as_deref(), Some("device 1 does not report X"));
+        // A shared GPU is named after the policy's reason.
+        let r = team_reason(&[0, 0], &[a, a], &[Some("multicast is off".into()), None]).unwrap();
+        assert_eq!(r, format!("multicast is off; ranks 0 and 1 share one GPU ({})", uuid_string(&a)));
     }
 
     /// One visible GPU per process: every rank calls its GPU device 0, and distinct GPUs are
