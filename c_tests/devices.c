@@ -3,6 +3,7 @@
  *   default      MCAST_SIM_DEVICE_MEMORY=96M: multicast usable everywhere, reason ""
  *   killswitch   + NCCL_NVLS_ENABLE=0: not usable, the reason names it, a 2-device team is P2P
  *   require      + NCCL_NVLS_ENABLE=0 and MCAST_MULTICAST=require: team creation NOT_SUPPORTED */
+#include <stddef.h>
 #include <string.h>
 
 #include "check.h"
@@ -45,9 +46,49 @@ static void check_bad_info_calls(mcast_context_t ctx, int count) {
   info.struct_size = 0;
   CHECK_STATUS(mcast_device_get_info(ctx, 0, &info), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(mcast_last_error(), "struct_size") != NULL);
-  info.struct_size = sizeof info - 1;
+  /* Smaller than the first version of the struct (everything before uuid): refused. */
+  info.struct_size = (uint32_t)offsetof(mcast_device_info_t, uuid) - 1;
   CHECK_STATUS(mcast_device_get_info(ctx, 0, &info), MCAST_ERROR_INVALID_ARGUMENT);
-  CHECK(info.struct_size == sizeof info - 1);
+  CHECK(strstr(mcast_last_error(), "first version") != NULL);
+}
+
+/* A caller built against the first version of mcast_device_info_t (up to
+ * granularity_recommended) is still served: its fields are filled, nothing past them. */
+static void check_first_version_struct(mcast_context_t ctx) {
+  mcast_device_info_t info, full;
+  const size_t v1 = offsetof(mcast_device_info_t, uuid);
+  full = device_info(ctx, 1);
+  memset(&info, 0x5a, sizeof info);
+  info.struct_size = (uint32_t)v1;
+  CHECK_OK(mcast_device_get_info(ctx, 1, &info));
+  CHECK(info.struct_size == v1);
+  CHECK(info.ordinal == 1 && strcmp(info.name, full.name) == 0);
+  CHECK(info.granularity_recommended == full.granularity_recommended);
+  {
+    const unsigned char *tail = (const unsigned char *)&info + v1;
+    size_t i;
+    for (i = 0; i < sizeof info - v1; i++) CHECK(tail[i] == 0x5a);
+  }
+}
+
+/* Identity: a UUID per GPU, distinct; a PCI bus id; a fabric state in range. */
+static void check_identity(mcast_context_t ctx, int count) {
+  static const unsigned char zero[16];
+  mcast_device_info_t a, b;
+  int d, e;
+  for (d = 0; d < count; d++) {
+    a = device_info(ctx, d);
+    CHECK(memcmp(a.uuid, zero, sizeof zero) != 0);
+    CHECK(memchr(a.pci_bus_id, '\0', sizeof a.pci_bus_id) != NULL);
+    CHECK(strlen(a.pci_bus_id) == 12 && a.pci_bus_id[4] == ':'); /* "0000:18:00.0" */
+    CHECK(a.fabric_state >= MCAST_FABRIC_NONE && a.fabric_state <= MCAST_FABRIC_COMPLETED);
+    for (e = 0; e < d; e++) {
+      b = device_info(ctx, e);
+      CHECK(memcmp(a.uuid, b.uuid, sizeof a.uuid) != 0);
+      CHECK(strcmp(a.pci_bus_id, b.pci_bus_id) != 0);
+    }
+  }
+  CHECK(memcmp(device_info(ctx, 0).uuid, device_info(ctx, 0).uuid, 16) == 0);
 }
 
 static void check_peer_access(mcast_context_t ctx, int count) {
@@ -95,6 +136,8 @@ static void check_devices(mcast_context_t ctx, int expect_usable) {
     }
   }
   check_bad_info_calls(ctx, count);
+  check_first_version_struct(ctx);
+  check_identity(ctx, count);
   check_peer_access(ctx, count);
 }
 

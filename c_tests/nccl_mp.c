@@ -3,7 +3,13 @@
  * programs use MPI_Bcast); each calls ncclCommInitRank, allocates with ncclMemAlloc, runs all
  * four collectives in and out of place, checks them, and destroys. The parent only forks (before
  * any bootstrap thread exists) and waits.
- *   nccl_mp N   (2 <= N <= 4; on the simulator rank r uses device r % devices) */
+ *   nccl_mp N   (2 <= N <= 4; on the simulator rank r uses device r % devices)
+ *   nccl_mp domains   two ranks in two NVLink domains (MCAST_DOMAIN=A and B, set by each rank
+ *               before its first call), no MCAST_NCCL_FALLBACK: ncclCommInitRank fails on both
+ *               with ncclInvalidUsage, ncclGetLastError naming the domains and the variable
+ *   nccl_mp domains-fallback   the same with MCAST_NCCL_FALLBACK (the stand-in NCCL): the
+ *               communicator is the fallback's whole (its id carried from rank 0), an
+ *               all-reduce is forwarded, the async error is the fallback's, destroy works */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
@@ -23,6 +29,38 @@ struct shared {
   pthread_barrier_t id_ready;
   ncclUniqueId id;
 };
+
+static int domains_main(struct shared *sh, int n, int r, int with_fallback) {
+  NCHECK(setenv("MCAST_DOMAIN", r == 0 ? "A" : "B", 1) == 0);
+  if (with_fallback) {
+    NCHECK(getenv("MCAST_NCCL_FALLBACK") != NULL); /* the stand-in NCCL, set by ctest */
+  } else {
+    NCHECK(unsetenv("MCAST_NCCL_FALLBACK") == 0);
+  }
+  if (r == 0) NCHECK_OK(ncclGetUniqueId(&sh->id));
+  int b = pthread_barrier_wait(&sh->id_ready);
+  NCHECK(b == 0 || b == PTHREAD_BARRIER_SERIAL_THREAD);
+  ncclComm_t comm = NULL;
+  if (with_fallback) {
+    static float send[16], recv[16];
+    ncclResult_t async = ncclInternalError;
+    NCHECK_OK(ncclCommInitRank(&comm, n, sh->id, r));
+    /* No mcast team exists: a served all-reduce would fail; the fallback's succeeds. */
+    NCHECK_OK(ncclAllReduce(send, recv, 16, ncclFloat, ncclSum, comm, NULL));
+    NCHECK_OK(ncclCommGetAsyncError(comm, &async));
+    NCHECK(async == ncclSuccess);
+    NCHECK_OK(ncclCommDestroy(comm));
+    return 0;
+  }
+  ncclResult_t res = ncclCommInitRank(&comm, n, sh->id, r);
+  if (res != ncclInvalidUsage) fprintf(stderr, "rank %d: ncclCommInitRank returned %d\n", r, (int)res);
+  NCHECK(res == ncclInvalidUsage);
+  const char *why = ncclGetLastError(NULL);
+  NCHECK(strstr(why, "2 NVLink domains") != NULL);
+  NCHECK(strstr(why, "MCAST_DOMAIN=A (ranks 0)") != NULL && strstr(why, "MCAST_DOMAIN=B (ranks 1)") != NULL);
+  NCHECK(strstr(why, "MCAST_NCCL_FALLBACK") != NULL);
+  return 0;
+}
 
 static int rank_main(struct shared *sh, int n, int r) {
   if (r == 0) NCHECK_OK(ncclGetUniqueId(&sh->id));
@@ -80,9 +118,11 @@ static int rank_main(struct shared *sh, int n, int r) {
 }
 
 int main(int argc, char **argv) {
-  int n = argc > 1 ? atoi(argv[1]) : 2;
+  int domains = argc > 1 && strncmp(argv[1], "domains", 7) == 0;
+  int with_fallback = argc > 1 && strcmp(argv[1], "domains-fallback") == 0;
+  int n = domains ? 2 : argc > 1 ? atoi(argv[1]) : 2;
   if (n < 2 || n > 4) {
-    fprintf(stderr, "usage: nccl_mp N (2..4)\n");
+    fprintf(stderr, "usage: nccl_mp N (2..4) | domains | domains-fallback\n");
     return 2;
   }
   struct shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -96,7 +136,7 @@ int main(int argc, char **argv) {
     fflush(NULL);
     pids[r] = fork();
     NCHECK(pids[r] >= 0);
-    if (pids[r] == 0) _exit(rank_main(sh, n, r));
+    if (pids[r] == 0) _exit(domains ? domains_main(sh, n, r, with_fallback) : rank_main(sh, n, r));
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {

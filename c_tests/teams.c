@@ -1,6 +1,7 @@
 /* API.md "Teams" through the installed package: the transport chosen at creation, team info,
  * argument checks, IN_USE, and the handle rules (zero, stale, double-destroyed, foreign, and
  * handles of a destroyed context). Runs with MCAST_BACKEND=sim (4 simulated devices). */
+#include <stddef.h>
 #include <string.h>
 
 #include "check.h"
@@ -124,9 +125,16 @@ static void check_invalid_arguments(mcast_context_t ctx) {
   info.struct_size = 0;
   CHECK_STATUS(mcast_team_get_info(team, &info), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(mcast_last_error(), "struct_size") != NULL);
-  info.struct_size = sizeof info - 1;
+  info.struct_size = (uint32_t)offsetof(mcast_team_info_t, domains) - 1;
   CHECK_STATUS(mcast_team_get_info(team, &info), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(info.size == 0x11111111);
+  /* A caller built against the first version (up to bytes_reserved) is served up to its size. */
+  info.struct_size = (uint32_t)offsetof(mcast_team_info_t, domains);
+  CHECK_OK(mcast_team_get_info(team, &info));
+  CHECK(info.size == 2 && info.domains == 0x11111111 && info.net_engine[0] == 0x11);
+  /* One process, one host: one NVLink domain of every rank, no engine between domains. */
+  info = team_info(team);
+  CHECK(info.domains == 1 && info.domain_size == 2 && info.net_engine[0] == '\0');
   CHECK_OK(mcast_team_destroy(team));
 }
 

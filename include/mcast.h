@@ -256,6 +256,36 @@ typedef uint32_t mcast_op_t;
 #endif // __cplusplus
 
 /**
+ * Where a GPU stands in a multi-node NVLink fabric (`mcast_device_info_t.fabric_state`);
+ * `mcast_fabric_state_t` in C.
+ */
+enum mcast_fabric_state_t
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No NVLink fabric: NVML absent, no fabric support, or the fabric manager not running.
+   */
+  MCAST_FABRIC_NONE = 0,
+  /**
+   * The fabric manager is still registering the GPU.
+   */
+  MCAST_FABRIC_IN_PROGRESS = 1,
+  /**
+   * Registered: the cluster UUID and clique id are valid.
+   */
+  MCAST_FABRIC_COMPLETED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mcast_fabric_state_t mcast_fabric_state_t;
+#else
+typedef uint32_t mcast_fabric_state_t;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A team. Passed by value; id 0 is never valid.
  */
 typedef struct mcast_team_t {
@@ -425,6 +455,31 @@ typedef struct mcast_device_info_t {
    * Multicast granularity, RECOMMENDED (0 likewise).
    */
   uint64_t granularity_recommended;
+  /**
+   * The GPU's UUID (`cuDeviceGetUuid`): the same in every process that sees the GPU,
+   * whatever its ordinal there. Appended with the fields below; a `struct_size` of
+   * the earlier struct (up to `granularity_recommended`) is still accepted and filled up to
+   * its size.
+   */
+  uint8_t uuid[16];
+  /**
+   * PCI bus id (`cuDeviceGetPCIBusId`), NUL-terminated: `"0000:18:00.0"`; `""` where the
+   * driver cannot say.
+   */
+  char pci_bus_id[16];
+  /**
+   * The NVLink fabric's cluster UUID (NVML GPU fabric info); zeros where none.
+   */
+  uint8_t fabric_cluster_uuid[16];
+  /**
+   * The clique (NVLink partition) in that cluster; 0 where none.
+   */
+  uint32_t fabric_clique_id;
+  /**
+   * `mcast_fabric_state_t`: `MCAST_FABRIC_NONE`, `MCAST_FABRIC_IN_PROGRESS` or
+   * `MCAST_FABRIC_COMPLETED`.
+   */
+  int32_t fabric_state;
 } mcast_device_info_t;
 
 /**
@@ -459,6 +514,20 @@ typedef struct mcast_team_info_t {
    * Device bytes held per rank, all buffers and metadata.
    */
   uint64_t bytes_reserved;
+  /**
+   * NVLink domains the team spans (1 on one host with peer access). Appended with the
+   * fields below; a `struct_size` of the earlier struct (up to `bytes_reserved`) is still
+   * accepted and filled up to its size.
+   */
+  int32_t domains;
+  /**
+   * Ranks per domain; 0 when the domains differ in size.
+   */
+  int32_t domain_size;
+  /**
+   * The engine between domains (`"nccl 2.27.7"`, `"mpi"`, ...), NUL-terminated, or `""`.
+   */
+  char net_engine[48];
 } mcast_team_info_t;
 
 /**
@@ -891,12 +960,15 @@ size_t mcast_context_leak_report(struct mcast_context_t ctx, char *buf, size_t l
 mcast_status_t mcast_device_count(struct mcast_context_t ctx, int *count);
 
 /**
- * Describes `device` of `ctx` in `*info`, whose `struct_size` the caller sets.
+ * Describes `device` of `ctx` in `*info`, whose `struct_size` the caller sets: at least the
+ * size of the struct's first version (up to `granularity_recommended`); the first
+ * `struct_size` bytes are filled (all of them for `sizeof(mcast_device_info_t)`).
  * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL, `struct_size` too small, `device` out of range;
  * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
  *
  * # Safety
- * `info` must be NULL or valid for reading and writing an `mcast_device_info_t`.
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_device_info_t)` are written).
  */
 mcast_status_t mcast_device_get_info(struct mcast_context_t ctx,
                                      int device,
@@ -1044,26 +1116,29 @@ mcast_status_t mcast_team_split(struct mcast_team_t team,
                                 struct mcast_team_t *out);
 
 /**
- * Describes `team` in `*info`, whose `struct_size` the caller sets.
+ * Describes `team` in `*info`, whose `struct_size` the caller sets: at least the size of the
+ * struct's first version (up to `bytes_reserved`); the first `struct_size` bytes are filled.
  * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
  * `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
  *
  * # Safety
- * `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_team_info_t)` are written).
  */
 mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
 
 /**
  * Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
  * (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
- * interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
- * interface that is up, else loopback; this process must stay alive until every rank has
- * joined. The listener closes (its port and threads) once every rank has asked it where rank 0
- * is, or when `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a
- * rank asking: an id nobody uses keeps nothing open, and ranks must start within that time of
- * one another. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there,
- * and every process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the
- * id's secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
+ * interface `MCAST_SOCKET_IFNAME` selects (as `NCCL_SOCKET_IFNAME`: prefixes, `^` excludes,
+ * `=` whole names), else the first that is up but for `lo`, `docker*` and `veth*`, else
+ * loopback; this process must stay alive until every rank has joined. The listener closes
+ * (its port and threads) once every rank has asked it where rank 0 is, or when
+ * `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a rank asking:
+ * an id nobody uses keeps nothing open, and ranks must start within that time of one another.
+ * With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and every
+ * process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the id's
+ * secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
  * `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
  * white space ignored, case does not matter), random and fresh for each job (e.g.
  * `openssl rand -hex 16`). One id names one team; every process of that team passes the same

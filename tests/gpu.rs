@@ -50,3 +50,28 @@ fn gpu_team_buffers_round_trip() {
     }
     assert_clean(&ctx);
 }
+
+/// Identity on a real GPU: every device has a UUID (`cuDeviceGetUuid_v2`), distinct, printed
+/// as `nvidia-smi -L` prints it, and a PCI bus id; the NVLink fabric state comes from NVML
+/// (none on a machine without a fabric). A team repeating one device names the shared GPU in
+/// its transport reason.
+#[test]
+fn gpu_devices_have_identities() {
+    let Some(ctx) = gpu_context() else { return };
+    let n = ctx.device_count() as i32;
+    let mut seen = Vec::new();
+    for d in 0..n {
+        let info = ctx.device_info(d).unwrap();
+        let uuid = mcast::driver::uuid_string(&info.props.uuid);
+        println!("device {d}: {uuid} | PCI bus {} | fabric {:?}", info.props.pci_bus_id, info.fabric);
+        assert_ne!(info.props.uuid, [0; 16], "device {d}");
+        assert!(!seen.contains(&info.props.uuid), "device {d} repeats a UUID");
+        seen.push(info.props.uuid);
+        assert!(info.props.pci_bus_id.contains(':'), "device {d}: {:?}", info.props.pci_bus_id);
+    }
+    let team = Team::create(&ctx, &[0, 0]).unwrap();
+    let reason = team.info().transport_reason;
+    assert!(reason.contains(&mcast::driver::uuid_string(&seen[0])), "{reason}");
+    team.destroy().unwrap();
+    assert_clean(&ctx);
+}

@@ -246,6 +246,20 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut nccl
             *dst = state;
             return ok();
         }
+        if let (true, Some(fc), Some(Ok(lib))) =
+            (c.whole_fallback_comm(), c.ready()?.fallback, crate::fallback::library())
+        {
+            // SAFETY: NCCL's signature; the fallback communicator this one runs on.
+            let f = unsafe { fallback_fn::<F>(lib, "ncclCommGetAsyncError") }
+                .map_err(|r| Failure::new(r, "no ncclCommGetAsyncError"))?;
+            // SAFETY: as above; a valid out-pointer.
+            let r = unsafe { f(fc as ncclComm_t, dst) };
+            return if r == types::SUCCESS {
+                ok()
+            } else {
+                Err(Failure::new(r, "the fallback NCCL's ncclCommGetAsyncError failed"))
+            };
+        }
         let mut e = mcast::capi::mcast_status_t(0);
         // SAFETY: a valid out-pointer.
         check(unsafe { mcast_team_get_error(c.ready()?.team, &mut e) }, "mcast_team_get_error")?;
@@ -516,6 +530,13 @@ pub extern "C" fn ncclCommSplit(
             blocking: true,
             forwarded: false,
             run: Box::new(move || {
+                if parent.whole_fallback_comm() {
+                    return Err(Failure::new(
+                        types::INVALID_USAGE,
+                        "ncclCommSplit of a communicator that runs whole on the fallback NCCL (it spans several \
+                         NVLink domains) is not served yet",
+                    ));
+                }
                 let team = parent.ready()?.team;
                 let mut new_team = mcast_team_t { id: 0 };
                 let (colors, keys) = ([color], [key]);
@@ -921,7 +942,7 @@ pub extern "C" fn ncclAllReduce(
         let (op_name, mop) = op_of(op)?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         match (dt.mcast, mop) {
-            (Some(d), Some(o)) => serve(c, stream, move |c, team, stream| {
+            (Some(d), Some(o)) if !c.whole_fallback_comm() => serve(c, stream, move |c, team, stream| {
                 check(
                     mcast_team_all_reduce(
                         team,
@@ -969,7 +990,7 @@ pub extern "C" fn ncclReduceScatter(
         let (op_name, mop) = op_of(op)?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         match (dt.mcast, mop) {
-            (Some(d), Some(o)) => serve(c, stream, move |c, team, stream| {
+            (Some(d), Some(o)) if !c.whole_fallback_comm() => serve(c, stream, move |c, team, stream| {
                 check(
                     mcast_team_reduce_scatter(
                         team,
@@ -1017,6 +1038,28 @@ pub extern "C" fn ncclAllGather(
             .checked_mul(dt.size)
             .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("sendcount {sendcount} overflows")))?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
+        if c.whole_fallback_comm() {
+            type F = unsafe extern "C" fn(
+                *const c_void,
+                *mut c_void,
+                usize,
+                ncclDataType_t,
+                *mut c_void,
+                cudaStream_t,
+            ) -> ncclResult_t;
+            let st = stream as usize;
+            forward(c, "ncclAllGather".into(), move |lib, fc| {
+                // SAFETY: NCCL's signature of ncclAllGather.
+                match unsafe { fallback_fn::<F>(lib, "ncclAllGather") } {
+                    // SAFETY: the caller's arguments, forwarded as given.
+                    Ok(f) => unsafe {
+                        f(send as *const c_void, recv as *mut c_void, sendcount, datatype, fc, st as cudaStream_t)
+                    },
+                    Err(r) => r,
+                }
+            })?;
+            return ok();
+        }
         serve(c, stream, move |c, team, stream| {
             check(
                 mcast_team_all_gather(team, c.rank, send as *const c_void, recv as *mut c_void, bytes, stream),
@@ -1063,6 +1106,29 @@ pub extern "C" fn ncclBroadcast(
             .checked_mul(dt.size)
             .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("count {count} overflows")))?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
+        if c.whole_fallback_comm() {
+            type G = unsafe extern "C" fn(
+                *const c_void,
+                *mut c_void,
+                usize,
+                ncclDataType_t,
+                c_int,
+                *mut c_void,
+                cudaStream_t,
+            ) -> ncclResult_t;
+            let st = stream as usize;
+            forward(c, "ncclBroadcast".into(), move |lib, fc| {
+                // SAFETY: NCCL's signature of ncclBroadcast.
+                match unsafe { fallback_fn::<G>(lib, "ncclBroadcast") } {
+                    // SAFETY: the caller's arguments, forwarded as given.
+                    Ok(f) => unsafe {
+                        f(send as *const c_void, recv as *mut c_void, count, datatype, root, fc, st as cudaStream_t)
+                    },
+                    Err(r) => r,
+                }
+            })?;
+            return ok();
+        }
         serve(c, stream, move |c, team, stream| {
             check(
                 mcast_team_broadcast(team, c.rank, root, send as *const c_void, recv as *mut c_void, bytes, stream),

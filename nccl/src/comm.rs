@@ -20,6 +20,8 @@ use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_co
 use mcast::capi::mcast_status_t;
 use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_init_rank, mcast_team_t, mcast_unique_id_t};
+use mcast::runtime::comm::Comm as RtComm;
+use mcast::runtime::team::{Joined, Team};
 use parking_lot::Mutex;
 
 use crate::fallback;
@@ -53,6 +55,22 @@ pub fn check(status: mcast_status_t, what: &str) -> Outcome {
     let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
     let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
     Err(Failure::new(types::result_of(status), message))
+}
+
+/// A communicator over several NVLink domains (every rank gets the same refusal from team
+/// setup): refused at init with `ncclInvalidUsage` naming the domains and `MCAST_NCCL_FALLBACK`,
+/// never at the first collective. Serving it whole by the fallback NCCL is not done yet.
+fn across_domains(f: Failure) -> Failure {
+    if !mcast::runtime::team::spans_domains(&f.message) {
+        return f;
+    }
+    let how = match fallback::library() {
+        None => format!("set {}=/path/to/libnccl.so.2 to run such a communicator on NCCL", fallback::ENV),
+        Some(_) => {
+            format!("handing such a communicator whole to the fallback NCCL ({}) is not implemented yet", fallback::ENV)
+        }
+    };
+    Failure::new(types::INVALID_USAGE, format!("{}; mcast serves one NVLink domain: {how}", f.message))
 }
 
 /// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
@@ -246,14 +264,25 @@ impl Comm {
     }
 
     fn make_team(&self, id: &ncclUniqueId) -> Outcome<Ready> {
-        let mut mid = mcast_unique_id_t { internal: [0; 128] };
-        mid.internal.copy_from_slice(&id.internal);
-        let mut team = mcast_team_t { id: 0 };
-        // SAFETY: a valid out-pointer.
-        check(
-            unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
-            &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
-        )?;
+        let team = match fallback::library() {
+            // With a fallback NCCL, a communicator over several NVLink domains is the fallback's.
+            Some(Ok(lib)) => match self.join(id)? {
+                Ok(team) => team,
+                Err((comm, refusal)) => return self.whole_fallback(lib, &comm, &refusal),
+            },
+            _ => {
+                let mut mid = mcast_unique_id_t { internal: [0; 128] };
+                mid.internal.copy_from_slice(&id.internal);
+                let mut team = mcast_team_t { id: 0 };
+                // SAFETY: a valid out-pointer.
+                check(
+                    unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
+                    &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
+                )
+                .map_err(across_domains)?;
+                team
+            }
+        };
         let fallback = match fallback::library() {
             None => None,
             Some(Err(e)) => {
@@ -269,6 +298,80 @@ impl Comm {
             },
         };
         Ok(Ready { team, fallback })
+    }
+
+    /// Joins the team through the runtime (`Team::join_rank`): the team's handle, or, when the
+    /// ranks span several NVLink domains, the formed connections and the refusal.
+    #[allow(clippy::type_complexity)]
+    fn join(&self, id: &ncclUniqueId) -> Outcome<Result<mcast_team_t, (Arc<RtComm>, String)>> {
+        let what = format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device);
+        let fail = |e: mcast::runtime::Error| {
+            Failure::new(types::result_of(mcast::capi::status_of(e.kind)), format!("{what}: {}", e.message))
+        };
+        let ctx = mcast::runtime::handles::context(self.ctx.ctx.id).map_err(fail)?;
+        let bytes: [u8; 128] = id.internal.map(|b| b as u8);
+        match Team::join_rank(&ctx, &bytes, self.nranks, self.rank, self.device).map_err(fail)? {
+            Joined::Team(team) => Ok(Ok(mcast_team_t { id: mcast::runtime::handles::insert_team(team) })),
+            Joined::AcrossDomains { comm, refusal } => Ok(Err((comm, refusal.message))),
+        }
+    }
+
+    /// A communicator over several NVLink domains, handed whole to the fallback NCCL: rank 0
+    /// makes its unique id, the team's connections carry it, every rank joins; no mcast team.
+    fn whole_fallback(&self, lib: &fallback::Nccl, comm: &RtComm, refusal: &str) -> Outcome<Ready> {
+        type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
+        type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
+        let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
+        // SAFETY: the types are NCCL's documented signatures.
+        let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
+        // SAFETY: as above.
+        let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
+        let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
+        let mut made = Ok(());
+        if self.rank == 0 {
+            // SAFETY: a valid out-pointer.
+            let r = unsafe { get_id(&mut fid) };
+            if r != types::SUCCESS {
+                made =
+                    Err(mcast::runtime::Error::internal(format!("the fallback NCCL's ncclGetUniqueId returned {r}")));
+            }
+        }
+        let bytes: Vec<u8> = fid.internal.iter().map(|&b| b as u8).collect();
+        let parts = comm.exchange("fallback NCCL id", made, &bytes, &[]).map_err(|e| {
+            Failure::new(types::INTERNAL_ERROR, format!("handing the fallback NCCL its id: {}", e.message))
+        })?;
+        for (d, s) in fid.internal.iter_mut().zip(&parts[0].bytes) {
+            *d = *s as _;
+        }
+        if !self.ctx.sim {
+            if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
+                c.driver()
+                    .bind_thread(self.device)
+                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+            }
+        }
+        let domains = refusal.split(';').next().unwrap_or(refusal);
+        if self.rank == 0 {
+            tracing::warn!(
+                "mcast_nccl: {domains}; mcast serves one NVLink domain, so this communicator runs whole on the \
+                 fallback NCCL ({})",
+                lib.path
+            );
+        }
+        let mut fc: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
+        let r = unsafe { init(&mut fc, self.nranks, fid, self.rank) };
+        if r != types::SUCCESS {
+            return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
+        }
+        track_fallback(fc as usize);
+        Ok(Ready { team: mcast_team_t { id: 0 }, fallback: Some(fc as usize) })
+    }
+
+    /// True when the communicator runs whole on the fallback NCCL (it spans several NVLink
+    /// domains): every call is forwarded.
+    pub fn whole_fallback_comm(&self) -> bool {
+        matches!(self.ready.get(), Some(Ok(r)) if r.team.id == 0)
     }
 
     /// Creates the fallback NCCL communicator beside `team`: rank 0 makes its unique id and
@@ -425,6 +528,13 @@ impl Comm {
     /// Registers `[ptr, ptr + bytes)` with the team (collective over the team's ranks).
     pub fn register(&self, ptr: usize, bytes: usize) -> Outcome<usize> {
         let ready = self.ready()?;
+        if ready.team.id == 0 {
+            return Err(Failure::new(
+                types::INVALID_USAGE,
+                "registration on a communicator that runs whole on the fallback NCCL (it spans several NVLink \
+                 domains) is not served yet; its collectives work on unregistered memory",
+            ));
+        }
         let mut buffer = mcast_buffer_t { id: 0 };
         let ptrs = [ptr as *mut c_void];
         // SAFETY: one pointer for the one rank this process holds; a valid out-pointer.

@@ -5,12 +5,14 @@
 
 use std::process::ExitCode;
 
+use mcast::driver::{uuid_string, FabricState};
 use mcast::runtime::config::Config;
 use mcast::runtime::context::Context;
 
 fn main() -> ExitCode {
     if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
-        println!("usage: mcast-info\n\nLists the devices mcast sees and whether multicast is usable on each.");
+        println!("usage: mcast-info\n\nLists the devices mcast sees (UUID, PCI bus id, NVLink fabric) and whether");
+        println!("multicast is usable on each.");
         println!("Set MCAST_BACKEND=sim|cuda|auto, MCAST_MULTICAST=auto|off|require, MCAST_SIM_DEVICES=N.");
         return ExitCode::SUCCESS;
     }
@@ -58,6 +60,18 @@ fn main() -> ExitCode {
                     yes(d.props.posix_fd_supported),
                     yes(d.props.fabric_supported)
                 );
+                let bus = if d.props.pci_bus_id.is_empty() { "unknown" } else { d.props.pci_bus_id.as_str() };
+                println!("      {} | PCI bus {bus}", uuid_string(&d.props.uuid));
+                let f = d.fabric;
+                match f.state {
+                    FabricState::None => println!("      NVLink fabric: none"),
+                    state => println!(
+                        "      NVLink fabric: {} | cluster {} | clique {}",
+                        if state == FabricState::Completed { "completed" } else { "in progress" },
+                        f.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                        f.clique_id
+                    ),
+                }
             }
             Err(e) => {
                 println!("  [{dev}] error: {e}");

@@ -34,6 +34,7 @@ mod exchange;
 pub mod fdpass;
 pub mod host;
 mod id;
+pub mod ifname;
 mod join;
 pub mod oob;
 pub mod tcp;

@@ -680,29 +680,16 @@ pub fn interfaces() -> Vec<Interface> {
     out
 }
 
-/// The address to listen on: the interface named by `MCAST_SOCKET_IFNAME` (a name or a
-/// prefix; IPv4 preferred over IPv6), else the first non-loopback interface that is up, else
-/// loopback.
+/// The address to listen on: the interface `MCAST_SOCKET_IFNAME` selects (by
+/// `NCCL_SOCKET_IFNAME`'s rules, see [`super::ifname`]), else the first that is up but for
+/// loopback, `docker*` and `veth*`, else loopback.
 pub fn pick_ip() -> Result<IpAddr, BootError> {
     pick_ip_from(&interfaces(), std::env::var("MCAST_SOCKET_IFNAME").ok().as_deref())
 }
 
 /// [`pick_ip`] over a given interface list.
 pub fn pick_ip_from(ifs: &[Interface], wanted: Option<&str>) -> Result<IpAddr, BootError> {
-    let best = |c: Vec<&Interface>| c.iter().find(|i| i.ip.is_ipv4()).or_else(|| c.first()).map(|i| i.ip);
-    if let Some(w) = wanted.filter(|w| !w.is_empty()) {
-        let m: Vec<&Interface> = ifs.iter().filter(|i| i.name.starts_with(w)).collect();
-        return best(m).ok_or_else(|| {
-            let names: Vec<&str> = ifs.iter().map(|i| i.name.as_str()).collect();
-            BootError::new(
-                super::Kind::InvalidArgument,
-                format!("MCAST_SOCKET_IFNAME={w} matches no interface that is up with an address (up: {names:?})"),
-            )
-        });
-    }
-    Ok(best(ifs.iter().filter(|i| !i.loopback).collect())
-        .or_else(|| best(ifs.iter().filter(|i| i.loopback).collect()))
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+    super::ifname::choose(ifs, wanted).map_err(|why| BootError::new(super::Kind::InvalidArgument, why))
 }
 
 impl Deadline {

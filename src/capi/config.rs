@@ -141,7 +141,8 @@ impl mcast_config_t {
             sim_multicast_supported: self.sim_multicast_supported == 1,
             // Not in the C struct: from the environment.
             ..Config::default().with_env(|name| match name {
-                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" => lookup(name),
+                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" | "MCAST_SIM_IMEX"
+                | "MCAST_DOMAIN" | "MCAST_MNNVL" => lookup(name),
                 _ => None,
             })
         })

@@ -39,7 +39,7 @@ pub(crate) fn last_error_ptr() -> *const c_char {
 }
 
 /// The status a runtime error kind is reported as.
-pub(crate) fn status_of(kind: ErrorKind) -> mcast_status_t {
+pub fn status_of(kind: ErrorKind) -> mcast_status_t {
     use status::McastStatus as S;
     let s = match kind {
         ErrorKind::InvalidArgument => S::MCAST_ERROR_INVALID_ARGUMENT,
@@ -97,6 +97,42 @@ pub(crate) fn check_struct_size(given: u32, min: usize, name: &str) -> Result<()
             "{name}->struct_size is {given}; set it to sizeof({name}) (at least {min})"
         )));
     }
+    Ok(())
+}
+
+/// Fills a versioned out-struct (first field `uint32_t struct_size`, grown only by appending)
+/// at `ptr`: `struct_size` must be at least `first` (the size of the struct's first version);
+/// `fill(struct_size)` makes the value, of which the first `min(struct_size, sizeof(T))` bytes
+/// are written, so a caller built against an earlier, smaller version gets the fields it
+/// knows and nothing past its struct.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for reading 4 bytes and for writing `struct_size` bytes or
+/// `sizeof(T)`, whichever is less.
+pub(crate) unsafe fn write_versioned<T>(
+    ptr: *mut T,
+    first: usize,
+    name: &str,
+    fill: impl FnOnce(u32) -> Result<T>,
+) -> Result<()> {
+    if ptr.is_null() {
+        return Err(Error::invalid_argument("info is NULL"));
+    }
+    // SAFETY: the caller's struct starts with its uint32_t struct_size.
+    let given = unsafe { ptr.cast::<u32>().read_unaligned() };
+    if (given as usize) < first {
+        return Err(Error::invalid_argument(format!(
+            "{name}->struct_size is {given}; set it to sizeof({name}) ({}; at least {first}, the size of its first \
+             version)",
+            std::mem::size_of::<T>()
+        )));
+    }
+    let value = fill(given)?;
+    let n = (given as usize).min(std::mem::size_of::<T>());
+    // SAFETY: an untyped copy of `value`'s first `n` bytes (padding included, copied as it is);
+    // the destination holds at least `n` bytes (checked above and the caller's promise) and
+    // cannot overlap a local.
+    unsafe { std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), ptr.cast::<u8>(), n) };
     Ok(())
 }
 

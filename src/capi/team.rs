@@ -52,7 +52,18 @@ pub struct mcast_team_info_t {
     pub multicast_objects: u64,
     /// Device bytes held per rank, all buffers and metadata.
     pub bytes_reserved: u64,
+    /// NVLink domains the team spans (1 on one host with peer access). Appended with the
+    /// fields below; a `struct_size` of the earlier struct (up to `bytes_reserved`) is still
+    /// accepted and filled up to its size.
+    pub domains: i32,
+    /// Ranks per domain; 0 when the domains differ in size.
+    pub domain_size: i32,
+    /// The engine between domains (`"nccl 2.27.7"`, `"mpi"`, ...), NUL-terminated, or `""`.
+    pub net_engine: [c_char; 48],
 }
+
+/// The size of the first version of `mcast_team_info_t` (before `domains`).
+const TEAM_INFO_V1: usize = std::mem::offset_of!(mcast_team_info_t, domains);
 
 /// Creates a team of `ndevices` ranks, rank `i` on `devices[i]`. The transport is chosen once:
 /// MULTICAST when policy allows and every device is usable and distinct and there are at least
@@ -213,34 +224,40 @@ pub unsafe extern "C" fn mcast_team_split(
 
 const _: () = assert!(SPLIT_NOCOLOR == -1);
 
-/// Describes `team` in `*info`, whose `struct_size` the caller sets.
+/// Describes `team` in `*info`, whose `struct_size` the caller sets: at least the size of the
+/// struct's first version (up to `bytes_reserved`); the first `struct_size` bytes are filled.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
 /// `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
 ///
 /// # Safety
-/// `info` must be NULL or valid for reading and writing an `mcast_team_info_t`.
+/// `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+/// `sizeof(mcast_team_info_t)` are written).
 #[no_mangle]
 pub unsafe extern "C" fn mcast_team_get_info(team: mcast_team_t, info: *mut mcast_team_info_t) -> mcast_status_t {
     guard("mcast_team_get_info", || {
-        // SAFETY: the caller passes NULL or a valid pointer.
-        let out = unsafe { out_ptr(info, "info") }?;
-        super::check_struct_size(out.struct_size, size_of::<mcast_team_info_t>(), "mcast_team_info_t")?;
-        let t = handles::team(team.id)?.info();
-        let mut v = mcast_team_info_t {
-            struct_size: out.struct_size,
-            size: t.size as i32,
-            transport: mcast_transport_t(match t.transport {
-                Transport::Multicast => McastTransport::MCAST_TRANSPORT_MULTICAST,
-                Transport::P2P => McastTransport::MCAST_TRANSPORT_P2P,
-            } as u32),
-            transport_reason: [0; 160],
-            granularity: t.granularity,
-            multicast_objects: t.multicast_objects,
-            bytes_reserved: t.bytes_reserved,
+        let fill = |struct_size| {
+            let t = handles::team(team.id)?.info();
+            let mut v = mcast_team_info_t {
+                struct_size,
+                size: t.size as i32,
+                transport: mcast_transport_t(match t.transport {
+                    Transport::Multicast => McastTransport::MCAST_TRANSPORT_MULTICAST,
+                    Transport::P2P => McastTransport::MCAST_TRANSPORT_P2P,
+                } as u32),
+                transport_reason: [0; 160],
+                granularity: t.granularity,
+                multicast_objects: t.multicast_objects,
+                bytes_reserved: t.bytes_reserved,
+                domains: t.domains as i32,
+                domain_size: t.domain_size as i32,
+                net_engine: [0; 48],
+            };
+            copy_str(&mut v.transport_reason, &t.transport_reason);
+            copy_str(&mut v.net_engine, &t.net_engine);
+            Ok(v)
         };
-        copy_str(&mut v.transport_reason, &t.transport_reason);
-        *out = v;
-        Ok(())
+        // SAFETY: the caller passes NULL or a pointer to its struct of struct_size bytes.
+        unsafe { super::write_versioned(info, TEAM_INFO_V1, "mcast_team_info_t", fill) }
     })
 }
 
@@ -255,14 +272,15 @@ pub struct mcast_unique_id_t {
 
 /// Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
 /// (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
-/// interface named by `MCAST_SOCKET_IFNAME` (a name or prefix), else the first non-loopback
-/// interface that is up, else loopback; this process must stay alive until every rank has
-/// joined. The listener closes (its port and threads) once every rank has asked it where rank 0
-/// is, or when `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a
-/// rank asking: an id nobody uses keeps nothing open, and ranks must start within that time of
-/// one another. With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there,
-/// and every process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the
-/// id's secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
+/// interface `MCAST_SOCKET_IFNAME` selects (as `NCCL_SOCKET_IFNAME`: prefixes, `^` excludes,
+/// `=` whole names), else the first that is up but for `lo`, `docker*` and `veth*`, else
+/// loopback; this process must stay alive until every rank has joined. The listener closes
+/// (its port and threads) once every rank has asked it where rank 0 is, or when
+/// `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a rank asking:
+/// an id nobody uses keeps nothing open, and ranks must start within that time of one another.
+/// With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and every
+/// process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the id's
+/// secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
 /// `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
 /// white space ignored, case does not matter), random and fresh for each job (e.g.
 /// `openssl rand -hex 16`). One id names one team; every process of that team passes the same

@@ -245,6 +245,40 @@ pub struct DeviceProps {
     pub posix_fd_supported: bool,
     /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`.
     pub fabric_supported: bool,
+    /// `cuDeviceGetUuid_v2` (else `cuDeviceGetUuid`): what the GPU is, the same in every
+    /// process that sees it whatever its ordinal there (see [`uuid_string`]).
+    pub uuid: [u8; 16],
+    /// `cuDeviceGetPCIBusId`: `"0000:18:00.0"` (empty where the driver cannot say).
+    pub pci_bus_id: String,
+}
+
+/// `nvmlGpuFabricState_t` reduced to what mcast tells apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FabricState {
+    /// No NVLink fabric (NVML absent, not supported, or not started).
+    #[default]
+    None,
+    /// The fabric manager is still registering the GPU.
+    InProgress,
+    /// Registered: the cluster UUID and clique id are valid.
+    Completed,
+}
+
+/// The GPU's place in a multi-node NVLink fabric (NVML's GPU fabric info).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FabricInfo {
+    /// The fabric's cluster UUID; zeros where none.
+    pub cluster_uuid: [u8; 16],
+    /// The clique (NVLink partition) inside the cluster.
+    pub clique_id: u32,
+    /// Registration state.
+    pub state: FabricState,
+}
+
+/// A device UUID as CUDA and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_string(uuid: &[u8; 16]) -> String {
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
 }
 
 /// Launch geometry and arguments of one kernel.
@@ -274,6 +308,11 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Name, compute capability, memory and the capability attributes of `dev`.
     fn device_props(&self, dev: Device) -> DResult<DeviceProps>;
+
+    /// The GPU's place in a multi-node NVLink fabric: NVML's GPU fabric info
+    /// (`nvmlDeviceGetGpuFabricInfoV`), loaded at run time like the driver; no NVML, or a GPU
+    /// without fabric support, is [`FabricState::None`].
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo>;
 
     /// `cuDeviceCanAccessPeer`; a device can always access itself.
     fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool>;
@@ -532,6 +571,12 @@ mod tests {
         assert_eq!(CuResult::from_name("SYSTEM_NOT_READY"), Some(CuResult::ERROR_SYSTEM_NOT_READY));
         assert_eq!(CuResult::from_name("SUCCESS"), Some(CuResult::SUCCESS));
         assert_eq!(CuResult::from_name("NO_SUCH_THING"), None);
+    }
+
+    #[test]
+    fn uuids_print_as_cuda_prints_them() {
+        let u: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(uuid_string(&u), "GPU-00112233-4455-6677-8899-aabbccddeeff");
     }
 
     #[test]

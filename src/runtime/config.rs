@@ -82,8 +82,18 @@ pub struct Config {
     /// Handle type of multi-process teams (`MCAST_HANDLE_TYPE`; not in the C config struct).
     pub handle_type: HandleTypeMode,
     /// Value of the simulated fabric-handle-supported attribute (`MCAST_SIM_FABRIC`; not in
-    /// the C config struct).
+    /// the C config struct): false for `0`, `off`, `none`.
     pub sim_fabric_supported: bool,
+    /// The simulated NVLink fabric of this host and its clique (`MCAST_SIM_FABRIC=<name>[:<clique>]`);
+    /// `None`: the one fabric every simulated host shares.
+    pub sim_fabric: Option<(String, u32)>,
+    /// The simulated host has an IMEX channel (`MCAST_SIM_IMEX`, default true).
+    pub sim_imex: bool,
+    /// `MCAST_DOMAIN`: ranks with equal labels form one NVLink domain, and no others.
+    pub domain: Option<String>,
+    /// `MCAST_MNNVL=off` makes this false: fabric information is ignored, every host is its
+    /// own NVLink domain.
+    pub mnnvl: bool,
     /// LL kernels for small messages (`MCAST_LL`; not in the C config struct). The ranks of a
     /// team agree at creation: LL runs only where every rank has it on.
     pub ll: LlMode,
@@ -109,6 +119,10 @@ impl Default for Config {
             sim_multicast_supported: true,
             handle_type: HandleTypeMode::Auto,
             sim_fabric_supported: true,
+            sim_fabric: None,
+            sim_imex: true,
+            domain: None,
+            mnnvl: true,
             ll: LlMode::Auto,
             ce_min_bytes: None,
         }
@@ -173,9 +187,31 @@ impl Config {
             }
         }
         if let Some(v) = get("MCAST_SIM_FABRIC") {
+            match (v.to_ascii_lowercase().as_str(), parse_bool(&v)) {
+                ("none", _) | (_, Some(false)) => self.sim_fabric_supported = false,
+                (_, Some(true)) => self.sim_fabric_supported = true,
+                _ => match parse_fabric(&v) {
+                    Some(f) => {
+                        self.sim_fabric_supported = true;
+                        self.sim_fabric = Some(f);
+                    }
+                    None => warn_malformed("MCAST_SIM_FABRIC", &v, "none, 1, or <name>[:<clique>]"),
+                },
+            }
+        }
+        if let Some(v) = get("MCAST_SIM_IMEX") {
             match parse_bool(&v) {
-                Some(b) => self.sim_fabric_supported = b,
-                None => warn_malformed("MCAST_SIM_FABRIC", &v, "0 or 1"),
+                Some(b) => self.sim_imex = b,
+                None => warn_malformed("MCAST_SIM_IMEX", &v, "0 or 1"),
+            }
+        }
+        if let Some(v) = get("MCAST_DOMAIN") {
+            self.domain = Some(v);
+        }
+        if let Some(v) = get("MCAST_MNNVL") {
+            match parse_bool(&v) {
+                Some(b) => self.mnnvl = b,
+                None => warn_malformed("MCAST_MNNVL", &v, "on or off"),
             }
         }
         if let Some(v) = get("MCAST_LL") {
@@ -221,6 +257,16 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
         _ => (t, 0),
     };
     digits.trim().parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// `<name>[:<clique>]`: a name of letters, digits, `-`, `_`, `.`; a clique a `u32`.
+fn parse_fabric(text: &str) -> Option<(String, u32)> {
+    let (name, clique) = match text.split_once(':') {
+        Some((n, c)) => (n, c.parse().ok()?),
+        None => (text, 0),
+    };
+    let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    ok.then(|| (name.to_string(), clique))
 }
 
 fn parse_bool(text: &str) -> Option<bool> {
@@ -274,6 +320,11 @@ mod tests {
         assert_eq!(with(&[("MCAST_CE_MIN_BYTES", "0")]).ce_min_bytes, Some(0));
         assert_eq!(c.handle_type, HandleTypeMode::Posix);
         assert!(!c.sim_fabric_supported);
+        let f = with(&[("MCAST_SIM_FABRIC", "rack-1:7"), ("MCAST_SIM_IMEX", "0"), ("MCAST_DOMAIN", "A")]);
+        assert_eq!((f.sim_fabric, f.sim_fabric_supported, f.sim_imex), (Some(("rack-1".into(), 7)), true, false));
+        assert_eq!(f.domain.as_deref(), Some("A"));
+        assert!(!with(&[("MCAST_SIM_FABRIC", "none")]).sim_fabric_supported);
+        assert!(!with(&[("MCAST_MNNVL", "off")]).mnnvl);
         assert_eq!(c.backend, Backend::Sim);
         assert_eq!(c.multicast, MulticastMode::Off);
         assert_eq!(c.oom_retries, 5);
@@ -292,7 +343,9 @@ mod tests {
             ("MCAST_SIM_DEVICE_MEMORY", "lots"),
             ("MCAST_TIMEOUT_MS", "1e3"),
             ("MCAST_HANDLE_TYPE", "nvlink"),
-            ("MCAST_SIM_FABRIC", "2"),
+            ("MCAST_SIM_FABRIC", "a b"),
+            ("MCAST_SIM_IMEX", "maybe"),
+            ("MCAST_MNNVL", "sometimes"),
             ("MCAST_LL", "fast"),
             ("MCAST_CE_MIN_BYTES", "-1"),
         ]);

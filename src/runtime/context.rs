@@ -10,7 +10,7 @@ use super::error::{Error, ErrorKind, Result};
 use super::registry::ResourceCounts;
 use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{parse_faults, SimConfig, SimDriver};
-use crate::driver::{Device, DeviceProps, Driver, Granularity, HandleTypes, MulticastProp};
+use crate::driver::{Device, DeviceProps, Driver, FabricInfo, Granularity, HandleTypes, MulticastProp};
 
 /// A context. It dereferences to its `Arc<Env>`, so `&ctx` is what teams, buffers and user
 /// memory take, and `ctx.driver()`, `ctx.resources` and `ctx.memory` read the shared part.
@@ -44,6 +44,8 @@ pub struct DeviceInfo {
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,
+    /// The GPU's NVLink fabric (all zeros and [`FabricState::None`] where there is none).
+    pub fabric: FabricInfo,
 }
 
 /// Live teams, buffers and driver resources.
@@ -119,6 +121,9 @@ impl Context {
             multicast_supported: config.sim_multicast_supported,
             fabric_supported: config.sim_fabric_supported,
             faults,
+            visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            fabric: config.sim_fabric.clone().unwrap_or_else(|| (crate::driver::sim::DEFAULT_FABRIC.to_string(), 0)),
+            imex: config.sim_imex,
             ..SimConfig::default()
         }))
     }
@@ -147,6 +152,7 @@ impl Context {
             multicast_reason: reason.unwrap_or_default(),
             granularity_min,
             granularity_recommended,
+            fabric: self.fabric(dev)?,
         })
     }
 

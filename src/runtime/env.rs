@@ -13,7 +13,9 @@ use super::error::{Error, Result};
 use super::memory::UserMemory;
 use super::policy;
 use super::registry::Resources;
-use crate::driver::{CuResult, Device, DeviceProps, DevicePtr, Driver, Granularity, HandleTypes, MulticastProp};
+use crate::driver::{
+    CuResult, Device, DeviceProps, DevicePtr, Driver, FabricInfo, Granularity, HandleTypes, MulticastProp,
+};
 
 /// What the context needs of a team it holds (implemented by `Team`).
 pub trait Member: Send + Sync {
@@ -115,6 +117,15 @@ impl Env {
         }
         let p = self.driver.device_props(dev).map_err(|e| Error::driver(e, format_args!("querying device {dev}")))?;
         Ok(cell.get_or_init(|| p).clone())
+    }
+
+    /// `dev`'s NVLink fabric (NVML's GPU fabric info); none with `MCAST_MNNVL=off`.
+    pub fn fabric(&self, dev: Device) -> Result<FabricInfo> {
+        let dev = self.check_device(dev, "device")?;
+        if !self.config.mnnvl {
+            return Ok(FabricInfo::default());
+        }
+        self.driver.fabric_info(dev).map_err(|e| Error::driver(e, format_args!("asking device {dev}'s NVLink fabric")))
     }
 
     /// Why `dev` cannot use multicast, or `None`.

@@ -1,9 +1,10 @@
 //! The multicast policy: multicast is used only when the mode allows it, no site-wide kill switch
 //! is set, the driver has the entry points, every device reports support, and the team has at
-//! least two distinct devices. The first unmet condition is the reason shown to users.
+//! least two distinct devices (distinct GPUs, by UUID: processes that each see one GPU all call
+//! it device 0). The first unmet condition is the reason shown to users.
 
 use super::config::MulticastMode;
-use crate::driver::{Device, DeviceProps};
+use crate::driver::{uuid_string, Device, DeviceProps};
 
 /// Site-wide NVLS kill switches and the value test that turns each on.
 const KILL_SWITCHES: [(&str, bool); 4] = [
@@ -54,19 +55,34 @@ pub fn device_reason(mode: MulticastMode, has_api: bool, dev: Device, props: &De
     None
 }
 
-/// Why a team over `devices` cannot use multicast, given each device's own reason (see
+/// Why a team cannot use multicast, given each rank's device (`devices`, ordinals in the
+/// rank's own process), its GPU's UUID (`gpus`) and each device's own reason (see
 /// [`device_reason`]), or `None` when it can.
-pub fn team_reason(devices: &[Device], device_reasons: &[Option<String>]) -> Option<String> {
+pub fn team_reason(devices: &[Device], gpus: &[[u8; 16]], device_reasons: &[Option<String>]) -> Option<String> {
     if let Some(reason) = device_reasons.iter().flatten().next() {
-        return Some(reason.clone());
+        // Ranks sharing a GPU are worth naming even when policy already rules multicast out
+        // (a lent machine with multicast off): P2P on one GPU shares its SMs.
+        let shared = gpus.iter().enumerate().find_map(|(j, g)| {
+            let i = gpus[..j].iter().position(|x| x == g)?;
+            Some(format!("; ranks {i} and {j} share one GPU ({})", uuid_string(g)))
+        });
+        return Some(format!("{reason}{}", shared.unwrap_or_default()));
     }
     if devices.len() < 2 {
         return Some("a team of one rank has no peer to multicast to".into());
     }
-    for (i, d) in devices.iter().enumerate() {
-        if devices[..i].contains(d) {
-            return Some(format!("device {d} appears more than once; multicast needs distinct devices"));
-        }
+    for (j, g) in gpus.iter().enumerate() {
+        let Some(i) = gpus[..j].iter().position(|x| x == g) else { continue };
+        let (di, dj) = (devices[i], devices[j]);
+        let gpu = uuid_string(g);
+        return Some(if di == dj {
+            format!("device {di} appears more than once (ranks {i} and {j}, {gpu}); multicast needs distinct devices")
+        } else {
+            format!(
+                "ranks {i} and {j} are on one GPU ({gpu}: device {di} and device {dj} in their processes); \
+                 multicast needs distinct devices"
+            )
+        });
     }
     None
 }
@@ -95,11 +111,26 @@ mod tests {
 
     #[test]
     fn team_reasons_in_order() {
-        assert_eq!(team_reason(&[0, 1], &[None, None]), None);
-        assert!(team_reason(&[0], &[None]).unwrap().contains("one rank"));
-        assert!(team_reason(&[0, 0], &[None, None]).unwrap().contains("device 0 appears more than once"));
-        let r = team_reason(&[0, 1], &[None, Some("device 1 does not report X".into())]);
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(team_reason(&[0, 1], &[a, b], &[None, None]), None);
+        assert!(team_reason(&[0], &[a], &[None]).unwrap().contains("one rank"));
+        assert!(team_reason(&[0, 0], &[a, a], &[None, None]).unwrap().contains("device 0 appears more than once"));
+        let r = team_reason(&[0, 1], &[a, b], &[None, Some("device 1 does not report X".into())]);
         assert_eq!(r.as_deref(), Some("device 1 does not report X"));
+        // A shared GPU is named after the policy's reason.
+        let r = team_reason(&[0, 0], &[a, a], &[Some("multicast is off".into()), None]).unwrap();
+        assert_eq!(r, format!("multicast is off; ranks 0 and 1 share one GPU ({})", uuid_string(&a)));
+    }
+
+    /// One visible GPU per process: every rank calls its GPU device 0, and distinct GPUs are
+    /// told apart by UUID; two ordinals naming one GPU are the same device.
+    #[test]
+    fn the_same_gpu_is_decided_by_uuid_not_ordinal() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(team_reason(&[0, 0, 0], &[a, b, [3; 16]], &[None, None, None]), None);
+        let r = team_reason(&[0, 1], &[b, b], &[None, None]).unwrap();
+        assert!(r.contains("ranks 0 and 1 are on one GPU") && r.contains(&uuid_string(&b)), "{r}");
+        assert!(r.contains("device 0 and device 1"), "{r}");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::ffi::{c_int, CStr};
 
 use cudarc::driver::sys as cu;
 
-use super::symbols::check;
+use super::symbols::{check, not_supported};
 use super::CudaDriver;
 use crate::driver::{CuResult, DResult, Device, DeviceProps};
 
@@ -68,7 +68,35 @@ pub(super) fn device_props(drv: &CudaDriver, dev: Device) -> DResult<DeviceProps
         posix_fd_supported: drv
             .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
         fabric_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+        uuid: uuid(drv, device)?,
+        pci_bus_id: pci_bus_id(drv, device),
     })
+}
+
+/// `cuDeviceGetUuid_v2` where the driver has it (CUDA 11.4+: MIG instances get their own
+/// UUID), else `cuDeviceGetUuid` (CUDA 9.2+).
+fn uuid(drv: &CudaDriver, device: cu::CUdevice) -> DResult<[u8; 16]> {
+    let (name, f) = match (drv.api.cuDeviceGetUuid_v2, drv.api.cuDeviceGetUuid) {
+        (Some(f), _) => ("cuDeviceGetUuid_v2", f),
+        (None, Some(f)) => ("cuDeviceGetUuid", f),
+        (None, None) => return Err(not_supported("cuDeviceGetUuid")),
+    };
+    // SAFETY: CUuuid is 16 plain bytes; zeroed is a valid value.
+    let mut out: cu::CUuuid = unsafe { std::mem::zeroed() };
+    // SAFETY: the out-pointer is a local; `device` came from `cuDeviceGet`.
+    check(name, unsafe { f(&mut out, device) })?;
+    Ok(out.bytes.map(|b| b as u8))
+}
+
+/// `cuDeviceGetPCIBusId`, or `""` where the driver lacks it or fails.
+fn pci_bus_id(drv: &CudaDriver, device: cu::CUdevice) -> String {
+    let Some(f) = drv.api.cuDeviceGetPCIBusId else { return String::new() };
+    let mut buf = [0u8; 32];
+    // SAFETY: the buffer is writable for its full length, which is what we pass.
+    if unsafe { f(buf.as_mut_ptr().cast(), buf.len() as c_int, device) } != CuResult::SUCCESS.0 {
+        return String::new();
+    }
+    CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 pub(super) fn can_access_peer(drv: &CudaDriver, dev: Device, peer: Device) -> DResult<bool> {

@@ -42,6 +42,7 @@ mod device;
 mod exec;
 mod memory;
 mod multicast;
+mod nvml;
 mod symbols;
 
 #[cfg(test)]
@@ -57,8 +58,8 @@ use parking_lot::Mutex;
 pub use symbols::{OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS};
 
 use super::{
-    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
-    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, FabricInfo,
+    Function, Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
     FABRIC_HANDLE_BYTES,
 };
 
@@ -169,6 +170,10 @@ impl Driver for CudaDriver {
 
     fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
         device::device_props(self, dev)
+    }
+
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
+        Ok(nvml::fabric_info(&device::device_props(self, dev)?.uuid))
     }
 
     fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool> {

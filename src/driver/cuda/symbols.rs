@@ -147,6 +147,9 @@ driver_api! {
         );
     }
     optional {
+        cuDeviceGetUuid_v2(*mut cu::CUuuid, cu::CUdevice);
+        cuDeviceGetUuid(*mut cu::CUuuid, cu::CUdevice);
+        cuDeviceGetPCIBusId(*mut c_char, c_int, cu::CUdevice);
         cuFuncLoad(cu::CUfunction);
         cuMulticastCreate(*mut cu::CUmemGenericAllocationHandle, *const cu::CUmulticastObjectProp);
         cuMulticastAddDevice(cu::CUmemGenericAllocationHandle, cu::CUdevice);

@@ -96,9 +96,11 @@ impl super::SimDriver {
     /// Live simulated resources.
     pub fn ledger(&self) -> Ledger {
         let st = self.state.lock();
-        let n = self.config.devices as usize;
+        let n = self.gpus.len();
         let mut ledger = Ledger { allocations: vec![0; n], allocation_bytes: vec![0; n], ..Ledger::default() };
-        for p in st.phys.values() {
+        // Memory of a GPU this process does not see (imported) is charged to no device here;
+        // its handles are counted below.
+        for p in st.phys.values().filter(|p| p.dev >= 0) {
             ledger.allocations[p.dev as usize] += 1;
             ledger.allocation_bytes[p.dev as usize] += p.size as u64;
         }

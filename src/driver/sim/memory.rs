@@ -50,8 +50,10 @@ impl SimDriver {
             }
             // Memory made by the simulator of another process: adopt the descriptor.
             None => {
-                let (dev, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
-                self.check_dev(dev)?;
+                let (gpu, types, size) = parse_mem_tag(fd).ok_or(INVALID_VALUE)?;
+                // Memory of a GPU this process does not see (another host's, or one hidden by
+                // CUDA_VISIBLE_DEVICES) imports all the same, as on CUDA; it is on no ordinal.
+                let dev = self.ordinal_of_key(gpu).unwrap_or(NOT_VISIBLE);
                 if !types.contains(need) {
                     return Err(INVALID_VALUE);
                 }
@@ -123,11 +125,14 @@ pub(super) fn mem_create(sim: &SimDriver, dev: Device, size: usize, handle_types
         if handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
         }
+        if handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
         let mut st = sim.state.lock();
         if st.used_bytes(dev).saturating_add(size as u64) > sim.config.device_memory {
             return Err(CuResult::ERROR_OUT_OF_MEMORY);
         }
-        let tag = format!("mem:dev={dev}:types={}", handle_types.0);
+        let tag = format!("mem:gpu={:x}:types={}", sim.gpu_key(dev), handle_types.0);
         let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
         let id = st.fresh_id();
         st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
@@ -292,7 +297,10 @@ pub(super) fn mem_export_fabric(sim: &SimDriver, handle: MemHandle) -> DResult<[
         }
         let st = sim.state.lock();
         let (fd, identity) = st.exportable(handle, HandleTypes::FABRIC)?;
-        Ok(fabric::encode(std::process::id(), fd, identity))
+        if !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
+        Ok(fabric::encode(std::process::id(), fd, identity, fabric::fabric_id(&sim.config.fabric)))
     })
 }
 
@@ -300,6 +308,13 @@ pub(super) fn mem_import_fabric(sim: &SimDriver, data: &[u8; FABRIC_HANDLE_BYTES
     sim.call("cuMemImportFromShareableHandle", || {
         if !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
+        }
+        // Memory of another NVLink fabric is out of reach: the handle names nothing here.
+        if fabric::fabric_of(data).is_some_and(|f| f != fabric::fabric_id(&sim.config.fabric)) {
+            return Err(CuResult::ERROR_INVALID_HANDLE);
+        }
+        if !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
         }
         let fd = fabric::open(data)?;
         sim.import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd), HandleTypes::FABRIC)
@@ -393,12 +408,17 @@ pub(super) fn mem_free(sim: &SimDriver, dev: Device, ptr: DevicePtr) -> DResult<
 }
 
 /// Device, handle types and size of a memory memfd made by a simulator (any process).
-fn parse_mem_tag(fd: RawFd) -> Option<(Device, HandleTypes, usize)> {
+/// The GPU key (see `identity::key`), handle types and size of memory made by [`mem_create`]
+/// in any process.
+fn parse_mem_tag(fd: RawFd) -> Option<(u64, HandleTypes, usize)> {
     let (tag, size) = host::memfd_tag(fd)?;
-    let rest = tag.strip_prefix("mem:dev=")?;
-    let (dev, types) = rest.split_once(":types=")?;
-    Some((dev.parse().ok()?, HandleTypes(types.parse().ok()?), size))
+    let rest = tag.strip_prefix("mem:gpu=")?;
+    let (gpu, types) = rest.split_once(":types=")?;
+    Some((u64::from_str_radix(gpu, 16).ok()?, HandleTypes(types.parse().ok()?), size))
 }
+
+/// The device of imported memory whose GPU this process does not see.
+pub(super) const NOT_VISIBLE: Device = -1;
 
 /// A close-on-exec duplicate of `fd`.
 fn host_dup(fd: RawFd) -> R<OwnedFd> {

@@ -33,6 +33,7 @@ mod exec;
 mod fabric;
 mod faults;
 mod host;
+mod identity;
 mod ledger;
 mod memory;
 mod multicast;
@@ -55,9 +56,9 @@ pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES
 pub use ledger::Ledger;
 
 use super::{
-    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, Function,
-    Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
-    FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, FabricInfo,
+    FabricState, Function, Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp,
+    Stream, FABRIC_HANDLE_BYTES,
 };
 use faults::Calls;
 use memory::plain_layout;
@@ -81,6 +82,16 @@ pub struct SimConfig {
     /// multicast objects cannot be created with [`HandleTypes::FABRIC`] (`NOT_SUPPORTED`) and
     /// fabric handles neither export nor import. Default true.
     pub fabric_supported: bool,
+    /// The NVLink fabric this host's GPUs are in (`MCAST_SIM_FABRIC=<name>[:<clique>]`), with
+    /// `fabric_supported`: cluster UUID derived from the name. A fabric handle made in another
+    /// fabric does not import here (`CUDA_ERROR_INVALID_HANDLE`). Default: one fabric that
+    /// every simulated host shares, clique 0.
+    pub fabric: (String, u32),
+    /// An IMEX channel is usable (`MCAST_SIM_IMEX`, default true). Without one, creating memory
+    /// or a multicast object with [`HandleTypes::FABRIC`] and exporting a fabric handle fail
+    /// with `CUDA_ERROR_NOT_PERMITTED`, though the device still reports fabric support (as a
+    /// real system without an IMEX channel does).
+    pub imex: bool,
     /// `cuMemGetAllocationGranularity` (both options); a power of two. Default 2 MiB.
     pub mem_granularity: usize,
     /// `CU_MULTICAST_GRANULARITY_MINIMUM`; a power of two. Default 2 MiB.
@@ -92,6 +103,13 @@ pub struct SimConfig {
     pub watchdog: Duration,
     /// Driver calls made to fail (see [`parse_faults`]).
     pub faults: FaultPlan,
+    /// `CUDA_VISIBLE_DEVICES` as this process would read it: which of the host's `devices`
+    /// GPUs it sees, in ordinal order (see `identity.rs`). `None`: all of them. Default `None`
+    /// (the runtime's context passes the process's variable).
+    pub visible: Option<String>,
+    /// The simulated host's identity ([`crate::bootstrap::host::host_tag`] by default): with
+    /// the physical index, what a GPU's UUID is derived from.
+    pub host: String,
 }
 
 impl Default for SimConfig {
@@ -104,14 +122,21 @@ impl Default for SimConfig {
             multicast_slots: 128,
             multicast_supported: true,
             fabric_supported: true,
+            fabric: (DEFAULT_FABRIC.to_string(), 0),
+            imex: true,
             mem_granularity: 2 * MIB,
             multicast_granularity_min: 2 * MIB,
             multicast_granularity_recommended: 512 * MIB,
             watchdog: Duration::from_secs(20),
             faults: FaultPlan::none(),
+            visible: None,
+            host: crate::bootstrap::host::host_tag().to_string(),
         }
     }
 }
+
+/// The name of the one fabric every simulated host is in unless `MCAST_SIM_FABRIC` says otherwise.
+pub const DEFAULT_FABRIC: &str = "mcast-sim";
 
 type R<T> = Result<T, CuResult>;
 
@@ -128,6 +153,8 @@ pub struct SimDriver {
     workers: Workers,
     /// (device, module identity) of every kernel module [`SimDriver::load_kernel_module`] loaded.
     kernel_modules: Mutex<HashSet<(Device, u64)>>,
+    /// Per ordinal: the physical index of the GPU and its UUID.
+    gpus: Vec<(u32, [u8; 16])>,
 }
 
 impl SimDriver {
@@ -144,7 +171,12 @@ impl SimDriver {
             config.multicast_granularity_recommended = defaults.multicast_granularity_recommended;
         }
         let calls = Calls::new(&config.faults);
+        let gpus = identity::visible(config.visible.as_deref(), config.devices, &config.host)
+            .into_iter()
+            .map(|i| (i, identity::uuid(&config.host, i)))
+            .collect();
         SimDriver {
+            gpus,
             config,
             state: Mutex::new(State::default()),
             team_changed: Condvar::new(),
@@ -197,8 +229,23 @@ impl SimDriver {
         body().map_err(|code| DriverError::new(func, code))
     }
 
+    /// The physical index (on the simulated host) of the GPU that is ordinal `dev` here.
+    pub fn physical_index(&self, dev: Device) -> Option<u32> {
+        self.gpus.get(usize::try_from(dev).ok()?).map(|g| g.0)
+    }
+
+    /// The cross-process name of ordinal `dev`'s GPU (see `identity::key`); 0 for no device.
+    fn gpu_key(&self, dev: Device) -> u64 {
+        usize::try_from(dev).ok().and_then(|d| self.gpus.get(d)).map_or(0, |g| identity::key(&g.1))
+    }
+
+    /// The ordinal here of the GPU named `key` by another process, if this process sees it.
+    fn ordinal_of_key(&self, key: u64) -> Option<Device> {
+        self.gpus.iter().position(|g| identity::key(&g.1) == key).map(|d| d as Device)
+    }
+
     fn check_dev(&self, dev: Device) -> R<()> {
-        if dev >= 0 && (dev as u32) < self.config.devices {
+        if dev >= 0 && (dev as usize) < self.gpus.len() {
             Ok(())
         } else {
             Err(CuResult::ERROR_INVALID_DEVICE)
@@ -239,7 +286,7 @@ impl Driver for SimDriver {
     }
 
     fn device_count(&self) -> DResult<i32> {
-        self.call("cuDeviceGetCount", || i32::try_from(self.config.devices).map_err(|_| INVALID_VALUE))
+        self.call("cuDeviceGetCount", || i32::try_from(self.gpus.len()).map_err(|_| INVALID_VALUE))
     }
 
     fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
@@ -255,6 +302,22 @@ impl Driver for SimDriver {
                 vmm_supported: true,
                 posix_fd_supported: true,
                 fabric_supported: self.config.fabric_supported,
+                uuid: self.gpus[dev as usize].1,
+                pci_bus_id: identity::pci_bus_id(self.gpus[dev as usize].0),
+            })
+        })
+    }
+
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
+        self.call("nvmlDeviceGetGpuFabricInfoV", || {
+            self.check_dev(dev)?;
+            if !self.config.fabric_supported {
+                return Ok(FabricInfo::default());
+            }
+            Ok(FabricInfo {
+                cluster_uuid: fabric::cluster_uuid(&self.config.fabric.0),
+                clique_id: self.config.fabric.1,
+                state: FabricState::Completed,
             })
         })
     }

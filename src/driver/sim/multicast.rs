@@ -42,7 +42,8 @@ impl SimDriver {
         if let Some(sh) = &mc.shared {
             // Bindings of every process; the memory is reached through this process's import
             // of it (a process maps its peers' memory before it uses the multicast range).
-            let mut hits: Vec<(Device, *mut u8)> = Vec::new();
+            // Ordered by GPU key: the same order in every process.
+            let mut hits: Vec<(u64, *mut u8)> = Vec::new();
             for b in sh.bindings() {
                 if !(off >= b.mc_offset && off + len <= b.mc_offset + b.size) {
                     continue;
@@ -52,7 +53,7 @@ impl SimDriver {
                     return None;
                 }
                 // SAFETY: mem_offset + size <= phys.size (checked above).
-                hits.push((b.dev, unsafe { phys.memfd.shadow().add(b.mem_offset + (off - b.mc_offset)) }));
+                hits.push((b.gpu, unsafe { phys.memfd.shadow().add(b.mem_offset + (off - b.mc_offset)) }));
             }
             if hits.is_empty() {
                 return None;
@@ -180,7 +181,7 @@ impl SimDriver {
         let src = self.bind_check(&st, mc, dev, mc_offset, memory, size, flags)?;
         let obj = st.live_mc(mc)?;
         let target = dev.unwrap_or(src.dev);
-        if src.dev != target || !obj.has_device(target) {
+        if src.dev != target || !obj.has_device(target, self.gpu_key(target)) {
             return Err(CuResult::ERROR_INVALID_DEVICE);
         }
         if obj
@@ -193,7 +194,8 @@ impl SimDriver {
         let binding = Binding { dev: target, mc_offset, size, phys: src.phys, mem_offset: src.mem_offset };
         if let Some(sh) = &obj.shared {
             let identity = st.phys.get(&src.phys).ok_or(CuResult::ERROR_UNKNOWN)?.memfd.identity();
-            let record = SharedBinding { dev: target, mc_offset, size, mem_offset: src.mem_offset, identity };
+            let record =
+                SharedBinding { gpu: self.gpu_key(target), mc_offset, size, mem_offset: src.mem_offset, identity };
             if !sh.bind(record) {
                 return Err(CuResult::ERROR_OUT_OF_MEMORY);
             }
@@ -235,6 +237,9 @@ pub(super) fn multicast_create(sim: &SimDriver, prop: &MulticastProp) -> DResult
         if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
             return Err(CuResult::ERROR_NOT_SUPPORTED);
         }
+        if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
+            return Err(CuResult::ERROR_NOT_PERMITTED);
+        }
         let mut st = sim.state.lock();
         if st.mcs.len() >= sim.config.multicast_slots as usize {
             return Err(CuResult::ERROR_OUT_OF_MEMORY);
@@ -267,7 +272,7 @@ pub(super) fn multicast_add_device(sim: &SimDriver, mc: MemHandle, dev: Device) 
         let obj = st.mcs.get_mut(&mc).ok_or(INVALID_VALUE)?;
         match &obj.shared {
             Some(sh) => {
-                if !sh.add(dev) {
+                if !sh.add(sim.gpu_key(dev)) {
                     return Err(INVALID_VALUE);
                 }
             }
@@ -361,7 +366,7 @@ pub(super) fn multicast_unbind(
             return Err(INVALID_VALUE);
         };
         if let Some(sh) = &obj.shared {
-            sh.unbind(dev, mc_offset, size);
+            sh.unbind(sim.gpu_key(dev), mc_offset, size);
         }
         let phys = st.mcs.get_mut(&mc).map(|obj| obj.bindings.remove(i).phys);
         if let Some(phys) = phys {

@@ -1,26 +1,30 @@
 //! The cross-process part of a simulated multicast object: a small control block in a memfd,
 //! shared by every process that created or imported the object (the descriptor travels like
 //! any exported handle). It holds what every process must see: the properties, the devices
-//! added (a bit mask and a count) and the bindings, each naming the bound memory by its memfd's
-//! identity so that any process that imported that memory can reach it. Updates are atomic
+//! added (by GPU key, see `identity.rs`: ordinals differ between processes) and the bindings,
+//! each naming the bound memory by its memfd's identity so that any process that imported that
+//! memory can reach it. Updates are atomic
 //! operations on the shared words; no lock spans processes.
 
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::host::Memfd;
-use crate::driver::{Device, HandleTypes, MulticastProp};
+use crate::driver::{HandleTypes, MulticastProp};
 
 const MAGIC: u32 = 0x4d43_5348;
 /// Most bindings the shared table holds.
 const SLOTS: usize = 64;
+/// Most devices an object's table of members holds (a team has at most 72 ranks).
+const MEMBERS: usize = 80;
 
 #[repr(C)]
 struct Slot {
     /// 0 free, 1 being written, 2 valid.
     state: AtomicU32,
-    dev: AtomicI32,
+    /// The GPU key of the device the binding is for.
+    gpu: AtomicU64,
     mc_offset: AtomicU64,
     size: AtomicU64,
     mem_offset: AtomicU64,
@@ -35,14 +39,16 @@ struct Block {
     size: AtomicU64,
     handle_types: AtomicU32,
     added: AtomicU32,
-    mask: AtomicU64,
+    /// GPU keys of the devices added, in the order they were; 0 = free.
+    members: [AtomicU64; MEMBERS],
     slots: [Slot; SLOTS],
 }
 
 /// A binding as the shared table records it.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SharedBinding {
-    pub dev: Device,
+    /// GPU key of the device it is for.
+    pub gpu: u64,
     pub mc_offset: usize,
     pub size: usize,
     pub mem_offset: usize,
@@ -110,35 +116,37 @@ impl SharedMc {
         self.block().added.load(Ordering::Acquire)
     }
 
-    /// True when `dev` was added (by any process).
-    pub(super) fn has(&self, dev: Device) -> bool {
-        (0..64).contains(&dev) && self.block().mask.load(Ordering::Acquire) & (1u64 << dev) != 0
+    /// True when the GPU `gpu` was added (by any process).
+    pub(super) fn has(&self, gpu: u64) -> bool {
+        gpu != 0 && self.block().members.iter().any(|m| m.load(Ordering::Acquire) == gpu)
     }
 
-    /// Adds `dev`; false when it was added already or the team is full.
-    pub(super) fn add(&self, dev: Device) -> bool {
-        if !(0..64).contains(&dev) {
+    /// Adds the GPU `gpu`; false when it was added already or the team is full. (Two processes
+    /// adding the same GPU at the same instant could both succeed; the runtime never does that.)
+    pub(super) fn add(&self, gpu: u64) -> bool {
+        if gpu == 0 || self.has(gpu) {
             return false;
         }
         let b = self.block();
-        let bit = 1u64 << dev;
-        if b.mask.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
-            return false;
-        }
         let wanted = b.num_devices.load(Ordering::Relaxed);
         if b.added.fetch_add(1, Ordering::AcqRel) >= wanted {
             b.added.fetch_sub(1, Ordering::AcqRel);
-            b.mask.fetch_and(!bit, Ordering::AcqRel);
             return false;
         }
-        true
+        for m in &b.members {
+            if m.compare_exchange(0, gpu, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return true;
+            }
+        }
+        b.added.fetch_sub(1, Ordering::AcqRel);
+        false
     }
 
     /// Records a binding; false when the table is full.
     pub(super) fn bind(&self, x: SharedBinding) -> bool {
         for s in &self.block().slots {
             if s.state.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                s.dev.store(x.dev, Ordering::Relaxed);
+                s.gpu.store(x.gpu, Ordering::Relaxed);
                 s.mc_offset.store(x.mc_offset as u64, Ordering::Relaxed);
                 s.size.store(x.size as u64, Ordering::Relaxed);
                 s.mem_offset.store(x.mem_offset as u64, Ordering::Relaxed);
@@ -151,11 +159,11 @@ impl SharedMc {
         false
     }
 
-    /// Removes the binding of `dev` at exactly `[mc_offset, +size)`.
-    pub(super) fn unbind(&self, dev: Device, mc_offset: usize, size: usize) {
+    /// Removes the binding of the GPU `gpu` at exactly `[mc_offset, +size)`.
+    pub(super) fn unbind(&self, gpu: u64, mc_offset: usize, size: usize) {
         for s in &self.block().slots {
             if s.state.load(Ordering::Acquire) == 2
-                && s.dev.load(Ordering::Relaxed) == dev
+                && s.gpu.load(Ordering::Relaxed) == gpu
                 && s.mc_offset.load(Ordering::Relaxed) == mc_offset as u64
                 && s.size.load(Ordering::Relaxed) == size as u64
                 && s.state.compare_exchange(2, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
@@ -172,7 +180,7 @@ impl SharedMc {
             .iter()
             .filter(|s| s.state.load(Ordering::Acquire) == 2)
             .map(|s| SharedBinding {
-                dev: s.dev.load(Ordering::Relaxed),
+                gpu: s.gpu.load(Ordering::Relaxed),
                 mc_offset: s.mc_offset.load(Ordering::Relaxed) as usize,
                 size: s.size.load(Ordering::Relaxed) as usize,
                 mem_offset: s.mem_offset.load(Ordering::Relaxed) as usize,

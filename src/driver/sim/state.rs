@@ -61,10 +61,10 @@ impl Mc {
         }
     }
 
-    /// True when `dev` was added, by any process.
-    pub(super) fn has_device(&self, dev: Device) -> bool {
+    /// True when `dev` (whose GPU key is `gpu`) was added, by any process.
+    pub(super) fn has_device(&self, dev: Device, gpu: u64) -> bool {
         match &self.shared {
-            Some(sh) => sh.has(dev),
+            Some(sh) => sh.has(gpu),
             None => self.devices.contains(&dev),
         }
     }

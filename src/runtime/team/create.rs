@@ -8,20 +8,35 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::domains::{self, Domains};
 use super::pool::Pool;
 use super::streams::Claims;
 use super::transport::{self, handle_type_label, Transport};
 use super::Team;
 use crate::bootstrap::{host, Bootstrap};
-use crate::driver::{Device, HandleTypes};
+use crate::driver::{uuid_string, Device, HandleTypes};
 use crate::kernels::abi::{ll_bytes, ll_offset};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
 use crate::runtime::config::MulticastMode;
 use crate::runtime::env::{lcm, Env};
-use crate::runtime::error::{Error, Result};
+use crate::runtime::error::{Error, ErrorKind, Result};
 use crate::runtime::policy;
 use crate::runtime::segment::{Segment, Shape};
+
+/// What [`Team::join_rank`] gave.
+pub enum Joined {
+    /// The team.
+    Team(Arc<Team>),
+    /// The ranks span several NVLink domains: their connections (for the caller's own
+    /// exchanges) and the refusal `init_rank` returns.
+    AcrossDomains {
+        /// The team's connections, formed.
+        comm: Arc<Comm>,
+        /// `NotSupported`, naming the domains.
+        refusal: Error,
+    },
+}
 
 impl Team {
     /// Creates a team over `devices` in `env` (a context: `&ctx`).
@@ -40,7 +55,8 @@ impl Team {
             env.check_device(d, &format!("devices[{rank}] ="))?;
         }
         let reasons = devices.iter().map(|&d| env.multicast_reason(d)).collect::<Result<Vec<_>>>()?;
-        let reason = policy::team_reason(devices, &reasons);
+        let gpus = devices.iter().map(|&d| env.props(d).map(|p| p.uuid)).collect::<Result<Vec<_>>>()?;
+        let reason = policy::team_reason(devices, &gpus, &reasons);
         let peer_problem = transport::peer_problem(env, devices)?;
         let required = (env.config().multicast == MulticastMode::Require).then_some("");
         let (transport, reason) = transport::choose(reason, peer_problem, required, devices)?;
@@ -64,7 +80,8 @@ impl Team {
             }
         };
         let ce = env.ce_min_bytes();
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
+        let agreed = (max_blocks, ll, ce);
+        let team = Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), seg, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
     }
@@ -76,6 +93,16 @@ impl Team {
     /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
     /// `timeout_ms`.
     pub fn init_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Arc<Team>> {
+        match Self::join_rank(env, id, nranks, rank, device)? {
+            Joined::Team(team) => Ok(team),
+            Joined::AcrossDomains { refusal, .. } => Err(refusal),
+        }
+    }
+
+    /// [`Team::init_rank`], but a team whose ranks span several NVLink domains (which no team
+    /// serves yet) gives back the formed connections with the refusal, the same on every rank,
+    /// for a caller that serves such a team another way (`libmcast_nccl` hands it to NCCL).
+    pub fn join_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Joined> {
         let boot = Bootstrap::init_id(
             id,
             i64::from(nranks),
@@ -84,7 +111,12 @@ impl Team {
             env.config().timeout_ms,
             host::host_id(),
         )?;
-        Self::init_with(env, Arc::new(Comm::new(boot)), device)
+        let comm = Arc::new(Comm::new(boot));
+        match Self::init_with(env, comm.clone(), device) {
+            Ok(team) => Ok(Joined::Team(team)),
+            Err(e) if domains::spans_domains(&e.message) => Ok(Joined::AcrossDomains { comm, refusal: e }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Like [`Team::init_rank`], but the processes meet through the caller's allgather
@@ -117,46 +149,41 @@ impl Team {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
         let (n, r) = (comm.nranks(), comm.rank());
         comm.vote("arguments", env.check_device(device, "device").map(|_| ()))?;
-        // Capabilities: every rank's device, why it cannot use multicast, and its mode.
+        // NVLink domains first: a team over several is not served yet (the same error on every rank).
+        let domains = domains::decide(env, &comm, device)?;
+        // Capabilities: every rank's device, its GPU's UUID, why it cannot use multicast, and
+        // its mode. Ordinals are the ranks' own (each process may see other GPUs, in another
+        // order); "the same GPU?" is decided by UUID.
         let reason = env.multicast_reason(device);
+        let mine = env.props(device).map(|p| p.uuid);
         let require = env.config().multicast == MulticastMode::Require;
         let mut e = Enc::default();
         e.u32(device as u32);
+        e.bytes(mine.as_ref().unwrap_or(&[0; 16]));
         match &reason {
             Ok(Some(why)) => e.u32(1).str(why),
             _ => e.u32(0),
         };
         e.u32(u32::from(require));
-        let parts = comm.exchange("capabilities", reason.as_ref().map(|_| ()).map_err(Clone::clone), &e.0, &[])?;
+        let ok = reason.as_ref().map(|_| ()).map_err(Clone::clone).and(mine.as_ref().map(|_| ()).map_err(Clone::clone));
+        let parts = comm.exchange("capabilities", ok, &e.0, &[])?;
         let mut devices = Vec::with_capacity(n);
+        let mut gpus = Vec::with_capacity(n);
         let mut reasons = Vec::with_capacity(n);
         let mut requiring = None;
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             devices.push(d.u32()? as Device);
+            gpus.push(<[u8; 16]>::try_from(d.bytes()?).map_err(|_| Error::internal("a GPU UUID is not 16 bytes"))?);
             let has = d.u32()? != 0;
             reasons.push(if has { Some(format!("rank {q}: {}", d.str()?)) } else { None });
             if d.u32()? != 0 && requiring.is_none() {
                 requiring = Some(q);
             }
         }
-        // Peer access from this rank's device to every other rank's.
-        let mut problem = Ok(None);
-        for &other in &devices {
-            if other != device {
-                match env.can_access_peer(device, other) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        problem = Ok(Some(format!("device {device} cannot access device {other}'s memory")));
-                        break;
-                    }
-                    Err(e) => {
-                        problem = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
+        // Peer access from this rank's GPU to every other GPU of its host (ranks on other hosts
+        // reach each other through fabric handles, decided with the handle type).
+        let (problem, unseen) = peer_access(env, &comm, device, &gpus);
         let mut e = Enc::default();
         match &problem {
             Ok(Some(why)) => e.u32(1).str(why),
@@ -171,7 +198,7 @@ impl Team {
             }
         }
         // Every rank decides the same from the same facts.
-        let reason = policy::team_reason(&devices, &reasons);
+        let reason = policy::team_reason(&devices, &gpus, &reasons);
         let required = requiring.map(|q| format!(" by rank {q}"));
         let (transport, reason) = transport::choose(reason, peer_problem, required.as_deref(), &devices)?;
         let handle_type = transport::agree_handle_type(env, &comm, device, &devices, transport)?;
@@ -195,7 +222,7 @@ impl Team {
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             granularity = lcm(granularity, (d.u64()? as usize).max(1));
-            let sharing = devices.iter().filter(|&&x| x == devices[q]).count() as u32;
+            let sharing = gpus.iter().filter(|&&g| g == gpus[q]).count() as u32;
             max_blocks = max_blocks.min(d.u32()?.max(1) / sharing);
             ll &= d.u32()? != 0;
             ce = match (ce, d.u64()?) {
@@ -219,8 +246,19 @@ impl Team {
             comm: Some(comm),
             handle_type,
         };
-        let (seg, reserved) = first_segment(env, &shape, ll)?;
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), seg, reserved);
+        let (seg, reserved) = first_segment(env, &shape, ll).map_err(|e| match unseen {
+            // A peer's GPU this process does not see: peer access was left to the import and
+            // mapping of its memory, and that failed.
+            Some(q) if e.kind == ErrorKind::Driver => Error::not_supported(format!(
+                "no peer access: rank {r}'s GPU ({}) could not import and map the memory of GPUs it does not see \
+                 (rank {q}'s {}): {}",
+                uuid_string(&gpus[r]),
+                uuid_string(&gpus[q]),
+                e.message
+            )),
+            _ => e,
+        })?;
+        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), domains, seg, reserved);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
             handle_type_label(handle_type)
@@ -231,12 +269,14 @@ impl Team {
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
     /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold.
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         env: &Arc<Env>,
         shape: Shape,
         transport: Transport,
         reason: String,
         agreed: (u32, bool, u64),
+        domains: Domains,
         seg: Segment,
         reserved: usize,
     ) -> Arc<Team> {
@@ -265,10 +305,42 @@ impl Team {
             sync_live: RwLock::new(true),
             destroying: Mutex::new(()),
             claims,
+            domains,
         });
         env.join(team.clone());
         team
     }
+}
+
+/// Whether rank `comm.rank()`'s `device` can reach the memory of every other GPU of its host
+/// (`gpus`: every rank's UUID): a GPU this process sees is asked with `cuDeviceCanAccessPeer`
+/// on its ordinal here; one it does not see (`CUDA_VISIBLE_DEVICES` differs per process) is
+/// left to the import and mapping of its memory. Returns the problem, if any, and the first
+/// rank whose GPU this process does not see.
+fn peer_access(env: &Env, comm: &Comm, device: Device, gpus: &[[u8; 16]]) -> (Result<Option<String>>, Option<usize>) {
+    let r = comm.rank();
+    let boot = comm.bootstrap();
+    let mut unseen = None;
+    for (q, g) in gpus.iter().enumerate() {
+        if q == r || *g == gpus[r] || !boot.same_host(r, q) {
+            continue;
+        }
+        let local = (0..env.device_count() as Device).find(|&o| env.props(o).is_ok_and(|p| p.uuid == *g));
+        match local.map(|o| (o, env.can_access_peer(device, o))) {
+            None => unseen = unseen.or(Some(q)),
+            Some((_, Ok(true))) => {}
+            Some((o, Ok(false))) => {
+                let why = format!(
+                    "rank {r}'s device {device} ({}) cannot access the memory of rank {q}'s GPU ({}, device {o} here)",
+                    uuid_string(&gpus[r]),
+                    uuid_string(g)
+                );
+                return (Ok(Some(why)), unseen);
+            }
+            Some((_, Err(e))) => return (Err(e), unseen),
+        }
+    }
+    (Ok(None), unseen)
 }
 
 /// The first segment of a team over `shape`: the sync regions (zeroed; by every rank of a

@@ -8,6 +8,7 @@
 mod abort;
 mod buffers;
 mod create;
+mod domains;
 mod pool;
 mod split;
 mod streams;
@@ -20,6 +21,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+pub use create::Joined;
+pub use domains::{spans_domains, Domains};
 pub use pool::Allocation;
 pub use transport::Transport;
 
@@ -75,6 +78,8 @@ pub struct Team {
     destroying: Mutex<()>,
     /// The streams of the collectives each rank issued last (see [`Team::claim_stream`]).
     claims: Claims,
+    /// The NVLink domains its ranks are in.
+    domains: Domains,
 }
 
 /// What `mcast_team_get_info` reports.
@@ -92,6 +97,12 @@ pub struct TeamInfo {
     pub multicast_objects: u64,
     /// Device bytes held per rank.
     pub bytes_reserved: u64,
+    /// NVLink domains the team spans.
+    pub domains: usize,
+    /// Ranks per domain; 0 when the domains differ in size.
+    pub domain_size: usize,
+    /// The engine between domains, or empty.
+    pub net_engine: String,
 }
 
 impl Team {
@@ -251,6 +262,9 @@ impl Team {
             granularity: self.granularity as u64,
             multicast_objects: mc,
             bytes_reserved: bytes,
+            domains: self.domains.count(),
+            domain_size: self.domains.size(),
+            net_engine: String::new(),
         }
     }
 }

@@ -118,7 +118,12 @@ fn fabric_handles_name_memory_and_multicast_objects() {
     assert_eq!(code(a.mem_export_fd(mem_a)), IV);
     // A handle naming memory made without the FABRIC type does not import.
     let fd = a.mem_export_fd(posix).unwrap();
-    let forged = fabric::encode(std::process::id(), fd.as_raw_fd(), host::fd_identity(fd.as_raw_fd()).unwrap());
+    let forged = fabric::encode(
+        std::process::id(),
+        fd.as_raw_fd(),
+        host::fd_identity(fd.as_raw_fd()).unwrap(),
+        fabric::fabric_id(&a.config().fabric),
+    );
     assert_eq!(code(b.mem_import_fabric(&forged)), IV);
     drop(fd);
     a.mem_release(posix).unwrap();

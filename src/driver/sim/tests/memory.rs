@@ -155,7 +155,7 @@ fn export_and_import_share_memory() {
 fn posix_descriptors_do_not_cross_hosts() {
     let s = sim();
     let make = |host: &str| {
-        let name = std::ffi::CString::new(format!("mcast-sim:mem:dev=0:types=1@{host}")).unwrap();
+        let name = std::ffi::CString::new(format!("mcast-sim:mem:gpu=1:types=1@{host}")).unwrap();
         // SAFETY: a valid name; checked.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         assert!(raw >= 0);

@@ -4,6 +4,7 @@
 
 mod exec;
 mod faults;
+mod identity;
 mod ledger;
 mod memory;
 mod multicast;
