@@ -261,11 +261,7 @@ impl Bootstrap {
             return Err(BootError::new(Kind::Internal, "eventfd failed"));
         }
         let shared = Arc::new(Shared {
-            q: Mutex::new(Queues {
-                frames: vec![Default::default(); n],
-                bytes: vec![0; n],
-                closed: vec![false; n],
-            }),
+            q: Mutex::new(Queues { frames: vec![Default::default(); n], bytes: vec![0; n], closed: vec![false; n] }),
             cv: Condvar::new(),
             failed: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -372,8 +368,11 @@ impl Bootstrap {
                     }
                 };
                 tracing::warn!("{failed}");
+                // The failure first, then the closed connection: a wait that wakes in between
+                // must report the authentication failure, not a peer that left.
+                let news = shared.set_failed(Kind::Timeout, &failed);
                 shared.q.lock().closed[src] = true;
-                if shared.set_failed(Kind::Timeout, &failed) {
+                if news {
                     let mut e = Enc::default();
                     e.u32(Kind::Timeout.code()).str(&failed);
                     // Every peer hears it: the hub tells every rank, a rank tells the hub. The
