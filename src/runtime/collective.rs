@@ -516,6 +516,10 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
             )));
             return Err(team.error().expect("an aborted team has its error"));
         }
+        if let Some(e) = super::device_api::device_error(rank, code, info, timeout_ms) {
+            team.set_error(e);
+            return Err(team.error().expect("just set"));
+        }
         let detail = if code == ERR_TIMEOUT {
             format!(
                 "rank {rank}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms (barrier {} of the \

@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use super::Team;
-use crate::kernels::abi::{ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET};
+use crate::kernels::abi::{
+    ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_TIMEOUT, STATE_ABORTED, STATE_OFFSET,
+};
 use crate::runtime::error::{Error, ErrorKind, Result};
 
 impl Team {
@@ -148,6 +150,15 @@ impl Team {
                         ),
                     ));
                     return Some(ErrorKind::Timeout);
+                }
+                Ok(ERR_INVALID) => {
+                    let info = driver.peek_u32(dev, base + ERROR_INFO_OFFSET as u64).unwrap_or(0);
+                    let timeout_ms = self.env.config().timeout_ms;
+                    if let Some(e) = crate::runtime::device_api::device_error(r as i32, ERR_INVALID, info, timeout_ms) {
+                        let kind = e.kind;
+                        self.set_error(e);
+                        return Some(kind);
+                    }
                 }
                 Ok(ERR_ABORTED) => {
                     drop(live);
