@@ -67,3 +67,29 @@ fn header_alone_compiles() {
     let ptx = compile(nv, "#include \"mcast/device.h\"\n", &[]);
     assert!(!ptx.contains(".entry"), "the header defines no kernel");
 }
+
+/// Every example kernel (`examples/kernels/`) compiles with NVRTC, with no include path, in the
+/// run-time-choice build and the P2P-only one, and holds its entry points.
+#[test]
+fn every_example_kernel_compiles() {
+    let Some(nv) = nvrtc_or_skip() else { return };
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/kernels");
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let entries: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("extern \"C\" __global__ void "))
+            .map(|l| l.split('(').next().unwrap())
+            .collect();
+        assert!(!entries.is_empty(), "{f:?}: no kernel");
+        for defines in [&[][..], &["-DMCAST_DEV_TRANSPORT=MCAST_DEV_TRANSPORT_P2P"][..], &["-DMCAST_DEV_DEBUG"][..]] {
+            let ptx = compile(nv, &text, defines);
+            for e in &entries {
+                assert!(ptx.contains(&format!(".entry {e}(")), "{f:?} {defines:?}: no entry {e}");
+            }
+        }
+    }
+}
