@@ -6,7 +6,6 @@
 //                                 or 8 bytes (one 64-bit element); bits in the low end of a u64
 // mc_st_v16(a, mc, v)             16-byte multimem.st (.v4.f32 bit copy), mc an out_mc address
 // mc_st_unit<U>(a, mc, bits)      4- or 8-byte multimem.st
-// mc_red_signal(a, mc)            multimem.red.release.sys add 1 on the multicast sync region
 // Not provided (no hardware form): f32/f64 min/max (routed to the P2P kernels by the host), any
 // 16-bit scalar (the host routes odd 16-bit counts and non-4-byte-aligned ranges to P2P).
 template <int D>
@@ -56,10 +55,6 @@ __device__ __forceinline__ void mc_st_unit(const McastArgs& a, u64 mc, u64 bits)
     else
       *(u32*)(a.out[p] + off) = (u32)bits;
   }
-}
-__device__ void mc_red_signal(const McastArgs& a, u64 mc) {
-  const u64 off = mc - a.sync_mc;
-  for (u32 p = 0; p < a.nranks; ++p) red_release_sys_add(a.sync[p] + off, 1);
 }
 #else
 // Real multimem forms (reference/multimem.md, sm_90).
@@ -166,9 +161,6 @@ __device__ __forceinline__ void mc_st_unit(const McastArgs&, u64 mc, u64 bits) {
     asm volatile("{.reg .f32 a; mov.b32 a, %1; multimem.st.relaxed.sys.global.f32 [%0], a;}" ::"l"(mc),
                  "r"((u32)bits)
                  : "memory");
-}
-__device__ void mc_red_signal(const McastArgs&, u64 mc) {
-  asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
 }
 #endif
 

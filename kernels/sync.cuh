@@ -1,81 +1,42 @@
 // kernels/sync.cuh: synchronisation across ranks: the device error word, the counter waits (abort
 // and timeout aware) and the per-block-slot barrier.
 
-// Per-block-slot counting barrier across ranks. Block b of every rank adds 1 to the slot-b
-// counter of every rank (release), then waits (acquire) until its own slot-b counter reaches
-// (barriers completed on slot b) * nranks; that count lives in the rank's local state and is
-// advanced here, so graph replays stay correct. Counters only grow (wrap-safe compare); a rank
-// is at most one barrier ahead of any other, so ">= target" is exact. Returns false on timeout
-// (error recorded); the caller must then return from the kernel (uniformly for the block).
+// Per-block-slot counting barrier across ranks (see barrier below): returns false on timeout or
+// abort (error recorded); the caller must then return from the kernel (uniformly for the block).
+// The sync regions of a team are evenly spaced in every rank's mapping (one reservation, ranks
+// side by side: segment/mod.rs), so rank p's is at sync[0] + p * (sync[1] - sync[0]).
 __device__ __forceinline__ u64 sync_local(const McastArgs& a, u32 off) { return a.sync[a.rank] + off; }
 
-// Records error `code` with its detail (block slot, barrier index) unless an error came first.
+// Records error `code` with its detail (block slot, barrier index) unless an error came first:
+// mcast/device.h's recording, the one the device API uses.
+__device__ __forceinline__ u32 error_info(u32 slot, u32 index) { return (slot + 1) | (index << 8); }
 __device__ __forceinline__ void record_error(const McastArgs& a, u32 code, u32 slot, u32 index) {
-  if (atom_cas_u32(sync_local(a, MCAST_ERROR_OFFSET), MCAST_ERR_NONE, code) == MCAST_ERR_NONE)
-    *(volatile u32*)sync_local(a, MCAST_ERROR_INFO_OFFSET) = (slot + 1) | (index << 8);
+  mcast_dev__record(sync_local(a, 0), code, error_info(slot, index));
 }
 
 // One thread waits until the counter at `flag` reaches `target` (wrap-safe: counters only grow
-// and no rank runs more than a few arrivals ahead). The acquire load orders the peers' writes
-// before the block's later accesses (the other threads through a __syncthreads after this). An
-// abort (the team's state word, from the host here or in a peer process) or the timeout ends the
-// wait: the error is recorded and the result is false.
-__device__ bool wait_count(const McastArgs& a, u64 flag, u32 target, u32 slot, u32 index) {
-  u64 start = 0;
-  u32 spins = 0;
-  while ((int)(ld_acquire_sys(flag) - target) < 0) {
-    if ((++spins & 63u) != 0) continue;
-    if (*(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      record_error(a, MCAST_ERR_ABORTED, slot, index);
-      return false;
-    }
-    if (a.timeout_ns != 0) {
-      const u64 now = globaltimer();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > a.timeout_ns) {
-        record_error(a, MCAST_ERR_TIMEOUT, slot, index);
-        return false;
-      }
-    }
-  }
-  return true;
+// and no rank runs more than a few arrivals ahead), with acquire loads: mcast/device.h's wait, so
+// an abort (the team's state word) or the timeout ends it the same way (error recorded, false).
+__device__ __forceinline__ bool wait_count(const McastArgs& a, u64 flag, u32 target, u32 slot, u32 index) {
+  return mcast_dev__wait_count(sync_local(a, 0), flag, target, 1, a.timeout_ns, error_info(slot, index)) ==
+         MCAST_DEV_ERR_NONE;
 }
 
+// The barrier of block slot `blockIdx.x`: mcast/device.h's counting barrier (mcast_dev__barrier_cta,
+// the protocol of mcast_dev_barrier) on the library's own slots. Its first barrier in a kernel
+// also checks the error word: a rank whose previous collective failed does nothing (and never
+// signals). MC: one multimem.red on the multicast sync region (emulated builds: a red per rank).
 template <bool MC>
 __device__ bool barrier(const McastArgs& a, u32 index) {
-  __shared__ int s_live, s_ok;
-  __syncthreads();
   const u32 slot = blockIdx.x;
-  const u32 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
-  u32 k = 0;
-  if (threadIdx.x == 0) {
-    volatile u32* epoch = (volatile u32*)sync_local(a, MCAST_EPOCH_OFFSET + 4 * slot);
-    k = *epoch + 1;
-    *epoch = k;
-    // The first barrier of a kernel also checks the error word: a rank whose previous
-    // collective timed out does nothing (and never signals).
-    s_live = index != 0 || *(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) == MCAST_ERR_NONE;
-    // An aborted team: record it and end the kernel before signalling anyone.
-    if (s_live && *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET) != MCAST_STATE_OK) {
-      record_error(a, MCAST_ERR_ABORTED, slot, index);
-      s_live = 0;
-    }
-  }
-  __syncthreads();
-  if (!s_live) return false;
-  // Signal every rank, one thread per rank (or one multicast reduction). No fence first: the
-  // release reduction orders this block's earlier writes (made visible to each signalling
-  // thread by __syncthreads; release is cumulative) before the signal.
-  if (MC) {
-    if (threadIdx.x == 0) mc_red_signal(a, a.sync_mc + soff);
-  } else if (threadIdx.x < a.nranks) {
-    red_release_sys_add(a.sync[threadIdx.x] + soff, 1);
-  }
-  if (threadIdx.x == 0) s_ok = wait_count(a, sync_local(a, soff), k * a.nranks, slot, index);
-  __syncthreads();
-#if !defined(MCAST_EMULATE_MULTIMEM)
-  if (MC) asm volatile("fence.proxy.alias;" ::: "memory");
+  const u64 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
+  const u64 stride = a.nranks > 1 ? a.sync[1] - a.sync[0] : 0;
+#if defined(MCAST_EMULATE_MULTIMEM)
+  const u64 mc = 0;
+#else
+  const u64 mc = MC ? a.sync_mc : 0;
 #endif
-  return s_ok != 0;
+  return mcast_dev__barrier_cta(sync_local(a, 0), sync_local(a, MCAST_EPOCH_OFFSET + 4 * slot), soff, a.sync[0], stride,
+                                a.nranks, mc, 1, 1, a.timeout_ns, index == 0, error_info(slot, index)) ==
+         MCAST_DEV_ERR_NONE;
 }

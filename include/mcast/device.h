@@ -217,6 +217,9 @@ MCAST_DEV__FN void mcast_dev__red_add(unsigned long long addr, unsigned int v, i
   else
     asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
 }
+MCAST_DEV__FN void mcast_dev__st_release(unsigned long long addr, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
+}
 MCAST_DEV__FN unsigned int mcast_dev__cas(unsigned long long addr, unsigned int cmp, unsigned int val) {
   unsigned int old;
   asm volatile("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
@@ -416,6 +419,75 @@ MCAST_DEV__FN unsigned long long mcast_dev__slots(const mcast_dev_team_t *t, int
   return mcast_dev__sync(t, rank) + t->dev_offset;
 }
 
+/* One multimem.red add of 1 on every rank's copy of the counter at multicast address `mc`
+ * (internal; the library's own barrier signals through it too). */
+MCAST_DEV__FN void mcast_dev__mm_signal(unsigned long long mc, int release) {
+#if MCAST_DEV__HW
+  if (release)
+    asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
+  else
+    asm volatile("multimem.red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
+#else
+  (void)mc;
+  (void)release;
+#endif
+}
+
+/*
+ * The counting barrier of one CTA across ranks: the protocol of mcast_dev_barrier and of the
+ * library's own kernels (kernels/sync.cuh), one implementation (internal). Called by every thread
+ * of the CTA. Each rank adds 1 to the arrival counter at byte `arrive` of every rank's sync region
+ * (rank p's at peer0 + p * stride; or one multimem.red at `mc` when mc != 0), then one thread
+ * waits until its own counter reaches (barriers completed) * nranks, that count kept at `epoch`
+ * (device memory: graph replays need nothing). Counters only grow (wrap-safe compares); a rank
+ * is at most one barrier ahead of another, so ">= target" is exact. Before anything, the team's
+ * state word (an abort) and, with `check_error`, this rank's error word are read: a failed team
+ * returns at once without signalling. Returns MCAST_DEV_ERR_NONE or the error code (recorded,
+ * detail `info`), the same on every thread.
+ */
+MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsigned long long epoch,
+                                                  unsigned long long arrive, unsigned long long peer0,
+                                                  unsigned long long stride, unsigned int nranks,
+                                                  unsigned long long mc, int release, int acquire,
+                                                  unsigned long long timeout_ns, int check_error,
+                                                  unsigned int info) {
+  __shared__ unsigned int s_code, s_target;
+  const unsigned int tid = mcast_dev__tid();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned int code = MCAST_DEV_ERR_NONE;
+    if (check_error) code = mcast_dev__ld_volatile(own + MCAST_DEV_ERROR_OFFSET);
+    if (code == MCAST_DEV_ERR_NONE && mcast_dev__ld_volatile(own + MCAST_DEV_STATE_OFFSET) != 0) {
+      mcast_dev__record(own, MCAST_DEV_ERR_ABORTED, info);
+      code = MCAST_DEV_ERR_ABORTED;
+    }
+    if (code == MCAST_DEV_ERR_NONE) {
+      volatile unsigned int *e = (volatile unsigned int *)epoch;
+      const unsigned int k = *e + 1;
+      *e = k;
+      s_target = k * nranks;
+    }
+    s_code = code;
+  }
+  __syncthreads();
+  if (s_code != MCAST_DEV_ERR_NONE) return s_code;
+  /* Signal every rank. No fence first: a release reduction orders the CTA's earlier writes (made
+   * visible to the signalling thread by __syncthreads; release is cumulative) before the signal. */
+  if (mc != 0) {
+    if (tid == 0) mcast_dev__mm_signal(mc + arrive, release);
+  } else {
+    for (unsigned int p = tid; p < nranks; p += mcast_dev__nthreads())
+      mcast_dev__red_add(peer0 + p * stride + arrive, 1u, release);
+  }
+  if (tid == 0) s_code = mcast_dev__wait_count(own, own + arrive, s_target, acquire, timeout_ns, info);
+  __syncthreads();
+#if MCAST_DEV__HW
+  /* Unicast and multicast mappings are different proxies. */
+  if (acquire && mc != 0) asm volatile("fence.proxy.alias;" ::: "memory");
+#endif
+  return s_code;
+}
+
 /**
  * Barrier of every rank on `slot` (< t->nslots), called by every thread of the CTA (one CTA per
  * slot at a time; every rank's CTAs on a slot must be resident at once). RELEASE publishes the
@@ -429,54 +501,22 @@ MCAST_DEV__FN unsigned long long mcast_dev__slots(const mcast_dev_team_t *t, int
  */
 MCAST_DEV__FN int mcast_dev_barrier(const mcast_dev_team_t *t, unsigned slot, mcast_dev_order_t order,
                                     unsigned long long timeout_ns) {
-  __shared__ unsigned int s_code, s_epoch;
-  const unsigned int tid = mcast_dev__tid();
   const unsigned long long own = mcast_dev__own(t);
-  const unsigned int info = mcast_dev__info(MCAST_DEV_INFO_BARRIER, slot);
-  __syncthreads();
-  if (tid == 0) {
-    unsigned int code = mcast_dev__failed(own, info);
 #if defined(MCAST_DEV_DEBUG)
-    if (code == MCAST_DEV_ERR_NONE && mcast_dev__bad(own, slot >= t->nslots, MCAST_DEV_INFO_SLOT, slot))
-      code = MCAST_DEV_ERR_INVALID;
-#endif
-    if (code == MCAST_DEV_ERR_NONE) {
-      volatile unsigned int *epoch = (volatile unsigned int *)(own + t->dev_offset + 4ull * (t->nslots + slot));
-      s_epoch = *epoch + 1;
-      *epoch = s_epoch;
-    }
-    s_code = code;
+  if (slot >= t->nslots) {
+    __syncthreads();
+    if (mcast_dev__tid() == 0) mcast_dev__bad(own, 1, MCAST_DEV_INFO_SLOT, slot);
+    return MCAST_DEV_ERROR_INVALID_ARGUMENT;
   }
-  __syncthreads();
-  if (s_code != MCAST_DEV_ERR_NONE) return mcast_dev__status_of(s_code);
-  const int release = (order & MCAST_DEV_RELEASE) != 0;
-  const unsigned long long arrive = 4ull * slot;
-  /* Signal every rank. A release reduction orders the CTA's earlier writes (made visible to the
-   * signalling thread by __syncthreads; release is cumulative) before the signal. */
-  if (mcast_dev_has_multicast(t)) {
-#if MCAST_DEV__HW
-    if (tid == 0) {
-      const unsigned long long mc = t->sync_mc + t->dev_offset + arrive;
-      if (release)
-        asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
-      else
-        asm volatile("multimem.red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
-    }
 #endif
-  } else {
-    for (unsigned int p = tid; p < (unsigned int)t->nranks; p += mcast_dev__nthreads())
-      mcast_dev__red_add(mcast_dev__slots(t, (int)p) + arrive, 1u, release);
-  }
-  if (tid == 0) {
-    const unsigned long long limit = timeout_ns != 0 ? timeout_ns : t->timeout_ns;
-    s_code = mcast_dev__wait_count(own, own + t->dev_offset + arrive, s_epoch * (unsigned int)t->nranks,
-                                   (order & MCAST_DEV_ACQUIRE) != 0, limit, info);
-  }
-  __syncthreads();
-#if MCAST_DEV__HW
-  if ((order & MCAST_DEV_ACQUIRE) && mcast_dev_has_multicast(t)) asm volatile("fence.proxy.alias;" ::: "memory");
-#endif
-  return mcast_dev__status_of(s_code);
+  const unsigned long long arrive = t->dev_offset + 4ull * slot;
+  const unsigned long long epoch = own + t->dev_offset + 4ull * (t->nslots + slot);
+  const unsigned long long mc = mcast_dev_has_multicast(t) ? t->sync_mc : 0;
+  return mcast_dev__status_of(mcast_dev__barrier_cta(own, epoch, arrive, t->sync_peer0, t->sync_stride,
+                                                     (unsigned int)t->nranks, mc, (order & MCAST_DEV_RELEASE) != 0,
+                                                     (order & MCAST_DEV_ACQUIRE) != 0,
+                                                     timeout_ns != 0 ? timeout_ns : t->timeout_ns, 1,
+                                                     mcast_dev__info(MCAST_DEV_INFO_BARRIER, slot)));
 }
 
 /** Signal to rank `peer` on `slot`, by one thread: adds 1 to the (slot, this rank) counter in the
