@@ -190,3 +190,45 @@ fn the_slot_count_comes_from_the_config() {
     team.destroy().unwrap();
     assert_clean(&ctx);
 }
+
+/// Registered memory whose ranks' copies lie at different offsets of their allocations is not
+/// evenly spaced in the peer mapping (with three ranks or more): the buffer handle is refused
+/// with NOT_SUPPORTED naming the rank (the device API finds peers by base + rank * stride); at
+/// equal offsets it is served.
+#[test]
+fn registered_memory_at_different_offsets_is_not_supported() {
+    use mcast::capi::memory::{mcast_mem_alloc, mcast_mem_free};
+    let (ctx, _c) = context(&sim_config(3, |c| {
+        c.multicast =
+            mcast::capi::config::mcast_multicast_t(mcast::capi::config::McastMulticast::MCAST_MULTICAST_OFF as u32);
+    }));
+    let team = team_create(ctx, &[0, 1, 2]).unwrap();
+    let mut mem = [std::ptr::null_mut::<c_void>(); 3];
+    for (d, m) in mem.iter_mut().enumerate() {
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { mcast_mem_alloc(ctx, d as i32, 4 << 20, m) }, OK, "{}", last_error());
+    }
+    for (skews, ok) in [([4096usize, 4096, 4096], true), ([4096, 0, 4096], false)] {
+        // SAFETY: pointers inside the allocations just made.
+        let ptrs: Vec<*mut c_void> =
+            (0..3).map(|r| unsafe { mem[r].cast::<u8>().add(skews[r]).cast::<c_void>() }).collect();
+        let mut buf = mcast_buffer_t { id: 0 };
+        // SAFETY: valid pointers.
+        assert_eq!(unsafe { mcast_buffer_register(team, ptrs.as_ptr(), 65536, &mut buf) }, OK, "{}", last_error());
+        let got = buffer_handle(buf, 0);
+        if ok {
+            let h = got.unwrap();
+            // SAFETY: a valid out-pointer.
+            assert_eq!(h.peer0 + 2 * h.peer_stride, ptr(|o| unsafe { mcast_buffer_peer_ptr(buf, 0, 2, o) }));
+        } else {
+            assert_eq!(got.unwrap_err(), st(MCAST_ERROR_NOT_SUPPORTED));
+            assert!(last_error().contains("rank 2"), "{}", last_error());
+        }
+        assert_eq!(mcast_buffer_free(buf), OK);
+    }
+    for m in mem {
+        assert_eq!(mcast_mem_free(ctx, m), OK);
+    }
+    assert_eq!(mcast_team_destroy(team), OK);
+    assert_eq!(mcast_context_destroy(ctx), OK);
+}
