@@ -135,32 +135,46 @@ struct McV16 {
 LDV4(D_F32, O_SUM,
      "{.reg .f32 a, b, c, d; " MM "add.v4.f32 {a, b, c, d}, [%4]; "
      "mov.b32 %0, a; mov.b32 %1, b; mov.b32 %2, c; mov.b32 %3, d;}")
-LDV4(D_BF16, O_SUM, MM "add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_BF16, O_MIN, MM "min.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_BF16, O_MAX, MM "max.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_SUM, MM "add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_MIN, MM "min.v4.f16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_MAX, MM "max.v4.f16x2 {%0, %1, %2, %3}, [%4];")
+// The 16-bit float forms are mcast/device.h's (one implementation with the device API).
+#define LDV4_DEV(D, O, FN)                                                  \
+  template <>                                                               \
+  struct McV16<D, O> {                                                      \
+    static __device__ __forceinline__ V16 ld(u64 mc) {                      \
+      const mcast_dev_v16_t r = FN(mc);                                     \
+      V16 v;                                                                \
+      v.x = r.x;                                                            \
+      v.y = r.y;                                                            \
+      v.z = r.z;                                                            \
+      v.w = r.w;                                                            \
+      return v;                                                             \
+    }                                                                       \
+  };
+LDV4_DEV(D_BF16, O_SUM, mcast_dev__hw_ld16_add_bf16x8)
+LDV4_DEV(D_BF16, O_MIN, mcast_dev__hw_ld16_min_bf16x8)
+LDV4_DEV(D_BF16, O_MAX, mcast_dev__hw_ld16_max_bf16x8)
+LDV4_DEV(D_F16, O_SUM, mcast_dev__hw_ld16_add_f16x8)
+LDV4_DEV(D_F16, O_MIN, mcast_dev__hw_ld16_min_f16x8)
+LDV4_DEV(D_F16, O_MAX, mcast_dev__hw_ld16_max_f16x8)
 
 template <int D, int O>
 __device__ __forceinline__ V16 mc_ld_reduce_v16(const McastArgs&, u64 mc) {
   return McV16<D, O>::ld(mc);
 }
+// Stores: mcast/device.h's forms.
 __device__ __forceinline__ void mc_st_v16(const McastArgs&, u64 mc, V16 v) {
-  asm volatile(
-      "{.reg .f32 a, b, c, d; mov.b32 a, %1; mov.b32 b, %2; mov.b32 c, %3; mov.b32 d, %4; "
-      "multimem.st.relaxed.sys.global.v4.f32 [%0], {a, b, c, d};}" ::"l"(mc),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-      : "memory");
+  mcast_dev_v16_t w;
+  w.x = v.x;
+  w.y = v.y;
+  w.z = v.z;
+  w.w = v.w;
+  mcast_dev__hw_st16(mc, w);
 }
 template <u32 U>
 __device__ __forceinline__ void mc_st_unit(const McastArgs&, u64 mc, u64 bits) {
   if (U == 8)
-    asm volatile("multimem.st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mc), "l"(bits) : "memory");
+    mcast_dev__hw_st8(mc, bits);
   else
-    asm volatile("{.reg .f32 a; mov.b32 a, %1; multimem.st.relaxed.sys.global.f32 [%0], a;}" ::"l"(mc),
-                 "r"((u32)bits)
-                 : "memory");
+    mcast_dev__hw_st4(mc, (u32)bits);
 }
 #endif
 

@@ -694,35 +694,65 @@ MCAST_DEV__NOINLINE void mcast_dev__emu_red(unsigned long long peer0, unsigned l
 #endif
 
 /* 16-byte load-reduces: bf16x8 / f16x8 (add with f32 accumulation, min, max), f32x4 (add). */
+/* The hardware forms on a raw multicast address (internal; the library's collectives use them
+ * too, kernels/multimem.cuh): 16-byte load-reduces of 8 bf16 / f16 (add with f32 accumulation,
+ * min, max) and 16-, 8- and 4-byte stores. */
+#if MCAST_DEV__HW
+#define MCAST_DEV__HW_LD16_FN(name, PTX)                                                                \
+  MCAST_DEV__FN mcast_dev_v16_t mcast_dev__hw_ld16_##name(unsigned long long mc) {                      \
+    mcast_dev_v16_t v;                                                                                  \
+    asm volatile("multimem.ld_reduce.relaxed.sys.global." PTX " {%0, %1, %2, %3}, [%4];"              \
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                          \
+                 : "l"(mc)                                                                             \
+                 : "memory");                                                                          \
+    return v;                                                                                           \
+  }
+MCAST_DEV__HW_LD16_FN(add_bf16x8, "add.acc::f32.v4.bf16x2")
+MCAST_DEV__HW_LD16_FN(min_bf16x8, "min.v4.bf16x2")
+MCAST_DEV__HW_LD16_FN(max_bf16x8, "max.v4.bf16x2")
+MCAST_DEV__HW_LD16_FN(add_f16x8, "add.acc::f32.v4.f16x2")
+MCAST_DEV__HW_LD16_FN(min_f16x8, "min.v4.f16x2")
+MCAST_DEV__HW_LD16_FN(max_f16x8, "max.v4.f16x2")
+#undef MCAST_DEV__HW_LD16_FN
+MCAST_DEV__FN void mcast_dev__hw_st16(unsigned long long mc, mcast_dev_v16_t v) {
+  /* A 16-byte bit copy of any type: the .v4.f32 form. */
+  asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc), "f"(mcast_dev__as_f32(v.x)),
+               "f"(mcast_dev__as_f32(v.y)), "f"(mcast_dev__as_f32(v.z)), "f"(mcast_dev__as_f32(v.w))
+               : "memory");
+}
+MCAST_DEV__FN void mcast_dev__hw_st8(unsigned long long mc, unsigned long long bits) {
+  asm volatile("multimem.st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mc), "l"(bits) : "memory");
+}
+MCAST_DEV__FN void mcast_dev__hw_st4(unsigned long long mc, unsigned int bits) {
+  asm volatile("multimem.st.relaxed.sys.global.f32 [%0], %1;" ::"l"(mc), "f"(mcast_dev__as_f32(bits)) : "memory");
+}
+#endif
+
 #define MCAST_DEV__LD16(name, kind, PTX)                                                                     \
   MCAST_DEV__FN mcast_dev_v16_t name(const mcast_dev_buffer_t *b, size_t offset) {                           \
     mcast_dev_v16_t v;                                                                                       \
     v.x = v.y = v.z = v.w = 0;                                                                               \
     MCAST_DEV__MM_CHECK(b, offset, 16, v);                                                                   \
     if (MCAST_DEV__USE_HW(b)) {                                                                              \
-      MCAST_DEV__HW_LD16(PTX)                                                                                \
+      MCAST_DEV__HW_LD16(PTX, kind)                                                                          \
     } else if (MCAST_DEV__EMU) {                                                                             \
       v = mcast_dev__emu_ld16(MCAST_DEV__EMU_ARGS(b, offset), kind);                                         \
     }                                                                                                        \
     return v;                                                                                                \
   }
 #if MCAST_DEV__HW
-#define MCAST_DEV__HW_LD16(PTX)                                                                                 \
-  asm volatile("multimem.ld_reduce.relaxed.sys.global." PTX " {%0, %1, %2, %3}, [%4];"                        \
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                                    \
-               : "l"(b->mc + offset)                                                                           \
-               : "memory");
+#define MCAST_DEV__HW_LD16(PTX, kind) v = mcast_dev__hw_ld16_##PTX(b->mc + offset);
 #else
-#define MCAST_DEV__HW_LD16(PTX)
+#define MCAST_DEV__HW_LD16(PTX, kind)
 #endif
 /** Sum over ranks of 8 bf16 at `offset` (16-byte aligned), accumulated in f32, rounded once. */
-MCAST_DEV__LD16(mcast_dev_mm_ld_add_bf16x8, 1, "add.acc::f32.v4.bf16x2")
-MCAST_DEV__LD16(mcast_dev_mm_ld_min_bf16x8, 2, "min.v4.bf16x2")
-MCAST_DEV__LD16(mcast_dev_mm_ld_max_bf16x8, 3, "max.v4.bf16x2")
+MCAST_DEV__LD16(mcast_dev_mm_ld_add_bf16x8, 1, add_bf16x8)
+MCAST_DEV__LD16(mcast_dev_mm_ld_min_bf16x8, 2, min_bf16x8)
+MCAST_DEV__LD16(mcast_dev_mm_ld_max_bf16x8, 3, max_bf16x8)
 /** Sum over ranks of 8 f16, accumulated in f32, rounded once. */
-MCAST_DEV__LD16(mcast_dev_mm_ld_add_f16x8, 4, "add.acc::f32.v4.f16x2")
-MCAST_DEV__LD16(mcast_dev_mm_ld_min_f16x8, 5, "min.v4.f16x2")
-MCAST_DEV__LD16(mcast_dev_mm_ld_max_f16x8, 6, "max.v4.f16x2")
+MCAST_DEV__LD16(mcast_dev_mm_ld_add_f16x8, 4, add_f16x8)
+MCAST_DEV__LD16(mcast_dev_mm_ld_min_f16x8, 5, min_f16x8)
+MCAST_DEV__LD16(mcast_dev_mm_ld_max_f16x8, 6, max_f16x8)
 /* f32x4 add: the PTX names float registers; bits through the unsigned words. */
 MCAST_DEV__FN mcast_dev_f32x4_t mcast_dev_mm_ld_add_f32x4(const mcast_dev_buffer_t *b, size_t offset) {
   mcast_dev_f32x4_t r;
@@ -786,16 +816,11 @@ MCAST_DEV__FN void mcast_dev__mm_st(const mcast_dev_buffer_t *b, size_t offset, 
 #if MCAST_DEV__HW
     const unsigned long long mc = b->mc + offset;
     if (width == 16)
-      asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc),
-                   "f"(mcast_dev__as_f32(v.x)), "f"(mcast_dev__as_f32(v.y)), "f"(mcast_dev__as_f32(v.z)),
-                   "f"(mcast_dev__as_f32(v.w))
-                   : "memory");
+      mcast_dev__hw_st16(mc, v);
     else if (width == 8)
-      asm volatile("multimem.st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mc),
-                   "l"(((unsigned long long)v.y << 32) | v.x)
-                   : "memory");
+      mcast_dev__hw_st8(mc, ((unsigned long long)v.y << 32) | v.x);
     else
-      asm volatile("multimem.st.relaxed.sys.global.f32 [%0], %1;" ::"l"(mc), "f"(mcast_dev__as_f32(v.x)) : "memory");
+      mcast_dev__hw_st4(mc, v.x);
 #endif
   } else if (MCAST_DEV__EMU) {
     mcast_dev__emu_st(MCAST_DEV__EMU_ARGS(b, offset), width, v);
