@@ -714,6 +714,53 @@ MCAST_DEV__HW_LD16_FN(add_f16x8, "add.acc::f32.v4.f16x2")
 MCAST_DEV__HW_LD16_FN(min_f16x8, "min.v4.f16x2")
 MCAST_DEV__HW_LD16_FN(max_f16x8, "max.v4.f16x2")
 #undef MCAST_DEV__HW_LD16_FN
+/* f32x4 add: the PTX names float registers; bits out through the unsigned words. */
+MCAST_DEV__FN mcast_dev_v16_t mcast_dev__hw_ld16_add_f32x4(unsigned long long mc) {
+  mcast_dev_v16_t v;
+  asm volatile(
+      "{.reg .f32 a, b, c, d; multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {a, b, c, d}, [%4]; "
+      "mov.b32 %0, a; mov.b32 %1, b; mov.b32 %2, c; mov.b32 %3, d;}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(mc)
+      : "memory");
+  return v;
+}
+/* Scalar load-reduces, bits out: 4 bytes (f32, a bf16/f16 pair, u32, s32) and 8 (f64, u64, s64). */
+#define MCAST_DEV__MM "multimem.ld_reduce.relaxed.sys.global."
+#define MCAST_DEV__HW_LD4_FN(name, BODY)                                       \
+  MCAST_DEV__FN unsigned int mcast_dev__hw_ld4_##name(unsigned long long mc) { \
+    unsigned int v;                                                            \
+    asm volatile(BODY : "=r"(v) : "l"(mc) : "memory");                         \
+    return v;                                                                  \
+  }
+#define MCAST_DEV__HW_LD8_FN(name, BODY)                                             \
+  MCAST_DEV__FN unsigned long long mcast_dev__hw_ld8_##name(unsigned long long mc) { \
+    unsigned long long v;                                                            \
+    asm volatile(BODY : "=l"(v) : "l"(mc) : "memory");                               \
+    return v;                                                                        \
+  }
+MCAST_DEV__HW_LD4_FN(add_f32, "{.reg .f32 t; " MCAST_DEV__MM "add.f32 t, [%1]; mov.b32 %0, t;}")
+MCAST_DEV__HW_LD4_FN(add_bf16x2, MCAST_DEV__MM "add.acc::f32.bf16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(min_bf16x2, MCAST_DEV__MM "min.bf16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(max_bf16x2, MCAST_DEV__MM "max.bf16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(add_f16x2, MCAST_DEV__MM "add.acc::f32.f16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(min_f16x2, MCAST_DEV__MM "min.f16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(max_f16x2, MCAST_DEV__MM "max.f16x2 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(add_u32, MCAST_DEV__MM "add.u32 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(min_u32, MCAST_DEV__MM "min.u32 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(max_u32, MCAST_DEV__MM "max.u32 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(add_s32, MCAST_DEV__MM "add.s32 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(min_s32, MCAST_DEV__MM "min.s32 %0, [%1];")
+MCAST_DEV__HW_LD4_FN(max_s32, MCAST_DEV__MM "max.s32 %0, [%1];")
+MCAST_DEV__HW_LD8_FN(add_f64, "{.reg .f64 t; " MCAST_DEV__MM "add.f64 t, [%1]; mov.b64 %0, t;}")
+MCAST_DEV__HW_LD8_FN(add_u64, MCAST_DEV__MM "add.u64 %0, [%1];") /* also s64 add: the same bits */
+MCAST_DEV__HW_LD8_FN(min_u64, MCAST_DEV__MM "min.u64 %0, [%1];")
+MCAST_DEV__HW_LD8_FN(max_u64, MCAST_DEV__MM "max.u64 %0, [%1];")
+MCAST_DEV__HW_LD8_FN(min_s64, MCAST_DEV__MM "min.s64 %0, [%1];")
+MCAST_DEV__HW_LD8_FN(max_s64, MCAST_DEV__MM "max.s64 %0, [%1];")
+#undef MCAST_DEV__HW_LD4_FN
+#undef MCAST_DEV__HW_LD8_FN
+#undef MCAST_DEV__MM
 MCAST_DEV__FN void mcast_dev__hw_st16(unsigned long long mc, mcast_dev_v16_t v) {
   /* A 16-byte bit copy of any type: the .v4.f32 form. */
   asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(mc), "f"(mcast_dev__as_f32(v.x)),
@@ -760,10 +807,11 @@ MCAST_DEV__FN mcast_dev_f32x4_t mcast_dev_mm_ld_add_f32x4(const mcast_dev_buffer
   MCAST_DEV__MM_CHECK(b, offset, 16, r);
   if (MCAST_DEV__USE_HW(b)) {
 #if MCAST_DEV__HW
-    asm volatile("multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-                 : "l"(b->mc + offset)
-                 : "memory");
+    const mcast_dev_v16_t v = mcast_dev__hw_ld16_add_f32x4(b->mc + offset);
+    r.x = mcast_dev__as_f32(v.x);
+    r.y = mcast_dev__as_f32(v.y);
+    r.z = mcast_dev__as_f32(v.z);
+    r.w = mcast_dev__as_f32(v.w);
 #endif
   } else if (MCAST_DEV__EMU) {
     const mcast_dev_v16_t v = mcast_dev__emu_ld16(MCAST_DEV__EMU_ARGS(b, offset), 0);
@@ -776,11 +824,11 @@ MCAST_DEV__FN mcast_dev_f32x4_t mcast_dev_mm_ld_add_f32x4(const mcast_dev_buffer
 }
 
 /* Scalar load-reduces. */
-#define MCAST_DEV__LDS(name, T, width, kind, PTX, REG, FROM_BITS)                                   \
+#define MCAST_DEV__LDS(name, T, width, kind, RAW, FROM_BITS)                                        \
   MCAST_DEV__FN T name(const mcast_dev_buffer_t *b, size_t offset) {                                \
     MCAST_DEV__MM_CHECK(b, offset, width, (T)0);                                                    \
     if (MCAST_DEV__USE_HW(b)) {                                                                     \
-      MCAST_DEV__HW_LDS(T, PTX, REG)                                                                \
+      MCAST_DEV__HW_LDS(RAW, FROM_BITS)                                                             \
     } else if (MCAST_DEV__EMU) {                                                                    \
       const unsigned long long bits = mcast_dev__emu_ld8(MCAST_DEV__EMU_ARGS(b, offset), kind);     \
       return FROM_BITS;                                                                             \
@@ -788,26 +836,26 @@ MCAST_DEV__FN mcast_dev_f32x4_t mcast_dev_mm_ld_add_f32x4(const mcast_dev_buffer
     return (T)0;                                                                                    \
   }
 #if MCAST_DEV__HW
-#define MCAST_DEV__HW_LDS(T, PTX, REG)                                                                           \
-  T r;                                                                                                         \
-  asm volatile("multimem.ld_reduce.relaxed.sys.global." PTX " %0, [%1];" : "=" REG(r) : "l"(b->mc + offset) \
-               : "memory");                                                                                    \
-  return r;
+#define MCAST_DEV__HW_LDS(RAW, FROM_BITS)                      \
+  {                                                            \
+    const unsigned long long bits = RAW(b->mc + offset);       \
+    return FROM_BITS;                                          \
+  }
 #else
-#define MCAST_DEV__HW_LDS(T, PTX, REG)
+#define MCAST_DEV__HW_LDS(RAW, FROM_BITS)
 #endif
 /** Sum over ranks of the float at `offset` (4-byte aligned), in rank order when emulated. */
-MCAST_DEV__LDS(mcast_dev_mm_ld_add_f32, float, 4, 0, "add.f32", "f", mcast_dev__as_f32((unsigned int)bits))
-MCAST_DEV__LDS(mcast_dev_mm_ld_add_f64, double, 8, 1, "add.f64", "d", __longlong_as_double((long long)bits))
-MCAST_DEV__LDS(mcast_dev_mm_ld_add_u32, unsigned int, 4, 2, "add.u32", "r", (unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_min_u32, unsigned int, 4, 3, "min.u32", "r", (unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_max_u32, unsigned int, 4, 4, "max.u32", "r", (unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_add_s32, int, 4, 5, "add.s32", "r", (int)(unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_min_s32, int, 4, 6, "min.s32", "r", (int)(unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_max_s32, int, 4, 7, "max.s32", "r", (int)(unsigned int)bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_add_u64, unsigned long long, 8, 8, "add.u64", "l", bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_min_u64, unsigned long long, 8, 9, "min.u64", "l", bits)
-MCAST_DEV__LDS(mcast_dev_mm_ld_max_u64, unsigned long long, 8, 10, "max.u64", "l", bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_add_f32, float, 4, 0, mcast_dev__hw_ld4_add_f32, mcast_dev__as_f32((unsigned int)bits))
+MCAST_DEV__LDS(mcast_dev_mm_ld_add_f64, double, 8, 1, mcast_dev__hw_ld8_add_f64, __longlong_as_double((long long)bits))
+MCAST_DEV__LDS(mcast_dev_mm_ld_add_u32, unsigned int, 4, 2, mcast_dev__hw_ld4_add_u32, (unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_min_u32, unsigned int, 4, 3, mcast_dev__hw_ld4_min_u32, (unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_max_u32, unsigned int, 4, 4, mcast_dev__hw_ld4_max_u32, (unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_add_s32, int, 4, 5, mcast_dev__hw_ld4_add_s32, (int)(unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_min_s32, int, 4, 6, mcast_dev__hw_ld4_min_s32, (int)(unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_max_s32, int, 4, 7, mcast_dev__hw_ld4_max_s32, (int)(unsigned int)bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_add_u64, unsigned long long, 8, 8, mcast_dev__hw_ld8_add_u64, bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_min_u64, unsigned long long, 8, 9, mcast_dev__hw_ld8_min_u64, bits)
+MCAST_DEV__LDS(mcast_dev_mm_ld_max_u64, unsigned long long, 8, 10, mcast_dev__hw_ld8_max_u64, bits)
 
 /* Stores to every rank's copy. */
 MCAST_DEV__FN void mcast_dev__mm_st(const mcast_dev_buffer_t *b, size_t offset, int width, mcast_dev_v16_t v) {
