@@ -3,7 +3,8 @@
 //
 // The kernel source is header-free CUDA C++ compiled at run time by NVRTC (no CUDA headers, no
 // #include): src/kernels/source.rs concatenates include/mcast/device.h (the device API: its
-// barrier, wait, error recording and memory-order primitives are the ones these kernels use) and
+// barrier, wait, error recording, memory-order primitives and multimem instructions are the ones
+// these kernels use) and
 // the pieces of kernels/ in this order:
 //   abi.cuh ptx.cuh dtype.cuh multimem.cuh sync.cuh layout.cuh ll.cuh entry.cuh   (shared)
 //   all_reduce.cu reduce_scatter.cu broadcast.cu all_gather.cu             (one per collective)

@@ -14,7 +14,8 @@ macro_rules! piece {
     };
 }
 
-/// The device API header, first: the library's barrier, waits and error recording are its code
+/// The device API header, first: the library's barrier, waits, error recording and multimem
+/// instructions are its code
 /// (issue 27: one implementation of the protocol). The emulated build compiles it P2P-only, so
 /// no multimem instruction appears there.
 macro_rules! device_header {
