@@ -110,6 +110,8 @@ static int args(void) {
 }
 
 /* Every collective on ncclCommInitAll(NDEV) communicators, in groups, in and out of place. */
+/* registered: 0 plain ncclMemAlloc memory, 1 ncclCommRegister, 2 ncclCommWindowRegister
+ * (NCCL_WIN_COLL_SYMMETRIC windows, served as mcast registrations). */
 static int collectives(int registered) {
   ncclComm_t comms[NDEV];
   int devs[NDEV] = {3, 2, 1, 0};
@@ -126,15 +128,26 @@ static int collectives(int registered) {
   const size_t bytes = NDEV * count * sizeof(float);
   float *send[NDEV], *recv[NDEV];
   void *handles[2 * NDEV];
+  ncclWindow_t wins[2 * NDEV];
   for (int r = 0; r < NDEV; r++) {
     send[r] = alloc_on(devs[r], bytes);
     recv[r] = alloc_on(devs[r], bytes);
   }
-  if (registered) {
+  if (registered == 1) {
     NCHECK_OK(ncclGroupStart());
     for (int r = 0; r < NDEV; r++) {
       NCHECK_OK(ncclCommRegister(comms[r], send[r], bytes, &handles[2 * r]));
       NCHECK_OK(ncclCommRegister(comms[r], recv[r], bytes, &handles[2 * r + 1]));
+    }
+    NCHECK_OK(ncclGroupEnd());
+  } else if (registered == 2) {
+    NCHECK_RESULT(ncclCommWindowRegister(comms[0], send[0], bytes, &wins[0], 0x40), ncclInvalidArgument);
+    NCHECK_RESULT(ncclCommWindowRegister(comms[0], send[0], bytes, NULL, NCCL_WIN_COLL_SYMMETRIC),
+                  ncclInvalidArgument);
+    NCHECK_OK(ncclGroupStart());
+    for (int r = 0; r < NDEV; r++) {
+      NCHECK_OK(ncclCommWindowRegister(comms[r], send[r], bytes, &wins[2 * r], NCCL_WIN_COLL_SYMMETRIC));
+      NCHECK_OK(ncclCommWindowRegister(comms[r], recv[r], bytes, &wins[2 * r + 1], NCCL_WIN_DEFAULT));
     }
     NCHECK_OK(ncclGroupEnd());
   }
@@ -206,13 +219,21 @@ static int collectives(int registered) {
     for (int r = 0; r < NDEV; r++)
       for (size_t i = 0; i < count; i++) NCHECK(ri[r][i] == (int32_t)(i * 31 + 2));
   }
-  if (registered) {
+  if (registered == 1) {
     for (int r = 0; r < NDEV; r++) {
       /* Registered memory is in use: it cannot be freed until deregistered. */
       NCHECK(ncclMemFree(send[r]) != ncclSuccess);
       NCHECK_OK(ncclCommDeregister(comms[r], handles[2 * r]));
       NCHECK_OK(ncclCommDeregister(comms[r], handles[2 * r + 1]));
       NCHECK_RESULT(ncclCommDeregister(comms[r], handles[2 * r]), ncclInvalidArgument);
+    }
+  } else if (registered == 2) {
+    for (int r = 0; r < NDEV; r++) {
+      /* Window memory is registered: it cannot be freed until the window is deregistered. */
+      NCHECK(ncclMemFree(send[r]) != ncclSuccess);
+      NCHECK_OK(ncclCommWindowDeregister(comms[r], wins[2 * r]));
+      NCHECK_OK(ncclCommWindowDeregister(comms[r], wins[2 * r + 1]));
+      NCHECK_RESULT(ncclCommWindowDeregister(comms[r], wins[2 * r]), ncclInvalidArgument);
     }
   }
   for (int r = 0; r < NDEV; r++) {
@@ -327,8 +348,9 @@ int main(int argc, char **argv) {
   if (strcmp(what, "args") == 0) return args();
   if (strcmp(what, "collectives") == 0) return collectives(0);
   if (strcmp(what, "registered") == 0) return collectives(1);
+  if (strcmp(what, "windows") == 0) return collectives(2);
   if (strcmp(what, "split") == 0) return split();
   if (strcmp(what, "abort") == 0) return abort_test();
-  fprintf(stderr, "usage: nccl_api args|collectives|registered|split|abort\n");
+  fprintf(stderr, "usage: nccl_api args|collectives|registered|windows|split|abort\n");
   return 2;
 }

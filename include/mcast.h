@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include <stddef.h>
 
+/* The device API's handle structs (mcast_dev_team_t, mcast_dev_buffer_t) and its device
+ * functions for CUDA translation units; in C and C++ host code only the structs and macros. */
+#include "mcast/device.h"
+
 /** CUDA's stream struct: `cudaStream_t` and `CUstream` point to it. Declared here, never defined. */
 struct CUstream_st;
 
@@ -986,6 +990,47 @@ mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
                                             int device,
                                             int peer,
                                             int *can);
+
+/**
+ * Fills `*out` with the device handle of `team` for rank `rank` (a rank this process holds):
+ * what a kernel passed it by value needs for mcast/device.h's barriers and signals. The caller
+ * sets `out->struct_size` to `sizeof(mcast_dev_team_t)`. The handle is valid until the team is
+ * destroyed, on rank `rank`'s device only. On error `*out` is untouched.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `struct_size` too small, `rank` out of range or
+ * held by another process; `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
+ *
+ * # Safety
+ * `out` must be NULL or valid for reading and writing `out->struct_size` bytes.
+ */
+mcast_status_t mcast_team_device_handle(struct mcast_team_t team, int rank, mcast_dev_team_t *out);
+
+/**
+ * Fills `*out` with the device handle of `buf` for rank `rank` (a rank this process holds): its
+ * local, peer and multicast addresses (those of mcast_buffer_local_ptr, mcast_buffer_peer_ptr
+ * and mcast_buffer_multicast_ptr; `mc` 0 on a P2P team). The caller sets `out->struct_size`
+ * to `sizeof(mcast_dev_buffer_t)`. Valid until the buffer is freed, on rank `rank`'s device
+ * only. On error `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL,
+ * `struct_size` too small, `rank` out of range or held by another process;
+ * `MCAST_ERROR_INVALID_HANDLE`: `buf` not live; `MCAST_ERROR_NOT_SUPPORTED`: registered memory
+ * whose ranks' copies are not evenly spaced in the peer mapping (registered at different
+ * offsets of their allocations). Thread-safe.
+ *
+ * # Safety
+ * `out` must be NULL or valid for reading and writing `out->struct_size` bytes.
+ */
+mcast_status_t mcast_buffer_device_handle(struct mcast_buffer_t buf,
+                                          int rank,
+                                          mcast_dev_buffer_t *out);
+
+/**
+ * The text of `mcast/device.h` of this build, NUL-terminated, for NVRTC
+ * (`nvrtcCreateProgram(..., 1, &text, &"mcast/device.h")`); its length without the NUL goes to
+ * `*len` unless `len` is NULL. Static: never freed. Never fails. Thread-safe.
+ *
+ * # Safety
+ * `len` must be NULL or valid for writing a `size_t`.
+ */
+const char *mcast_device_header_source(size_t *len);
 
 /**
  * Allocates `bytes` of device memory on `device`, which any team holding that device can

@@ -2,7 +2,10 @@
 // McastArgs), mirrored in src/kernels/abi/ and checked there by parsing this file.
 //
 // The kernel source is header-free CUDA C++ compiled at run time by NVRTC (no CUDA headers, no
-// #include): src/kernels/source.rs concatenates the pieces of kernels/ in this order:
+// #include): src/kernels/source.rs concatenates include/mcast/device.h (the device API: its
+// barrier, wait, error recording, memory-order primitives and multimem instructions are the ones
+// these kernels use) and
+// the pieces of kernels/ in this order:
 //   abi.cuh ptx.cuh dtype.cuh multimem.cuh sync.cuh layout.cuh ll.cuh entry.cuh   (shared)
 //   all_reduce.cu reduce_scatter.cu broadcast.cu all_gather.cu             (one per collective)
 // and a module of one collective (src/kernels/select.rs) compiles the shared part and its file.
@@ -78,6 +81,14 @@
 #define MCAST_PUSH_RED_UNROLL 4  // per rank when reducing (registers: ranks x this x 16 bytes)
 #define MCAST_PUSH_FLAG_OFFSET 4
 #define MCAST_PUSH_SEQ_OFFSET 4608
+
+// The words the library shares with mcast/device.h (compiled first: src/kernels/source.rs).
+static_assert(MCAST_ERROR_OFFSET == MCAST_DEV_ERROR_OFFSET && MCAST_ERROR_INFO_OFFSET == MCAST_DEV_ERROR_INFO_OFFSET &&
+                  MCAST_STATE_OFFSET == MCAST_DEV_STATE_OFFSET,
+              "sync region words shared with mcast/device.h");
+static_assert(MCAST_ERR_NONE == MCAST_DEV_ERR_NONE && MCAST_ERR_TIMEOUT == MCAST_DEV_ERR_TIMEOUT &&
+                  MCAST_ERR_ABORTED == MCAST_DEV_ERR_ABORTED,
+              "error codes shared with mcast/device.h");
 
 typedef unsigned long long u64;
 typedef long long i64;

@@ -72,9 +72,7 @@ __device__ __forceinline__ u64 push_slot_row(const McastArgs& a, u32 p, u32 slot
 __device__ __forceinline__ u64 push_flag(const McastArgs& a, u32 p, u32 slot, u32 writer) {
   return a.sync[p] + MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE + MCAST_PUSH_FLAG_OFFSET + 4 * writer;
 }
-__device__ __forceinline__ void st_release_sys(u64 addr, u32 v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
-}
+__device__ __forceinline__ void st_release_sys(u64 addr, u32 v) { mcast_dev__st_release(addr, v); }
 
 // Block blockIdx.x's part [lo, hi) of step j of a message of S bytes, steps of `row` bytes per block.
 __device__ __forceinline__ void push_part(u64 S, u64 row, u32 j, u64* lo, u64* hi) {

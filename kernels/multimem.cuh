@@ -1,12 +1,12 @@
-// kernels/multimem.cuh: the multicast primitives (mc_*): multimem.ld_reduce, multimem.st and
-// multimem.red, or their emulation over the peers' unicast pointers (-DMCAST_EMULATE_MULTIMEM).
+// kernels/multimem.cuh: the multicast primitives (mc_*): multimem.ld_reduce and multimem.st (the
+// instructions are mcast/device.h's raw-address forms, chosen here per dtype and operator), or
+// their emulation over the peers' unicast pointers (-DMCAST_EMULATE_MULTIMEM).
 
 // mc_ld_reduce_v16<D,O>(a, mc)    16-byte multimem.ld_reduce (vector form or 2/4 scalar forms)
 // mc_ld_reduce_unit<D,O>(a, mc)   one scalar unit: 4 bytes (a 16-bit pair, or one 32-bit element)
 //                                 or 8 bytes (one 64-bit element); bits in the low end of a u64
 // mc_st_v16(a, mc, v)             16-byte multimem.st (.v4.f32 bit copy), mc an out_mc address
 // mc_st_unit<U>(a, mc, bits)      4- or 8-byte multimem.st
-// mc_red_signal(a, mc)            multimem.red.release.sys add 1 on the multicast sync region
 // Not provided (no hardware form): f32/f64 min/max (routed to the P2P kernels by the host), any
 // 16-bit scalar (the host routes odd 16-bit counts and non-4-byte-aligned ranges to P2P).
 template <int D>
@@ -57,51 +57,43 @@ __device__ __forceinline__ void mc_st_unit(const McastArgs& a, u64 mc, u64 bits)
       *(u32*)(a.out[p] + off) = (u32)bits;
   }
 }
-__device__ void mc_red_signal(const McastArgs& a, u64 mc) {
-  const u64 off = mc - a.sync_mc;
-  for (u32 p = 0; p < a.nranks; ++p) red_release_sys_add(a.sync[p] + off, 1);
-}
 #else
-// Real multimem forms (reference/multimem.md, sm_90).
-#define MM "multimem.ld_reduce.relaxed.sys.global."
+// Real multimem forms: mcast/device.h's raw-address hardware functions (one implementation with
+// the device API), chosen per (dtype, operator) here.
 template <int D, int O>
 __device__ __forceinline__ u32 mc_ldr32(u64 mc);
 template <int D, int O>
 __device__ __forceinline__ u64 mc_ldr64(u64 mc);
-#define LDR32(D, O, BODY)                                                          \
-  template <>                                                                      \
-  __device__ __forceinline__ u32 mc_ldr32<D, O>(u64 mc) {                          \
-    u32 v;                                                                         \
-    asm volatile(BODY : "=r"(v) : "l"(mc) : "memory");                             \
-    return v;                                                                      \
+#define LDR32(D, O, FN)                               \
+  template <>                                         \
+  __device__ __forceinline__ u32 mc_ldr32<D, O>(u64 mc) { \
+    return FN(mc);                                    \
   }
-#define LDR64(D, O, BODY)                                                          \
-  template <>                                                                      \
-  __device__ __forceinline__ u64 mc_ldr64<D, O>(u64 mc) {                          \
-    u64 v;                                                                         \
-    asm volatile(BODY : "=l"(v) : "l"(mc) : "memory");                             \
-    return v;                                                                      \
+#define LDR64(D, O, FN)                               \
+  template <>                                         \
+  __device__ __forceinline__ u64 mc_ldr64<D, O>(u64 mc) { \
+    return FN(mc);                                    \
   }
-LDR32(D_F32, O_SUM, "{.reg .f32 t; " MM "add.f32 t, [%1]; mov.b32 %0, t;}")
-LDR32(D_BF16, O_SUM, MM "add.acc::f32.bf16x2 %0, [%1];")
-LDR32(D_BF16, O_MIN, MM "min.bf16x2 %0, [%1];")
-LDR32(D_BF16, O_MAX, MM "max.bf16x2 %0, [%1];")
-LDR32(D_F16, O_SUM, MM "add.acc::f32.f16x2 %0, [%1];")
-LDR32(D_F16, O_MIN, MM "min.f16x2 %0, [%1];")
-LDR32(D_F16, O_MAX, MM "max.f16x2 %0, [%1];")
-LDR32(D_I32, O_SUM, MM "add.s32 %0, [%1];")
-LDR32(D_I32, O_MIN, MM "min.s32 %0, [%1];")
-LDR32(D_I32, O_MAX, MM "max.s32 %0, [%1];")
-LDR32(D_U32, O_SUM, MM "add.u32 %0, [%1];")
-LDR32(D_U32, O_MIN, MM "min.u32 %0, [%1];")
-LDR32(D_U32, O_MAX, MM "max.u32 %0, [%1];")
-LDR64(D_F64, O_SUM, "{.reg .f64 t; " MM "add.f64 t, [%1]; mov.b64 %0, t;}")
-LDR64(D_I64, O_SUM, MM "add.u64 %0, [%1];")  // same bits as s64 add
-LDR64(D_I64, O_MIN, MM "min.s64 %0, [%1];")
-LDR64(D_I64, O_MAX, MM "max.s64 %0, [%1];")
-LDR64(D_U64, O_SUM, MM "add.u64 %0, [%1];")
-LDR64(D_U64, O_MIN, MM "min.u64 %0, [%1];")
-LDR64(D_U64, O_MAX, MM "max.u64 %0, [%1];")
+LDR32(D_F32, O_SUM, mcast_dev__hw_ld4_add_f32)
+LDR32(D_BF16, O_SUM, mcast_dev__hw_ld4_add_bf16x2)
+LDR32(D_BF16, O_MIN, mcast_dev__hw_ld4_min_bf16x2)
+LDR32(D_BF16, O_MAX, mcast_dev__hw_ld4_max_bf16x2)
+LDR32(D_F16, O_SUM, mcast_dev__hw_ld4_add_f16x2)
+LDR32(D_F16, O_MIN, mcast_dev__hw_ld4_min_f16x2)
+LDR32(D_F16, O_MAX, mcast_dev__hw_ld4_max_f16x2)
+LDR32(D_I32, O_SUM, mcast_dev__hw_ld4_add_s32)
+LDR32(D_I32, O_MIN, mcast_dev__hw_ld4_min_s32)
+LDR32(D_I32, O_MAX, mcast_dev__hw_ld4_max_s32)
+LDR32(D_U32, O_SUM, mcast_dev__hw_ld4_add_u32)
+LDR32(D_U32, O_MIN, mcast_dev__hw_ld4_min_u32)
+LDR32(D_U32, O_MAX, mcast_dev__hw_ld4_max_u32)
+LDR64(D_F64, O_SUM, mcast_dev__hw_ld8_add_f64)
+LDR64(D_I64, O_SUM, mcast_dev__hw_ld8_add_u64)  // same bits as s64 add
+LDR64(D_I64, O_MIN, mcast_dev__hw_ld8_min_s64)
+LDR64(D_I64, O_MAX, mcast_dev__hw_ld8_max_s64)
+LDR64(D_U64, O_SUM, mcast_dev__hw_ld8_add_u64)
+LDR64(D_U64, O_MIN, mcast_dev__hw_ld8_min_u64)
+LDR64(D_U64, O_MAX, mcast_dev__hw_ld8_max_u64)
 
 template <int D, int O>
 __device__ __forceinline__ u64 mc_ld_reduce_unit(const McastArgs&, u64 mc) {
@@ -128,47 +120,47 @@ struct McV16 {
     return v;
   }
 };
-#define LDV4(D, O, BODY)                                                                   \
-  template <>                                                                              \
-  struct McV16<D, O> {                                                                     \
-    static __device__ __forceinline__ V16 ld(u64 mc) {                                     \
-      V16 v;                                                                               \
-      asm volatile(BODY : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(mc) : "memory"); \
-      return v;                                                                            \
-    }                                                                                      \
+// The vector forms: mcast/device.h's.
+#define LDV4_DEV(D, O, FN)                                                  \
+  template <>                                                               \
+  struct McV16<D, O> {                                                      \
+    static __device__ __forceinline__ V16 ld(u64 mc) {                      \
+      const mcast_dev_v16_t r = FN(mc);                                     \
+      V16 v;                                                                \
+      v.x = r.x;                                                            \
+      v.y = r.y;                                                            \
+      v.z = r.z;                                                            \
+      v.w = r.w;                                                            \
+      return v;                                                             \
+    }                                                                       \
   };
-LDV4(D_F32, O_SUM,
-     "{.reg .f32 a, b, c, d; " MM "add.v4.f32 {a, b, c, d}, [%4]; "
-     "mov.b32 %0, a; mov.b32 %1, b; mov.b32 %2, c; mov.b32 %3, d;}")
-LDV4(D_BF16, O_SUM, MM "add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_BF16, O_MIN, MM "min.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_BF16, O_MAX, MM "max.v4.bf16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_SUM, MM "add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_MIN, MM "min.v4.f16x2 {%0, %1, %2, %3}, [%4];")
-LDV4(D_F16, O_MAX, MM "max.v4.f16x2 {%0, %1, %2, %3}, [%4];")
+LDV4_DEV(D_F32, O_SUM, mcast_dev__hw_ld16_add_f32x4)
+LDV4_DEV(D_BF16, O_SUM, mcast_dev__hw_ld16_add_bf16x8)
+LDV4_DEV(D_BF16, O_MIN, mcast_dev__hw_ld16_min_bf16x8)
+LDV4_DEV(D_BF16, O_MAX, mcast_dev__hw_ld16_max_bf16x8)
+LDV4_DEV(D_F16, O_SUM, mcast_dev__hw_ld16_add_f16x8)
+LDV4_DEV(D_F16, O_MIN, mcast_dev__hw_ld16_min_f16x8)
+LDV4_DEV(D_F16, O_MAX, mcast_dev__hw_ld16_max_f16x8)
 
 template <int D, int O>
 __device__ __forceinline__ V16 mc_ld_reduce_v16(const McastArgs&, u64 mc) {
   return McV16<D, O>::ld(mc);
 }
+// Stores: mcast/device.h's forms.
 __device__ __forceinline__ void mc_st_v16(const McastArgs&, u64 mc, V16 v) {
-  asm volatile(
-      "{.reg .f32 a, b, c, d; mov.b32 a, %1; mov.b32 b, %2; mov.b32 c, %3; mov.b32 d, %4; "
-      "multimem.st.relaxed.sys.global.v4.f32 [%0], {a, b, c, d};}" ::"l"(mc),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-      : "memory");
+  mcast_dev_v16_t w;
+  w.x = v.x;
+  w.y = v.y;
+  w.z = v.z;
+  w.w = v.w;
+  mcast_dev__hw_st16(mc, w);
 }
 template <u32 U>
 __device__ __forceinline__ void mc_st_unit(const McastArgs&, u64 mc, u64 bits) {
   if (U == 8)
-    asm volatile("multimem.st.relaxed.sys.global.u64 [%0], %1;" ::"l"(mc), "l"(bits) : "memory");
+    mcast_dev__hw_st8(mc, bits);
   else
-    asm volatile("{.reg .f32 a; mov.b32 a, %1; multimem.st.relaxed.sys.global.f32 [%0], a;}" ::"l"(mc),
-                 "r"((u32)bits)
-                 : "memory");
-}
-__device__ void mc_red_signal(const McastArgs&, u64 mc) {
-  asm volatile("multimem.red.release.sys.global.add.u32 [%0], %1;" ::"l"(mc), "r"(1u) : "memory");
+    mcast_dev__hw_st4(mc, (u32)bits);
 }
 #endif
 

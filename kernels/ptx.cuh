@@ -5,32 +5,12 @@ struct alignas(16) V16 {
   u32 x, y, z, w;
 };
 
-__device__ __forceinline__ u64 globaltimer() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ u32 ld_acquire_sys(u64 addr) {
-  u32 v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_sys_add(u64 addr, u32 v) {
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 atom_cas_u32(u64 addr, u32 cmp, u32 val) {
-  u32 old;
-  asm volatile("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
-  return old;
-}
-__device__ __forceinline__ u32 atom_cas_sys_u32(u64 addr, u32 cmp, u32 val) {
-  u32 old;
-  asm volatile("atom.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(addr), "r"(cmp), "r"(val) : "memory");
-  return old;
-}
-__device__ __forceinline__ void red_or_u32(u64 addr, u32 v) {
-  asm volatile("red.global.or.b32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
-}
+// The memory-order primitives are mcast/device.h's (one implementation for the device API and
+// the library's kernels); these names keep the collectives' code short.
+__device__ __forceinline__ u64 globaltimer() { return mcast_dev__globaltimer(); }
+__device__ __forceinline__ u32 ld_acquire_sys(u64 addr) { return mcast_dev__ld_acquire(addr); }
+__device__ __forceinline__ void red_release_sys_add(u64 addr, u32 v) { mcast_dev__red_add(addr, v, 1); }
+__device__ __forceinline__ u32 atom_cas_u32(u64 addr, u32 cmp, u32 val) { return mcast_dev__cas(addr, cmp, val); }
 __device__ __forceinline__ float u32_as_f32(u32 x) {
   float f;
   asm("mov.b32 %0, %1;" : "=f"(f) : "r"(x));

@@ -28,6 +28,7 @@ const EXPECT_HT: &str = "MCAST_MP_EXPECT_HANDLE_TYPE";
 const EXPECT_LL: &str = "MCAST_MP_EXPECT_LL";
 /// The copy-engine threshold a rank expects its team to have agreed on; unset: not checked.
 const EXPECT_CE: &str = "MCAST_MP_EXPECT_CE";
+const EXPECT_SLOTS: &str = "MCAST_MP_EXPECT_SLOTS";
 /// Set: a killed peer must be reported within timeout_ms + 1 s.
 const TIGHT: &str = "MCAST_MP_TIGHT";
 /// The case a `register-errors` child runs.
@@ -77,6 +78,8 @@ fn spawn_in(
                 .env_remove(EXPECT_LL)
                 .env_remove("MCAST_CE_MIN_BYTES")
                 .env_remove(EXPECT_CE)
+                .env_remove("MCAST_DEVICE_SLOTS")
+                .env_remove(EXPECT_SLOTS)
                 .env_remove(EXPECT_HT)
                 .env_remove("MCAST_HOST_ID")
                 .env_remove("MCAST_BOOTSTRAP_ADDR")
@@ -405,6 +408,19 @@ fn the_ranks_agree_on_the_copy_engine_threshold() {
             v
         }));
     }
+}
+
+/// The ranks agree on the device-API slots at creation (each process reads its own
+/// `MCAST_DEVICE_SLOTS`): the largest any rank asks for, so every rank's layout is the same.
+#[test]
+fn the_ranks_agree_on_the_device_api_slots() {
+    let asked = [300u32, 1000, 256];
+    all_ok(&spawn(3, "collectives", false, |r| {
+        let mut v = expect("fabric");
+        v.push(("MCAST_DEVICE_SLOTS", asked[r].to_string()));
+        v.push((EXPECT_SLOTS, "1000".to_string()));
+        v
+    }));
 }
 
 /// One rank's device lacks fabric support: every rank falls back to POSIX descriptors.
@@ -754,7 +770,7 @@ fn context(multicast: bool) -> Arc<Context> {
     // The handle type and the simulated fabric support come from the environment.
     .with_env(|name| match name {
         "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" | "MCAST_SIM_IMEX"
-        | "MCAST_DOMAIN" | "MCAST_MNNVL" => std::env::var(name).ok(),
+        | "MCAST_DOMAIN" | "MCAST_MNNVL" | "MCAST_DEVICE_SLOTS" => std::env::var(name).ok(),
         _ => None,
     });
     Arc::new(Context::new(config).unwrap())
@@ -866,6 +882,11 @@ fn child() {
             }
             if let Ok(ce) = std::env::var(EXPECT_CE) {
                 assert_eq!(team.ce_min_bytes().to_string(), ce, "rank {r}: copy-engine threshold");
+            }
+            if let Ok(slots) = std::env::var(EXPECT_SLOTS) {
+                assert_eq!(team.device_slots().to_string(), slots, "rank {r}: device-API slots");
+                let v = mcast::runtime::device_api::team_view(&team, r as i32).unwrap();
+                assert_eq!(v.nslots.to_string(), slots, "rank {r}: the handle's slots");
             }
             // Ranks of other processes are refused.
             let other = ((r + 1) % n) as i32;

@@ -7,7 +7,8 @@
  * provided, so NCCL_MINOR says 27 and programs such as nccl-tests take their host-API paths.
  *
  * Served by mcast: communicator creation and destruction, queries, errors, ncclMemAlloc/Free,
- * buffer registration, ncclAllReduce, ncclBroadcast, ncclBcast, ncclReduceScatter, ncclAllGather
+ * buffer registration (ncclCommRegister, and NCCL 2.27's symmetric windows, ncclCommWindowRegister,
+ * served as mcast registrations), ncclAllReduce, ncclBroadcast, ncclBcast, ncclReduceScatter, ncclAllGather
  * and groups, for the types float, double, half, bfloat16, int32, uint32, int64, uint64 and the
  * operations sum, min, max. Every other call goes to the NCCL library named by
  * MCAST_NCCL_FALLBACK, or returns ncclInvalidUsage (ncclGetLastError says why).

@@ -793,7 +793,14 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
     })
 }
 
-/// `ncclCommWindowRegister`: not served (NCCL 2.27's symmetric windows).
+/// `NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC`: the window flags NCCL 2.27 defines.
+const WIN_KNOWN_FLAGS: c_int = 0x01;
+
+/// `ncclCommWindowRegister` (NCCL 2.27's symmetric windows): an mcast registration of
+/// `[buff, buff + size)`, as `ncclCommRegister`, so collectives on window memory go zero-copy
+/// (mcast's registered buffers are symmetric already: every rank registers its own memory in one
+/// collective call). `win_flags`: `NCCL_WIN_DEFAULT` or `NCCL_WIN_COLL_SYMMETRIC`; other bits are
+/// `ncclInvalidArgument`. Collective, like `ncclCommRegister`.
 // The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
@@ -812,15 +819,35 @@ pub extern "C" fn ncclCommWindowRegister(
         return r;
     }
     guard("ncclCommWindowRegister", || {
-        comm::lookup(comm)?;
-        Err(Failure::new(
-            types::INVALID_USAGE,
-            "ncclCommWindowRegister is not served by mcast_nccl: use ncclCommRegister",
-        ))
+        let c = comm::lookup(comm)?;
+        out(win, "win")?;
+        if win_flags & !WIN_KNOWN_FLAGS != 0 {
+            return Err(Failure::new(
+                types::INVALID_ARGUMENT,
+                format!("win_flags {win_flags:#x}: only NCCL_WIN_DEFAULT and NCCL_WIN_COLL_SYMMETRIC are known"),
+            ));
+        }
+        if buff.is_null() || size == 0 {
+            return Err(Failure::new(types::INVALID_ARGUMENT, "buff is NULL or size is 0"));
+        }
+        let (dst, ptr) = (win as usize, buff as usize);
+        let me = c.clone();
+        group::submit(Op {
+            comm: Some(c),
+            blocking: true,
+            forwarded: false,
+            run: Box::new(move || {
+                let h = me.register(ptr, size)?;
+                // SAFETY: the caller's out-pointer.
+                unsafe { *(dst as *mut *mut c_void) = h as *mut c_void };
+                Ok(())
+            }),
+        })?;
+        ok()
     })
 }
 
-/// `ncclCommWindowDeregister`: not served.
+/// `ncclCommWindowDeregister`: ends the registration `ncclCommWindowRegister` made.
 // The pointers go to the fallback NCCL as given, under its contract (as every NCCL call).
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
@@ -831,8 +858,8 @@ pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: *mut c_void) -
         return r;
     }
     guard("ncclCommWindowDeregister", || {
-        comm::lookup(comm)?;
-        Err(Failure::new(types::INVALID_USAGE, "ncclCommWindowDeregister is not served by mcast_nccl"))
+        comm::lookup(comm)?.deregister(win as usize)?;
+        ok()
     })
 }
 

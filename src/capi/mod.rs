@@ -15,6 +15,7 @@ pub mod collective;
 pub mod config;
 pub mod context;
 pub mod device;
+pub mod device_api;
 pub mod memory;
 pub mod status;
 pub mod team;

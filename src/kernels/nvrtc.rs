@@ -201,6 +201,27 @@ impl Nvrtc {
     /// Compiles `source` with `options`; `target` names the build in errors. A failed compile
     /// returns [`KernelError::Compile`] with the log.
     pub fn compile(&self, source: &str, name: &str, options: &[String], target: &str) -> Result<Compiled, KernelError> {
+        self.compile_with_headers(source, name, &[], options, target)
+    }
+
+    /// [`Nvrtc::compile`] with `headers`: (include name, text) pairs that `#include "name"` in
+    /// the source finds without any include path (how an application hands NVRTC
+    /// `mcast/device.h`).
+    pub fn compile_with_headers(
+        &self,
+        source: &str,
+        name: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+        target: &str,
+    ) -> Result<Compiled, KernelError> {
+        let nul = |what: &str| KernelError::Unsupported(format!("NUL in {what}"));
+        let htext: Vec<CString> =
+            headers.iter().map(|h| CString::new(h.1)).collect::<Result<_, _>>().map_err(|_| nul("a header"))?;
+        let hname: Vec<CString> =
+            headers.iter().map(|h| CString::new(h.0)).collect::<Result<_, _>>().map_err(|_| nul("a header name"))?;
+        let htextp: Vec<*const c_char> = htext.iter().map(|h| h.as_ptr()).collect();
+        let hnamep: Vec<*const c_char> = hname.iter().map(|h| h.as_ptr()).collect();
         let src = CString::new(source).map_err(|_| KernelError::Unsupported("NUL in kernel source".into()))?;
         let cname = CString::new(name).map_err(|_| KernelError::Unsupported("NUL in source name".into()))?;
         let opts: Vec<CString> = options
@@ -210,9 +231,13 @@ impl Nvrtc {
             .map_err(|_| KernelError::Unsupported("NUL in an NVRTC option".into()))?;
         let optp: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
         let mut prog: Prog = std::ptr::null_mut();
-        // SAFETY: valid C strings; no headers.
-        let rc =
-            unsafe { (self.create)(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
+        let (hn, ht, hp) = if headers.is_empty() {
+            (0, std::ptr::null(), std::ptr::null())
+        } else {
+            (headers.len() as c_int, htextp.as_ptr(), hnamep.as_ptr())
+        };
+        // SAFETY: valid C strings; `hn` headers and names, valid for the call.
+        let rc = unsafe { (self.create)(&mut prog, src.as_ptr(), cname.as_ptr(), hn, ht, hp) };
         if rc != 0 {
             return Err(self.err(target, rc));
         }

@@ -14,10 +14,27 @@ macro_rules! piece {
     };
 }
 
-/// The shared part followed by the given collective files.
+/// The device API header, first: the library's barrier, waits, error recording and multimem
+/// instructions are its code
+/// (issue 27: one implementation of the protocol). The emulated build compiles it P2P-only, so
+/// no multimem instruction appears there.
+macro_rules! device_header {
+    () => {
+        concat!(
+            "#if defined(MCAST_EMULATE_MULTIMEM) && !defined(MCAST_DEV_TRANSPORT)\n",
+            "#define MCAST_DEV_TRANSPORT 1\n",
+            "#endif\n",
+            "#line 1 \"include/mcast/device.h\"\n",
+            include_str!("../../include/mcast/device.h")
+        )
+    };
+}
+
+/// The device API header, then the shared part, then the given collective files.
 macro_rules! source {
     ($($file:literal),*) => {
         concat!(
+            device_header!(),
             piece!("abi.cuh"),
             piece!("ptx.cuh"),
             piece!("dtype.cuh"),
@@ -104,6 +121,37 @@ mod tests {
             assert!(text.ends_with('\n'), "{p} does not end with a newline");
             assert!(text.starts_with(&format!("// kernels/{p}: ")), "{p} does not open with its doc line");
             assert!(!text.lines().any(|l| l.trim_start().starts_with("#include")), "{p}: NVRTC gets no headers");
+        }
+    }
+
+    /// Issue 27, item 4: the collectives' barrier, waits, error recording and memory-order
+    /// primitives are mcast/device.h's code, compiled first; no piece of kernels/ has its own
+    /// Every multimem instruction the collectives issue is one of the header's raw-address forms
+    /// too (multimem.cuh only chooses them per dtype and operator, and emulates them).
+    #[test]
+    fn the_collectives_use_the_device_api_protocol() {
+        assert!(SOURCE.contains(include_str!("../../include/mcast/device.h")));
+        assert!(SOURCE.find("mcast/device.h\"").unwrap() < SOURCE.find("kernels/abi.cuh").unwrap());
+        let sync = include_str!("../../kernels/sync.cuh");
+        for f in ["mcast_dev__barrier_cta", "mcast_dev__wait_count", "mcast_dev__record"] {
+            assert!(sync.contains(f), "kernels/sync.cuh does not use {f}");
+        }
+        let mm = include_str!("../../kernels/multimem.cuh");
+        for f in
+            ["mcast_dev__hw_st16", "mcast_dev__hw_st4", "mcast_dev__hw_ld16_add_bf16x8", "mcast_dev__hw_ld8_min_s64"]
+        {
+            assert!(mm.contains(f), "kernels/multimem.cuh does not use {f}");
+        }
+        let mm_code = mm.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+        assert!(!mm_code.contains("multimem."), "kernels/multimem.cuh has a multimem instruction of its own");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+        for p in PIECES {
+            let text = std::fs::read_to_string(format!("{dir}/{p}")).unwrap();
+            let code: String =
+                text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+            for own in ["ld.acquire", "red.release", "st.release", "atom.global.cas", "%globaltimer", "multimem.red"] {
+                assert!(!code.contains(own), "{p} has its own {own}: use mcast/device.h's");
+            }
         }
     }
 

@@ -517,6 +517,11 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
             )));
             return Err(team.error().expect("an aborted team has its error"));
         }
+        if let Some(e) = super::device_api::device_error(rank, code, info, timeout_ms) {
+            // A device-API call's failure (an application kernel), with its detail.
+            team.set_error(e);
+            return Err(team.error().expect("just set"));
+        }
         if code == ERR_TIMEOUT {
             // This rank's wait timed out, or it ended because another rank's did (the state
             // word): the error names the rank that timed out first and whom it waited for, and

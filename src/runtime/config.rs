@@ -58,6 +58,12 @@ pub const MAX_SIM_DEVICES: u32 = 72;
 /// CUDA auto is off until then.
 pub const DEFAULT_CE_MIN_BYTES: u64 = 64 << 20;
 
+/// Device-API slots per team unless `MCAST_DEVICE_SLOTS` says otherwise
+/// (`MCAST_DEV_DEFAULT_SLOTS` of `mcast/device.h`).
+pub const DEFAULT_DEVICE_SLOTS: u32 = 256;
+/// Most device-API slots a team may reserve.
+pub const MAX_DEVICE_SLOTS: u32 = 65536;
+
 /// Everything a context is configured with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -103,6 +109,10 @@ pub struct Config {
     /// config struct). See `runtime::ce`.
     /// `None`: auto ([`DEFAULT_CE_MIN_BYTES`] on the simulator, off on CUDA until measured).
     pub ce_min_bytes: Option<u64>,
+    /// Barrier and signal slots each team reserves for the device API (`mcast/device.h`), apart
+    /// from the library's own (`MCAST_DEVICE_SLOTS`, 1..=65536; not in the C struct). A
+    /// multi-process team takes the largest any rank asks for.
+    pub device_slots: u32,
 }
 
 impl Default for Config {
@@ -125,6 +135,7 @@ impl Default for Config {
             mnnvl: true,
             ll: LlMode::Auto,
             ce_min_bytes: None,
+            device_slots: DEFAULT_DEVICE_SLOTS,
         }
     }
 }
@@ -186,6 +197,7 @@ impl Config {
                 None => warn_malformed("MCAST_CE_MIN_BYTES", &v, "a byte count such as 67108864, 64M or 0 (off)"),
             }
         }
+        parse_into(&get, "MCAST_DEVICE_SLOTS", &mut self.device_slots, |n: u32| (1..=MAX_DEVICE_SLOTS).contains(&n));
         if let Some(v) = get("MCAST_SIM_FABRIC") {
             match (v.to_ascii_lowercase().as_str(), parse_bool(&v)) {
                 ("none", _) | (_, Some(false)) => self.sim_fabric_supported = false,
@@ -296,6 +308,7 @@ mod tests {
         assert_eq!(c.handle_type, HandleTypeMode::Auto);
         assert_eq!(c.ll, LlMode::Auto);
         assert_eq!(c.ce_min_bytes, None);
+        assert_eq!(c.device_slots, 256);
         assert_eq!((c.backend, c.multicast), (Backend::Auto, MulticastMode::Auto));
     }
 
@@ -332,6 +345,9 @@ mod tests {
         assert_eq!(c.sim_devices, 8);
         assert_eq!(c.sim_device_memory, 512 << 20);
         assert!(!c.sim_multicast_supported);
+        assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "1024")]).device_slots, 1024);
+        assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "0")]).device_slots, DEFAULT_DEVICE_SLOTS);
+        assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "65537")]).device_slots, DEFAULT_DEVICE_SLOTS);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod collective;
 pub mod comm;
 pub mod config;
 pub mod context;
+pub mod device_api;
 pub mod env;
 pub mod error;
 pub mod handles;

@@ -129,10 +129,23 @@ pub fn ll_bytes(nranks: u32) -> usize {
 }
 
 /// Bytes a team reserves per rank at the start of its first segment: the sync region, the push
-/// scratch, the staging area, then, for a team that runs the LL kernels (`ll`), their landing
-/// area.
-pub fn team_reserved_bytes(nranks: u32, ll: bool) -> usize {
+/// scratch, the staging area, for a team that runs the LL kernels (`ll`) their landing area, then
+/// `device_slots` device-API slots.
+pub fn team_reserved_bytes(nranks: u32, ll: bool, device_slots: u32) -> usize {
+    device_offset(nranks, ll) + device_bytes(nranks, device_slots)
+}
+
+/// Offset of a team's device-API slots (`mcast/device.h`) from a rank's sync region: after
+/// everything the library's own kernels use, so the two never share a counter.
+pub fn device_offset(nranks: u32, ll: bool) -> usize {
     ll_offset(nranks) + if ll { ll_bytes(nranks) } else { 0 }
+}
+
+/// Bytes per rank of `slots` device-API slots for a team of `nranks` (the layout comment of
+/// `mcast/device.h`): per slot a barrier arrival counter and its epoch, and per slot and rank a
+/// signal counter and its consumed count, all `u32`.
+pub fn device_bytes(nranks: u32, slots: u32) -> usize {
+    8 * slots as usize + 8 * slots as usize * nranks as usize
 }
 
 /// Error word value: no error.
@@ -142,6 +155,12 @@ pub const ERR_TIMEOUT: u32 = 1;
 /// Error word value: a barrier wait ended because the team was aborted (maps to
 /// `MCAST_ERROR_ABORTED`).
 pub const ERR_ABORTED: u32 = 2;
+/// Error word value: a device-API call with `MCAST_DEV_DEBUG` was given a bad argument (maps to
+/// `MCAST_ERROR_INVALID_ARGUMENT`; the detail word says which, see [`DEVICE_INFO`]).
+pub const ERR_INVALID: u32 = 3;
+/// Detail word bit of an error recorded by the device API (`MCAST_DEV_INFO_DEVICE_API`): the
+/// rest is `what << 24 | value` (`MCAST_DEV_INFO_*` of `mcast/device.h`).
+pub const DEVICE_INFO: u32 = 0x8000_0000;
 /// State word value: the team is usable.
 pub const STATE_OK: u32 = 0;
 /// State word value (low byte): a rank timed out; its number is in the bits above

@@ -298,10 +298,12 @@ mod tests {
         big_team.sync = vec![0x3000_0000; 5].into();
         assert_eq!(plan(&big_team).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2p);
         assert_eq!(scratch_bytes(5), 0);
-        assert_eq!(team_reserved_bytes(2, false), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
-        assert_eq!(team_reserved_bytes(2, true), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES + 32 * 2 * 16384);
-        assert_eq!(team_reserved_bytes(8, true), SYNC_BYTES + STAGE_BYTES + 32 * 2 * 7 * 16384);
-        assert_eq!(team_reserved_bytes(9, true), team_reserved_bytes(9, false));
+        assert_eq!(team_reserved_bytes(2, false, 0), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES);
+        assert_eq!(team_reserved_bytes(2, true, 0), SYNC_BYTES + 3 * 65536 * 64 + STAGE_BYTES + 32 * 2 * 16384);
+        assert_eq!(team_reserved_bytes(8, true, 0), SYNC_BYTES + STAGE_BYTES + 32 * 2 * 7 * 16384);
+        assert_eq!(team_reserved_bytes(9, true, 0), team_reserved_bytes(9, false, 0));
+        // The device-API slots come last: 256 slots of a team of two, 8 + 8 * 2 bytes each.
+        assert_eq!(team_reserved_bytes(2, true, 256), team_reserved_bytes(2, true, 0) + 256 * 24);
         assert_eq!(scratch_bytes(4), 3 * 3 * 32768 * 64);
         assert_eq!(scratch_bytes(1), 0);
         assert_eq!(stage_offset(5) % 16, 0);

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 
 use super::Team;
 use crate::kernels::abi::{
-    timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_TIMEOUT, MISSING_OFFSET, MISSING_WORDS,
-    STATE_ABORTED, STATE_OFFSET,
+    timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_TIMEOUT, MISSING_OFFSET,
+    MISSING_WORDS, STATE_ABORTED, STATE_OFFSET,
 };
 use crate::runtime::error::{Error, ErrorKind, Result};
 
@@ -213,6 +213,15 @@ impl Team {
                 Ok(ERR_TIMEOUT) => {
                     drop(live);
                     return Some(self.timed_out(r).kind);
+                }
+                Ok(ERR_INVALID) => {
+                    let info = driver.peek_u32(dev, base + ERROR_INFO_OFFSET as u64).unwrap_or(0);
+                    let timeout_ms = self.env.config().timeout_ms;
+                    if let Some(e) = crate::runtime::device_api::device_error(r as i32, ERR_INVALID, info, timeout_ms) {
+                        let kind = e.kind;
+                        self.set_error(e);
+                        return Some(kind);
+                    }
                 }
                 Ok(ERR_ABORTED) => {
                     drop(live);

@@ -15,10 +15,10 @@ use super::transport::{self, handle_type_label, Transport};
 use super::Team;
 use crate::bootstrap::{host, Bootstrap};
 use crate::driver::{uuid_string, Device, HandleTypes};
-use crate::kernels::abi::{ll_bytes, ll_offset};
+use crate::kernels::abi::{device_bytes, device_offset, ll_bytes, ll_offset};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
-use crate::runtime::config::MulticastMode;
+use crate::runtime::config::{MulticastMode, MAX_DEVICE_SLOTS};
 use crate::runtime::env::{lcm, Env};
 use crate::runtime::error::{Error, ErrorKind, Result};
 use crate::runtime::policy;
@@ -71,7 +71,8 @@ impl Team {
             handle_type: HandleTypes::NONE,
         };
         let ll = env.ll_wanted() && ll_bytes(devices.len() as u32) > 0;
-        let (seg, reserved) = first_segment(env, &shape, ll)?;
+        let slots = env.config().device_slots;
+        let (seg, reserved) = first_segment(env, &shape, ll, slots)?;
         let max_blocks = match transport::block_cap(env, devices) {
             Ok(m) => m,
             Err(e) => {
@@ -80,7 +81,7 @@ impl Team {
             }
         };
         let ce = env.ce_min_bytes();
-        let agreed = (max_blocks, ll, ce);
+        let agreed = (max_blocks, ll, ce, slots);
         let team = Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), seg, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
@@ -209,6 +210,7 @@ impl Team {
         e.u32(*sms.as_ref().unwrap_or(&1));
         e.u32(u32::from(env.ll_wanted()));
         e.u64(env.ce_min_bytes());
+        e.u32(env.config().device_slots);
         let ok = local.as_ref().map(|_| ()).map_err(Clone::clone).and(sms.as_ref().map(|_| ()).map_err(Clone::clone));
         let parts = comm.exchange("granularity", ok, &e.0, &[])?;
         let mut granularity = 1usize;
@@ -219,6 +221,8 @@ impl Team {
         let mut ll = ll_bytes(n as u32) > 0;
         // The copy-engine threshold: off if any rank has it off, else the largest.
         let mut ce = Some(0u64);
+        // Device-API slots: the most any rank asks for (the layout must be the same everywhere).
+        let mut slots = 1u32;
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             granularity = lcm(granularity, (d.u64()? as usize).max(1));
@@ -229,6 +233,7 @@ impl Team {
                 (_, 0) | (None, _) => None,
                 (Some(a), b) => Some(a.max(b)),
             };
+            slots = slots.max(d.u32()?.clamp(1, MAX_DEVICE_SLOTS));
         }
         let ce = ce.unwrap_or(0);
         let max_blocks = max_blocks.max(1);
@@ -246,7 +251,7 @@ impl Team {
             comm: Some(comm),
             handle_type,
         };
-        let (seg, reserved) = first_segment(env, &shape, ll).map_err(|e| match unseen {
+        let (seg, reserved) = first_segment(env, &shape, ll, slots).map_err(|e| match unseen {
             // A peer's GPU this process does not see: peer access was left to the import and
             // mapping of its memory, and that failed.
             Some(q) if e.kind == ErrorKind::Driver => Error::not_supported(format!(
@@ -258,7 +263,7 @@ impl Team {
             )),
             _ => e,
         })?;
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce), domains, seg, reserved);
+        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce, slots), domains, seg, reserved);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
             handle_type_label(handle_type)
@@ -268,14 +273,14 @@ impl Team {
 
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
-    /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold.
+    /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold, the device-API slots.
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         env: &Arc<Env>,
         shape: Shape,
         transport: Transport,
         reason: String,
-        agreed: (u32, bool, u64),
+        agreed: (u32, bool, u64, u32),
         domains: Domains,
         seg: Segment,
         reserved: usize,
@@ -298,6 +303,8 @@ impl Team {
             max_blocks: agreed.0,
             ll: agreed.1,
             ce_min_bytes: agreed.2,
+            device_slots: agreed.3,
+            device_offset: device_offset(n as u32, agreed.1),
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
             state: RwLock::new(state),
@@ -344,12 +351,13 @@ fn peer_access(env: &Env, comm: &Comm, device: Device, gpus: &[[u8; 16]]) -> (Re
 }
 
 /// The first segment of a team over `shape`: the sync regions (zeroed; by every rank of a
-/// multi-process team, voted), the push all-reduce's scratch, the staging area and, with `ll`,
-/// the LL landing area (zeroed), rounded up to the granularity. Returns it with the bytes
-/// reserved at its start.
-fn first_segment(env: &Env, shape: &Shape, ll: bool) -> Result<(Segment, usize)> {
+/// multi-process team, voted), the push all-reduce's scratch, the staging area, with `ll` the LL
+/// landing area (zeroed), and `slots` device-API slots (zeroed), rounded up to the granularity.
+/// Returns it with the bytes reserved at its start.
+fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segment, usize)> {
     let n = shape.devices.len();
-    let reserved = crate::kernels::abi::team_reserved_bytes(n as u32, ll);
+    let reserved = crate::kernels::abi::team_reserved_bytes(n as u32, ll, slots);
+    let device = (device_offset(n as u32, ll), device_bytes(n as u32, slots));
     let size = reserved.checked_next_multiple_of(shape.alignment).expect("small");
     let seg = Segment::create(env, shape, size, &mut || 0)?;
     let own: Vec<usize> = match &shape.comm {
@@ -364,13 +372,14 @@ fn first_segment(env: &Env, shape: &Shape, ll: bool) -> Result<(Segment, usize)>
         env.driver()
             .memset_d8(shape.devices[r], base, 0, SYNC_BYTES)
             .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")))?;
-        match landing {
-            Some((off, len)) => env
-                .driver()
+        if let Some((off, len)) = landing {
+            env.driver()
                 .memset_d8(shape.devices[r], base + off as u64, 0, len)
-                .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s LL landing area"))),
-            None => Ok(()),
+                .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s LL landing area")))?;
         }
+        env.driver()
+            .memset_d8(shape.devices[r], base + device.0 as u64, 0, device.1)
+            .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s device-API slots")))
     };
     let mut zeroed = own.into_iter().try_for_each(zero);
     if let Some(comm) = &shape.comm {

@@ -58,6 +58,10 @@ pub struct Team {
     ll: bool,
     /// The copy-engine threshold the ranks agreed on (see [`Team::ce_min_bytes`]).
     ce_min_bytes: u64,
+    /// Device-API slots reserved per rank (see [`Team::device_slots`]).
+    device_slots: u32,
+    /// Offset of the device-API slots from each rank's sync region.
+    device_offset: usize,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
     /// Read only once `failed` is set, so a healthy team's collectives never take this lock.
     error: Mutex<Option<Error>>,
@@ -124,6 +128,18 @@ impl Team {
     /// largest of the ranks' thresholds), so every rank takes the same route.
     pub fn ce_min_bytes(&self) -> u64 {
         self.ce_min_bytes
+    }
+
+    /// Barrier and signal slots the team reserved for the device API (`mcast/device.h`): the
+    /// same on every rank.
+    pub fn device_slots(&self) -> u32 {
+        self.device_slots
+    }
+
+    /// Offset of the device-API slots from each rank's sync region (after everything the
+    /// library's own kernels use).
+    pub fn device_offset(&self) -> usize {
+        self.device_offset
     }
 
     /// How multi-process ranks share memory: [`HandleTypes::FABRIC`] or
