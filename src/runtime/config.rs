@@ -93,6 +93,13 @@ pub struct Config {
     /// config struct). See `runtime::ce`.
     /// `None`: auto ([`DEFAULT_CE_MIN_BYTES`] on the simulator, off on CUDA until measured).
     pub ce_min_bytes: Option<u64>,
+    /// The NVLS kill-switch variables as a simulated context sees them (not in the C config
+    /// struct, never read from the environment): `None`, the default, reads the process
+    /// environment; `Some(vars)` reads `vars` instead, so that a simulator test is hermetic
+    /// (`Some(vec![])`: no switch is set, whatever the caller exported) or sets a switch for
+    /// one context without touching the process. Ignored on CUDA: there the process
+    /// environment always decides, so a site's switches stay honoured on real GPUs.
+    pub sim_kill_switches: Option<Vec<(String, String)>>,
 }
 
 impl Default for Config {
@@ -111,6 +118,7 @@ impl Default for Config {
             sim_fabric_supported: true,
             ll: LlMode::Auto,
             ce_min_bytes: None,
+            sim_kill_switches: None,
         }
     }
 }
