@@ -39,8 +39,10 @@ pub struct DeviceInfo {
     pub multicast_usable: bool,
     /// Why not usable, or empty.
     pub multicast_reason: String,
-    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
-    /// report it for this device).
+    /// Multicast granularity, MINIMUM. 0 where multicast is not usable on the device (see
+    /// `multicast_reason`): off by `MCAST_MULTICAST=off` or the config, a site kill switch set
+    /// (the driver is then not asked: no `cuMulticast*` call is made), no driver support; 0 also
+    /// where the driver cannot report it.
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,
@@ -133,7 +135,9 @@ impl Context {
         let props = self.props(dev)?;
         let reason = self.multicast_reason(dev)?;
         let driver = self.driver();
-        let (granularity_min, granularity_recommended) = if driver.has_multicast_api() {
+        // Asked only where multicast is usable: with multicast off (by the mode or a kill
+        // switch) nothing calls a cuMulticast* function.
+        let (granularity_min, granularity_recommended) = if reason.is_none() {
             let prop = MulticastProp { num_devices: 1, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
             let g = |o| driver.multicast_granularity(&prop, o).map(|g| g as u64).unwrap_or(0);
             (g(Granularity::Minimum), g(Granularity::Recommended))
