@@ -1,7 +1,8 @@
 /* API.md "Devices" on the simulator: count, info on every device, argument checks, peer access,
  * and the NVLS kill switch. One program, three ctest entries (argv[1]):
  *   default      MCAST_SIM_DEVICE_MEMORY=96M: multicast usable everywhere, reason ""
- *   killswitch   + NCCL_NVLS_ENABLE=0: not usable, the reason names it, a 2-device team is P2P
+ *   killswitch   + NCCL_NVLS_ENABLE=0: not usable, the reason names it, granularities 0, a
+ *                2-device team is P2P
  *   require      + NCCL_NVLS_ENABLE=0 and MCAST_MULTICAST=require: team creation NOT_SUPPORTED */
 #include <stddef.h>
 #include <string.h>
@@ -124,15 +125,17 @@ static void check_devices(mcast_context_t ctx, int expect_usable) {
     CHECK(info.total_memory == SIM_MEMORY);
     CHECK(info.multicast_supported == 1); /* what the (simulated) driver reports */
     CHECK(memchr(info.multicast_reason, '\0', sizeof info.multicast_reason) != NULL);
-    CHECK(is_power_of_two(info.granularity_min));
-    CHECK(info.granularity_recommended >= info.granularity_min);
-    CHECK(info.granularity_recommended % info.granularity_min == 0);
     if (expect_usable) {
       CHECK(info.multicast_usable == 1);
       CHECK(info.multicast_reason[0] == '\0');
+      CHECK(is_power_of_two(info.granularity_min));
+      CHECK(info.granularity_recommended >= info.granularity_min);
+      CHECK(info.granularity_recommended % info.granularity_min == 0);
     } else {
       CHECK(info.multicast_usable == 0);
       CHECK(strstr(info.multicast_reason, "NCCL_NVLS_ENABLE=0") != NULL);
+      /* Multicast is off: the driver was not asked for its multicast granularity. */
+      CHECK(info.granularity_min == 0 && info.granularity_recommended == 0);
     }
   }
   check_bad_info_calls(ctx, count);

@@ -451,8 +451,10 @@ typedef struct mcast_device_info_t {
    */
   char multicast_reason[160];
   /**
-   * Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
-   * report it for this device).
+   * Multicast granularity, MINIMUM. 0 where multicast is not usable on the device (see
+   * `multicast_reason`): off by `MCAST_MULTICAST=off` or the config, a site kill switch set
+   * (the driver is then not asked: no `cuMulticast*` call is made), no driver support; 0 also
+   * where the driver cannot report it.
    */
   uint64_t granularity_min;
   /**

@@ -4,18 +4,25 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_mcast-bench");
 
-/// The binary on the simulator, with the environment that could change its choices cleared.
-fn bench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
+/// The binary on the simulator, without the caller's variables that could change its choices
+/// (kill switches, `MCAST_MULTICAST`: [`common::hermetic_command`], `MCAST_SIM_DEVICES`,
+/// `MCAST_SIM_FAULTS`); a test sets what it needs on the result.
+fn bench_command() -> Command {
+    let mut c = Command::new(BIN);
+    common::hermetic_command(&mut c)
         .env("MCAST_BACKEND", "sim")
-        .env_remove("MCAST_MULTICAST")
         .env_remove("MCAST_SIM_DEVICES")
-        .env_remove("MCAST_SIM_FAULTS")
-        .output()
-        .expect("mcast-bench runs")
+        .env_remove("MCAST_SIM_FAULTS");
+    c
+}
+
+/// [`bench_command`] with `args`, run to the end.
+fn bench(args: &[&str]) -> Output {
+    bench_command().args(args).output().expect("mcast-bench runs")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -129,9 +136,8 @@ fn p2p_odd_sizes_and_no_check() {
     assert_eq!(row[0][8], "0");
 
     // The environment's multicast policy is honoured and shown.
-    let out = Command::new(BIN)
+    let out = bench_command()
         .args(["-b", "1K", "-e", "1K", "--check", "0", "-q"])
-        .env("MCAST_BACKEND", "sim")
         .env("MCAST_MULTICAST", "off")
         .output()
         .unwrap();
@@ -205,13 +211,10 @@ fn graph_mode_replays_and_reports_its_mode() {
         ("cuStreamBeginCapture=NOT_SUPPORTED@1+", "beginning a CUDA graph capture: cuStreamBeginCapture returned"),
         ("cuGraphLaunch=LAUNCH_FAILED@5+", "replaying the CUDA graph: cuGraphLaunch returned"),
     ] {
-        let out = Command::new(BIN)
+        let out = bench_command()
             .args(["-b", "1K", "-e", "1K", "-n", "2", "-G", "3", "-q"])
-            .env("MCAST_BACKEND", "sim")
             .env("MCAST_SIM_FAULTS", fault)
             .env("MCAST_TIMEOUT_MS", "3000")
-            .env_remove("MCAST_MULTICAST")
-            .env_remove("MCAST_SIM_DEVICES")
             .output()
             .unwrap();
         let all = text(&out);
@@ -238,13 +241,10 @@ fn memory_kinds_in_and_out_of_place() {
         for memory in ["buffer", "registered", "pointer"] {
             for inplace in ["1", "0"] {
                 for op in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
-                    let out = Command::new(BIN)
+                    let out = bench_command()
                         .args(["--op", op, "--memory", memory, "--inplace", inplace, "--devices", "0,1,2"])
                         .args(["-b", "1020", "-e", "70K", "-f", "8", "--iters", "1", "--warmup", "0", "-d", "bf16"])
-                        .env("MCAST_BACKEND", "sim")
                         .env("MCAST_MULTICAST", mc)
-                        .env_remove("MCAST_SIM_DEVICES")
-                        .env_remove("MCAST_SIM_FAULTS")
                         .output()
                         .expect("mcast-bench runs");
                     let all = text(&out);

@@ -362,6 +362,11 @@ fn team_collectives_on_registered_pointers_and_rules() {
         for r in 0..n {
             run_ptr(&team, r as i32, mem[r], mem[r], 100, Collective::Broadcast { root: 2 }, s).unwrap();
         }
+        // The broadcast is done before the host overwrites its range (a late write of 77 would
+        // turn the reduce-scatter's 3 into 155).
+        for r in 0..n as i32 {
+            synchronize(&team, r, s).unwrap();
+        }
         for r in 0..n {
             fill(r, 0, bytes, 1);
         }

@@ -29,8 +29,10 @@ pub struct mcast_device_info_t {
     pub multicast_usable: i32,
     /// Why not usable, or `""`.
     pub multicast_reason: [c_char; 160],
-    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
-    /// report it for this device).
+    /// Multicast granularity, MINIMUM. 0 where multicast is not usable on the device (see
+    /// `multicast_reason`): off by `MCAST_MULTICAST=off` or the config, a site kill switch set
+    /// (the driver is then not asked: no `cuMulticast*` call is made), no driver support; 0 also
+    /// where the driver cannot report it.
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,

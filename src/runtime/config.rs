@@ -113,6 +113,14 @@ pub struct Config {
     /// from the library's own (`MCAST_DEVICE_SLOTS`, 1..=65536; not in the C struct). A
     /// multi-process team takes the largest any rank asks for.
     pub device_slots: u32,
+    /// The variables a shared GPU host sets, as a simulated context sees them (not in the C
+    /// config struct, never read from the environment): the NVLS kill switches and
+    /// `CUDA_VISIBLE_DEVICES`. `None`, the default, reads the process environment; `Some(vars)`
+    /// reads `vars` instead, so that a simulator test is hermetic (`Some(vec![])`: no switch
+    /// and every simulated GPU visible, whatever the caller exported) or sets a variable for one
+    /// context without touching the process. Ignored on CUDA: there the process environment
+    /// always decides, so a site's switches stay honoured on real GPUs.
+    pub sim_host_env: Option<Vec<(String, String)>>,
 }
 
 impl Default for Config {
@@ -136,6 +144,7 @@ impl Default for Config {
             ll: LlMode::Auto,
             ce_min_bytes: None,
             device_slots: DEFAULT_DEVICE_SLOTS,
+            sim_host_env: None,
         }
     }
 }

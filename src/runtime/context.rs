@@ -39,8 +39,10 @@ pub struct DeviceInfo {
     pub multicast_usable: bool,
     /// Why not usable, or empty.
     pub multicast_reason: String,
-    /// Multicast granularity, MINIMUM (0 where the driver has no multicast entry points or cannot
-    /// report it for this device).
+    /// Multicast granularity, MINIMUM. 0 where multicast is not usable on the device (see
+    /// `multicast_reason`): off by `MCAST_MULTICAST=off` or the config, a site kill switch set
+    /// (the driver is then not asked: no `cuMulticast*` call is made), no driver support; 0 also
+    /// where the driver cannot report it.
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,
@@ -121,7 +123,10 @@ impl Context {
             multicast_supported: config.sim_multicast_supported,
             fabric_supported: config.sim_fabric_supported,
             faults,
-            visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            visible: match &config.sim_host_env {
+                Some(vars) => vars.iter().find(|(n, _)| n == "CUDA_VISIBLE_DEVICES").map(|(_, v)| v.clone()),
+                None => std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            },
             fabric: config.sim_fabric.clone().unwrap_or_else(|| (crate::driver::sim::DEFAULT_FABRIC.to_string(), 0)),
             imex: config.sim_imex,
             ..SimConfig::default()
@@ -138,7 +143,9 @@ impl Context {
         let props = self.props(dev)?;
         let reason = self.multicast_reason(dev)?;
         let driver = self.driver();
-        let (granularity_min, granularity_recommended) = if driver.has_multicast_api() {
+        // Asked only where multicast is usable: with multicast off (by the mode or a kill
+        // switch) nothing calls a cuMulticast* function.
+        let (granularity_min, granularity_recommended) = if reason.is_none() {
             let prop = MulticastProp { num_devices: 1, size: 0, handle_types: HandleTypes::NONE, flags: 0 };
             let g = |o| driver.multicast_granularity(&prop, o).map(|g| g as u64).unwrap_or(0);
             (g(Granularity::Minimum), g(Granularity::Recommended))

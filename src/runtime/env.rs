@@ -128,10 +128,23 @@ impl Env {
         self.driver.fabric_info(dev).map_err(|e| Error::driver(e, format_args!("asking device {dev}'s NVLink fabric")))
     }
 
+    /// The first NVLS kill switch set, as `NAME=value` ([`policy::kill_switch`]): from the
+    /// process environment, or on the simulator from [`Config::sim_host_env`] where set.
+    pub fn kill_switch(&self) -> Option<String> {
+        match (&self.config.sim_host_env, self.driver.as_sim()) {
+            (Some(vars), Some(_)) => {
+                policy::kill_switch_in(|name| vars.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()))
+            }
+            _ => policy::kill_switch(),
+        }
+    }
+
     /// Why `dev` cannot use multicast, or `None`.
     pub fn multicast_reason(&self, dev: Device) -> Result<Option<String>> {
         let props = self.props(dev)?;
-        Ok(policy::device_reason(self.config.multicast, self.driver.has_multicast_api(), dev, &props))
+        let switch = self.kill_switch();
+        let has_api = self.driver.has_multicast_api();
+        Ok(policy::device_reason(self.config.multicast, switch.as_deref(), has_api, dev, &props))
     }
 
     /// `cuDeviceCanAccessPeer` (a device reaches itself).

@@ -35,13 +35,26 @@ pub fn kill_switch_in(lookup: impl Fn(&str) -> Option<String>) -> Option<String>
     None
 }
 
-/// Why `dev` cannot use multicast, or `None` when it can.
-pub fn device_reason(mode: MulticastMode, has_api: bool, dev: Device, props: &DeviceProps) -> Option<String> {
+/// Why multicast is off whatever the devices: `mode` is off, or `kill_switch` (as
+/// [`kill_switch`] returns it) is set; `None` when neither is. While it is off no `cuMulticast*`
+/// function is called.
+pub fn off_reason(mode: MulticastMode, kill_switch: Option<&str>) -> Option<String> {
     if mode == MulticastMode::Off {
         return Some("multicast is off (MCAST_MULTICAST=off or config.multicast)".into());
     }
-    if let Some(switch) = kill_switch() {
-        return Some(format!("site kill switch {switch} is set"));
+    kill_switch.map(|switch| format!("site kill switch {switch} is set"))
+}
+
+/// Why `dev` cannot use multicast, or `None` when it can (`kill_switch`: see [`off_reason`]).
+pub fn device_reason(
+    mode: MulticastMode,
+    kill_switch: Option<&str>,
+    has_api: bool,
+    dev: Device,
+    props: &DeviceProps,
+) -> Option<String> {
+    if let Some(why) = off_reason(mode, kill_switch) {
+        return Some(why);
     }
     if !has_api {
         return Some("the CUDA driver lacks the cuMulticast* entry points (driver 12.1 or newer needed)".into());
@@ -136,12 +149,13 @@ mod tests {
     #[test]
     fn device_reasons_in_order() {
         let props = DeviceProps { multicast_supported: true, vmm_supported: true, ..Default::default() };
-        assert!(device_reason(MulticastMode::Off, true, 0, &props).unwrap().contains("off"));
-        if kill_switch().is_none() {
-            assert_eq!(device_reason(MulticastMode::Auto, true, 0, &props), None);
-            assert!(device_reason(MulticastMode::Auto, false, 0, &props).unwrap().contains("entry points"));
-            let no = DeviceProps { multicast_supported: false, ..props.clone() };
-            assert!(device_reason(MulticastMode::Require, true, 3, &no).unwrap().contains("device 3"));
-        }
+        assert!(device_reason(MulticastMode::Off, None, true, 0, &props).unwrap().contains("off"));
+        let switch = Some("NCCL_NVLS_ENABLE=0");
+        let why = device_reason(MulticastMode::Require, switch, true, 0, &props).unwrap();
+        assert!(why.contains("kill switch NCCL_NVLS_ENABLE=0"), "{why}");
+        assert_eq!(device_reason(MulticastMode::Auto, None, true, 0, &props), None);
+        assert!(device_reason(MulticastMode::Auto, None, false, 0, &props).unwrap().contains("entry points"));
+        let no = DeviceProps { multicast_supported: false, ..props.clone() };
+        assert!(device_reason(MulticastMode::Require, None, true, 3, &no).unwrap().contains("device 3"));
     }
 }

@@ -49,13 +49,41 @@ pub fn sim_config(devices: u32, f: impl FnOnce(&mut mcast_config_t)) -> mcast_co
 }
 
 /// A context for `config`, and the runtime object behind it (kept alive after destroy so the
-/// simulator's ledger can be read).
+/// simulator's ledger can be read). Hermetic on the simulator: the NVLS kill switches of the
+/// process environment are not read (see [`hermetic`]); the context is made as
+/// `mcast_context_create` makes it, with that one difference.
 pub fn context(config: &mcast_config_t) -> (mcast_context_t, Arc<Context>) {
-    let mut ctx = mcast_context_t { id: 0 };
-    // SAFETY: valid pointers.
-    let s = unsafe { mcast_context_create(config, &mut ctx) };
-    assert_eq!(s, OK, "{}", last_error());
-    (ctx, handles::context(ctx.id).unwrap())
+    let config = hermetic(config.to_config().unwrap_or_else(|e| panic!("{e}")));
+    let ctx = Arc::new(Context::new(config).unwrap_or_else(|e| panic!("{e}")));
+    (mcast_context_t { id: handles::insert_context(ctx.clone()) }, ctx)
+}
+
+/// `config` made hermetic: on the simulator the context sees no NVLS kill switch, whatever the
+/// caller exported (`Config::sim_host_env`); a test that wants one sets it there. No
+/// effect on CUDA, where the process environment's switches are always honoured.
+pub fn hermetic(config: Config) -> Config {
+    Config { sim_host_env: Some(Vec::new()), ..config }
+}
+
+/// The variables a simulator test's child process must not inherit from the caller: the NVLS
+/// kill switches and the `MCAST_*` settings the tests choose themselves (as c_tests/CMakeLists.txt
+/// unsets them for ctest).
+pub const HERMETIC_VARIABLES: [&str; 6] = [
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "MSCCLPP_FORCE_DISABLE_NVLS",
+    "MCAST_MULTICAST",
+    "CUDA_VISIBLE_DEVICES",
+];
+
+/// `cmd` without [`HERMETIC_VARIABLES`] in its environment: a simulator child process that sets
+/// the switch or multicast mode it needs itself.
+pub fn hermetic_command(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    for v in HERMETIC_VARIABLES {
+        cmd.env_remove(v);
+    }
+    cmd
 }
 
 pub fn sim(ctx: &Context) -> &SimDriver {
@@ -137,7 +165,7 @@ pub fn sim_runtime(multicast: bool, devices: u32, timeout_ms: u32) -> Config {
         sim_devices: devices,
         sim_device_memory: 256 * MIB as u64,
         timeout_ms,
-        ..Config::default()
+        ..hermetic(Config::default())
     }
 }
 

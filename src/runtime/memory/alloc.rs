@@ -37,7 +37,9 @@ impl UserMemory {
         if props.fabric_supported && !self.no_fabric.lock().contains(&dev) {
             types = with_fabric;
         }
-        let g = ctx.granularity(&[dev], types, driver.has_multicast_api() && props.multicast_supported)?;
+        // Aligned for a multicast team where `dev` can be in one; none when multicast is off
+        // (no cuMulticast* call then).
+        let g = ctx.granularity(&[dev], types, ctx.multicast_reason(dev)?.is_none())?;
         let size = bytes
             .checked_next_multiple_of(g)
             .ok_or_else(|| Error::invalid_argument(format!("bytes = {bytes} is too large")))?;
