@@ -227,10 +227,10 @@ fn shifts(align: usize) -> impl Fn(usize) -> usize {
     move |r| (r * align) % 16
 }
 
-/// The pointer alignment the API requires of `collective`.
+/// The pointer alignment the API requires of `collective`: the element size (NCCL's rule).
 fn align_of(collective: Collective) -> usize {
     match collective {
-        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => dtype.size().max(4),
+        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => dtype.size(),
         _ => 1,
     }
 }
@@ -301,17 +301,56 @@ fn every_dtype_and_operator_on_plain_memory() {
             reds.extend([RedOp::Min, RedOp::Max].map(|o| (DType::F32, o)));
             let mut cases = Vec::new();
             for (dtype, op) in reds {
-                let align = dtype.size().max(4);
+                let align = dtype.size();
                 for in_place in [false, true] {
                     for collective in [Collective::AllReduce { dtype, op }, Collective::ReduceScatter { dtype, op }] {
-                        // In place, reduce-scatter's recv lies count elements per rank into send: an even
-                        // count keeps it 4-byte aligned for 16-bit types.
-                        let count = if in_place && dtype.size() == 2 { 302 } else { 301 };
+                        // In place, reduce-scatter's recv lies count elements per rank into send: an odd
+                        // count puts odd ranks' blocks at 2 bytes mod 4 for 16-bit types.
+                        let count = 301;
                         cases.push(prepare(&ctx, &devices, collective, count, in_place, shifts(align)));
                     }
                 }
             }
             run_all(&ctx, &team, cases, &format!("dtypes multicast {multicast} n {n}"));
+            team.destroy().unwrap();
+        }
+        assert_clean(&ctx);
+    }
+}
+
+/// 16-bit types at 2-byte alignment (NCCL takes element-aligned pointers; an in-place
+/// reduce-scatter or all-gather of bf16/f16 with an odd count puts odd ranks' blocks there):
+/// every collective, odd counts, in place and out of place, on every route (LL, push, staged,
+/// chunk-crossing), both transports, teams of 2 to 4, every rank's pointers at 2 bytes mod 4.
+#[test]
+fn sixteen_bit_types_at_two_byte_alignment() {
+    for multicast in [true, false] {
+        let ctx = context(multicast, 4);
+        for n in [2usize, 3, 4] {
+            let devices: Vec<i32> = (0..n as i32).collect();
+            let team = Team::create(&ctx, &devices).unwrap();
+            let mut cases = Vec::new();
+            for dtype in [DType::BF16, DType::F16] {
+                let ar = Collective::AllReduce { dtype, op: RedOp::Sum };
+                let rs = Collective::ReduceScatter { dtype, op: RedOp::Max };
+                for in_place in [false, true] {
+                    for (collective, count) in [
+                        (ar, 1),
+                        (ar, 301),
+                        (ar, STAGE_BYTES / 2 + 1001),
+                        (rs, 1),
+                        (rs, 301),
+                        (rs, STAGE_BYTES / 2 / n + 333),
+                        // All-gather and broadcast of an odd count of 16-bit elements, in bytes.
+                        (Collective::AllGather, 2 * 301),
+                        (Collective::AllGather, 2 * (STAGE_BYTES / 2 / n + 333)),
+                        (Collective::Broadcast { root: (n - 1) as u32 }, 2 * 301),
+                    ] {
+                        cases.push(prepare(&ctx, &devices, collective, count, in_place, |r| 2 + 4 * r));
+                    }
+                }
+            }
+            run_all(&ctx, &team, cases, &format!("16-bit at 2 bytes, multicast {multicast} n {n}"));
             team.destroy().unwrap();
         }
         assert_clean(&ctx);
@@ -383,9 +422,9 @@ fn bad_arguments_of_the_pointer_form() {
         // Count 0: a no-op after the rank check.
         run_ptr(&team, 0, 0, 0, 0, collective, s).unwrap();
     }
-    bad(run_ptr(&team, 0, m + 2, m + 1024, 16, f16, s), "multiple of 4");
+    bad(run_ptr(&team, 0, m + 1, m + 1024, 16, f16, s), "multiple of 2");
     bad(
-        run_ptr(&team, 0, m + 1, m + 1024, 16, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s),
+        run_ptr(&team, 0, m + 2, m + 1024, 16, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s),
         "multiple of 4",
     );
     let e = run_ptr(&team, 3, m, m, 16, f16, s).unwrap_err();

@@ -325,8 +325,9 @@ pub extern "C" fn mcast_team_broadcast(
 /// area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
 /// transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
 /// and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
-/// `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
-/// is not device memory of the rank's device, partial overlap. Thread-safe.
+/// `send`/`recv`, pointers not aligned to the element size (element-aligned pointers work for
+/// every dtype, as in NCCL: a 16-bit type at 2 bytes too), memory that is not device memory of
+/// the rank's device, partial overlap. Thread-safe.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn mcast_team_all_reduce(

@@ -84,6 +84,23 @@ pub fn run_into(
     collective: Collective,
     stream: Stream,
 ) -> Result<()> {
+    into(send, send_offset, recv, recv_offset, rank, count, collective, stream, false)
+}
+
+/// [`run_into`]; `element_aligned`: offsets need only be multiples of the element size (the
+/// pointer form's registered route), not of 4 bytes for 16-bit types.
+#[allow(clippy::too_many_arguments)]
+fn into(
+    send: &Buffer,
+    send_offset: usize,
+    recv: &Buffer,
+    recv_offset: usize,
+    rank: i32,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+    element_aligned: bool,
+) -> Result<()> {
     let team = send.team();
     if !Arc::ptr_eq(team, recv.team()) {
         return Err(Error::invalid_argument(
@@ -94,6 +111,7 @@ pub fn run_into(
     team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, blocks) = geometry(team, collective)?;
+    let align = if element_aligned { esize } else { align };
     if count == 0 {
         return Ok(());
     }
@@ -180,7 +198,11 @@ pub fn run_ptr(
     let r = team.check_own_rank(rank, "rank")?;
     team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
-    let (esize, align, _) = geometry(team, collective)?;
+    // Element-aligned pointers for every dtype, as NCCL takes them (an in-place reduce-scatter
+    // or all-gather of a 16-bit type with an odd count puts some ranks' blocks at 2 bytes mod
+    // 4): every route handles them (the kernels' scalar heads and tails, the staging copies).
+    let (esize, _, _) = geometry(team, collective)?;
+    let align = esize;
     if count == 0 {
         return Ok(());
     }
@@ -246,10 +268,10 @@ pub fn run_ptr(
         let same = Arc::ptr_eq(&sa.seg, &ra.seg);
         let sv = Buffer::view(team, sa);
         if same {
-            return run_into(&sv, so, &sv, ro, rank, count, collective, stream);
+            return into(&sv, so, &sv, ro, rank, count, collective, stream, true);
         }
         let rv = Buffer::view(team, ra);
-        return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
+        return into(&sv, so, &rv, ro, rank, count, collective, stream, true);
     }
     // The LL kernels (small messages, any collective) and the push all-reduce (any size, teams
     // of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers see only their
