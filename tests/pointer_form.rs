@@ -465,3 +465,78 @@ fn one_stream_check_on_the_pointer_form() {
     }
     assert_clean(&ctx);
 }
+
+/// A rule broken by one rank of a one-process team refuses every rank's call (API.md): rank 2
+/// of 4 passes a misaligned, NULL or overlapping pointer after ranks 0 and 1 issued theirs.
+/// Rank 2 and rank 3 (calling after it) are refused by the call, ranks 0 and 1 by their next
+/// synchronize and the team's error, all with INVALID_ARGUMENT, well before timeout_ms (30 s),
+/// and no rank's recv was written. A refusal by the first rank to call leaves the team usable:
+/// the others are refused before enqueuing anything, and the next collective works.
+#[test]
+fn a_rule_broken_by_one_rank_refuses_every_rank() {
+    let ctx = context(false, 4);
+    let driver = ctx.driver().clone();
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let s = Stream::DEFAULT;
+    let count = 64usize;
+    for (what, says) in [("misaligned", "multiple of 4"), ("NULL", "is NULL"), ("overlapping", "overlap")] {
+        let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+        let mem: Vec<DevicePtr> = (0..4).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+        let recv = |r: usize| mem[r] + 2048;
+        for (r, &m) in mem.iter().enumerate() {
+            for i in 0..count {
+                store(DType::F32, m, i, value(r, i) as f64);
+                store(DType::F32, recv(r), i, -1000.0);
+            }
+        }
+        let started = std::time::Instant::now();
+        for r in 0..2 {
+            run_ptr(&team, r as i32, mem[r], recv(r), count, ar, s).unwrap();
+        }
+        let (send2, recv2) = match what {
+            "misaligned" => (mem[2] + 2, recv(2)),
+            "NULL" => (mem[2], 0),
+            _ => (mem[2], mem[2] + 8),
+        };
+        let e = run_ptr(&team, 2, send2, recv2, count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what}: {e}");
+        assert!(e.message.contains(says), "{what}: {e}");
+        let e = run_ptr(&team, 3, mem[3], recv(3), count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what}: {e}");
+        assert!(e.message.contains("rank 2") && e.message.contains(says), "{what}: {e}");
+        for r in 0..4 {
+            let e = synchronize(&team, r, s).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what} rank {r}: {e}");
+        }
+        assert_eq!(team.async_error(), Some(ErrorKind::InvalidArgument), "{what}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{what}: {:?}", started.elapsed());
+        for r in 0..4 {
+            for i in 0..count {
+                assert_eq!(load(DType::F32, recv(r), i), -1000.0, "{what}: rank {r}'s recv was written at {i}");
+            }
+        }
+        team.destroy().unwrap();
+        for (d, p) in mem.into_iter().enumerate() {
+            driver.mem_free(d as i32, p).unwrap();
+        }
+    }
+    // The first rank to call breaks the rule: nothing was enqueued anywhere, the team stays
+    // usable.
+    let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+    let mem: Vec<DevicePtr> = (0..4).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+    let e = run_ptr(&team, 0, mem[0], 0, count, ar, s).unwrap_err();
+    assert!(e.message.contains("recv is NULL"), "{e}");
+    for r in 1..4 {
+        let e = run_ptr(&team, r, mem[r as usize], mem[r as usize], count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "rank {r}: {e}");
+        assert!(e.message.contains("rank 0") && e.message.contains("recv is NULL"), "rank {r}: {e}");
+    }
+    assert_eq!(team.async_error(), None);
+    let c = prepare(&ctx, &[0, 1, 2, 3], ar, count, false, |_| 0);
+    run_all(&ctx, &team, vec![c], "after a refused round");
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
+    }
+    assert_clean(&ctx);
+}

@@ -9,6 +9,7 @@ mod abort;
 mod buffers;
 mod create;
 mod pool;
+mod refusal;
 mod split;
 mod streams;
 #[cfg(test)]
@@ -75,6 +76,8 @@ pub struct Team {
     destroying: Mutex<()>,
     /// The streams of the collectives each rank issued last (see [`Team::claim_stream`]).
     claims: Claims,
+    /// One-process teams of several ranks: the refused rounds (see `refusal.rs`).
+    refusals: Option<refusal::Refusals>,
 }
 
 /// What `mcast_team_get_info` reports.
