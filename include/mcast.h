@@ -298,11 +298,11 @@ typedef struct mcast_config_t {
    */
   mcast_multicast_t multicast;
   /**
-   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY; default 3.
+   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY, 0 to 1000; default 3.
    */
   uint32_t oom_retries;
   /**
-   * First back-off in milliseconds, doubled per attempt; default 10.
+   * First back-off in milliseconds, doubled per attempt, 0 to 60000; default 10.
    */
   uint32_t retry_backoff_ms;
   /**
@@ -828,7 +828,9 @@ mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_strea
 
 /**
  * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
- * malformed value is ignored with a warning naming it), and sets `struct_size`. NULL is
+ * malformed or out-of-range value is ignored with a warning naming the variable, its range and
+ * the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
+ * range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
  * ignored. Thread-safe.
  *
  * # Safety
