@@ -540,3 +540,27 @@ fn a_rule_broken_by_one_rank_refuses_every_rank() {
     }
     assert_clean(&ctx);
 }
+
+/// A timeout in a one-process team names the ranks that did not arrive (those that called fewer
+/// collectives) and points to the issue-order rule of a thread that drives several ranks.
+#[test]
+fn a_timeout_names_the_ranks_that_did_not_arrive() {
+    let ctx = runtime_context(Config { sim_device_memory: 128 * MIB as u64, ..sim_runtime(false, 4, 200) });
+    let driver = ctx.driver().clone();
+    let team = Team::create(&ctx, &[0, 1, 2]).unwrap();
+    let mem: Vec<DevicePtr> = (0..3).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    for r in 0..2 {
+        run_ptr(&team, r as i32, mem[r], mem[r], 16, ar, Stream::DEFAULT).unwrap();
+    }
+    let e = synchronize(&team, 0, Stream::DEFAULT).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(e.message.contains("did not arrive: rank 2 (0)"), "{e}");
+    assert!(e.message.contains("One thread driving several ranks"), "{e}");
+    let _ = synchronize(&team, 1, Stream::DEFAULT);
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
+    }
+    assert_clean(&ctx);
+}

@@ -592,9 +592,10 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
             format!(
                 "rank {rank}: a peer rank did not arrive within timeout_ms = {timeout_ms} ms (barrier {} of the \
                  collective, block {}); every rank must call each collective; the team reports this error until it \
-                 is destroyed",
+                 is destroyed{}",
                 info >> 8,
-                (info & 0xff).saturating_sub(1)
+                (info & 0xff).saturating_sub(1),
+                team.timeout_hint()
             )
         } else {
             format!("rank {rank}: device error code {code} (info {info:#x}); the team is unusable")

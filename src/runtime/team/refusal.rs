@@ -82,7 +82,43 @@ impl Refusals {
     }
 }
 
+impl Refusals {
+    /// The ranks that made fewer collective calls than the most any rank made, with their
+    /// counts, and that most: `None` when every rank made as many.
+    fn behind(&self) -> Option<(Vec<(usize, u64)>, u64)> {
+        let counts: Vec<u64> = self.calls.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+        let most = counts.iter().copied().max()?;
+        let behind: Vec<(usize, u64)> =
+            counts.iter().enumerate().filter(|&(_, &c)| c < most).map(|(q, &c)| (q, c)).collect();
+        (!behind.is_empty()).then_some((behind, most))
+    }
+}
+
 impl super::Team {
+    /// For a timeout's message in a one-process team: the ranks that have called fewer
+    /// collectives than others (they did not arrive), and the issue-order rule of a thread that
+    /// drives several ranks (README, "One thread driving several ranks"). Empty for
+    /// multi-process teams and teams of one rank.
+    pub(crate) fn timeout_hint(&self) -> String {
+        let Some(rf) = &self.refusals else { return String::new() };
+        let behind = match rf.behind() {
+            Some((ranks, most)) => {
+                let list: Vec<String> = ranks.iter().map(|(q, c)| format!("rank {q} ({c})")).collect();
+                format!(
+                    "; ranks that did not arrive: {} have issued fewer collective calls on the team than the {most} \
+                     of the others",
+                    list.join(", ")
+                )
+            }
+            None => String::new(),
+        };
+        format!(
+            "{behind}; where one thread drives several ranks, it must issue each collective on every rank before \
+             the next collective on any rank (README, \"One thread driving several ranks\": a kind's first call on \
+             a device loads its kernels, which waits for the device's running kernels)"
+        )
+    }
+
     /// Rank `r` (checked) starts a collective call; `None` for multi-process teams and teams
     /// of one rank, which need no record. See the module doc.
     pub(crate) fn enter_call(&self, r: usize) -> Result<Option<u64>, Error> {
@@ -142,5 +178,7 @@ mod tests {
         assert!(rf.enter(1).is_err());
         // Round 2 is not refused.
         assert_eq!(rf.enter(0).unwrap(), 2);
+        // Rank 0 made 3 calls, ranks 1 and 2 made 2 each: they are behind.
+        assert_eq!(rf.behind(), Some((vec![(1, 2), (2, 2)], 3)));
     }
 }
