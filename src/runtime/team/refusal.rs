@@ -6,7 +6,9 @@
 //! its collective calls (its `k`-th call is round `k`), and a rank whose call is refused for a
 //! bad argument records its round ([`Refusals::refuse`]):
 //! - a rank that calls that round later is refused at entry, before anything is enqueued,
-//!   with a message naming the refused rank and its reason ([`Refusals::enter`]);
+//!   with a message naming the refused rank and its reason ([`Refusals::enter`]); refused calls
+//!   do not count, and the refused rank's next call (the same round again) clears the refusal,
+//!   so a program that corrects the call carries on;
 //! - if a rank had already called that round (its work may be enqueued and waiting on the
 //!   device for the refused rank), the team fails at once with `INVALID_ARGUMENT`, sticky
 //!   like a timeout: the device waits end now rather than at `timeout_ms`, and every later
@@ -49,17 +51,27 @@ impl Refusals {
     }
 
     /// Rank `r` starts its next collective call: returns its round, or the refusal of that
-    /// round by another rank (nothing may then be enqueued).
+    /// round by another rank (nothing may then be enqueued, and the call does not count). The
+    /// refused rank's own next call is that round again: it clears the refusal.
     pub(super) fn enter(&self, r: usize) -> Result<u64, Error> {
         let k = self.calls[r].fetch_add(1, Ordering::SeqCst);
         if self.round.load(Ordering::SeqCst) == k {
-            let (q, why) = self.why.lock().clone();
+            let why = self.why.lock();
             // Read the record under its lock: a later refusal may have replaced it.
-            if self.round.load(Ordering::SeqCst) == k && q != r {
-                return Err(Error::invalid_argument(format!(
+            if self.round.load(Ordering::SeqCst) == k {
+                let q = why.0;
+                if q == r {
+                    self.round.store(NONE, Ordering::SeqCst);
+                    return Ok(k);
+                }
+                let e = Error::invalid_argument(format!(
                     "rank {q}'s call of this collective (its call number {k} on the team) was refused, so every \
-                     rank's is, before anything is enqueued: {why}"
-                )));
+                     rank's is, before anything is enqueued: {}",
+                    why.1
+                ));
+                drop(why);
+                self.give_back(r, k);
+                return Err(e);
             }
         }
         Ok(k)
@@ -70,14 +82,15 @@ impl Refusals {
         let _ = self.calls[r].compare_exchange(k + 1, k, Ordering::SeqCst, Ordering::SeqCst);
     }
 
-    /// Rank `r`'s call of round `k` was refused with `e`: records it; true when another rank
-    /// had already called round `k` (the team must then fail).
+    /// Rank `r`'s call of round `k` was refused with `e`: records it (the call does not count);
+    /// true when another rank had already called round `k` (the team must then fail).
     pub(super) fn refuse(&self, r: usize, k: u64, e: &Error) -> bool {
         {
             let mut why = self.why.lock();
             *why = (r, e.message.clone());
             self.round.store(k, Ordering::SeqCst);
         }
+        self.give_back(r, k);
         self.calls.iter().enumerate().any(|(q, c)| q != r && c.load(Ordering::SeqCst) > k)
     }
 }
@@ -163,22 +176,29 @@ mod tests {
     #[test]
     fn a_refused_round_refuses_later_callers_and_reports_earlier_ones() {
         let rf = Refusals::new(3);
-        assert_eq!(rf.enter(0).unwrap(), 0);
         let e = Error::invalid_argument("recv is NULL");
-        // Rank 0 had called round 0: the refusal by rank 1 must fail the team.
+        // Round 0: rank 0 called it before rank 1's refusal: the team must fail.
+        assert_eq!(rf.enter(0).unwrap(), 0);
         let k = rf.enter(1).unwrap();
         assert!(rf.refuse(1, k, &e));
         let later = rf.enter(2).unwrap_err();
         assert!(later.message.contains("rank 1's call") && later.message.contains("recv is NULL"), "{later}");
-        // Round 1: nobody called it before rank 2's refusal.
+        // Refused calls do not count: ranks 1 and 2 are still at round 0, rank 0 at round 1.
+        assert_eq!(rf.behind(), Some((vec![(1, 0), (2, 0)], 1)));
+        // Rank 1 calls round 0 again: its own refusal is cleared, and rank 2 then calls it too.
+        assert_eq!(rf.enter(1).unwrap(), 0);
+        assert_eq!(rf.enter(2).unwrap(), 0);
+        assert_eq!(rf.behind(), None);
+        // Round 1: rank 2 refused first, nobody had called it: the team stays usable, the others
+        // are refused until rank 2 calls again.
         let k = rf.enter(2).unwrap();
         assert_eq!(k, 1);
         assert!(!rf.refuse(2, k, &e));
         assert!(rf.enter(0).is_err());
         assert!(rf.enter(1).is_err());
-        // Round 2 is not refused.
-        assert_eq!(rf.enter(0).unwrap(), 2);
-        // Rank 0 made 3 calls, ranks 1 and 2 made 2 each: they are behind.
-        assert_eq!(rf.behind(), Some((vec![(1, 2), (2, 2)], 3)));
+        assert_eq!(rf.enter(2).unwrap(), 1);
+        assert_eq!(rf.enter(0).unwrap(), 1);
+        assert_eq!(rf.enter(1).unwrap(), 1);
+        assert_eq!(rf.behind(), None);
     }
 }
