@@ -362,6 +362,10 @@ fn team_collectives_on_registered_pointers_and_rules() {
         for r in 0..n {
             run_ptr(&team, r as i32, mem[r], mem[r], 100, Collective::Broadcast { root: 2 }, s).unwrap();
         }
+        // The broadcast must be done before the host refills its memory.
+        for r in 0..n as i32 {
+            synchronize(&team, r, s).unwrap();
+        }
         for r in 0..n {
             fill(r, 0, bytes, 1);
         }
