@@ -820,8 +820,11 @@ mcast_status_t mcast_team_all_gather(struct mcast_team_t team,
 
 /**
  * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
- * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms`. After a timeout
- * every later collective and synchronize of the team returns it until the team is destroyed.
+ * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms` (in a one-process
+ * team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when another
+ * rank's call of a collective this rank had issued was refused (one-process teams: the wait
+ * ended at once). After either every later collective and synchronize of the team returns it
+ * until the team is destroyed.
  * Thread-safe.
  */
 mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_stream_t stream);
@@ -1007,8 +1010,10 @@ mcast_status_t mcast_team_abort(struct mcast_team_t team);
  * Writes the team's sticky asynchronous error into `*error` without waiting (like
  * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a peer did not arrive
  * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
- * waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
- * process). Once set it stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+ * waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+ * process) or, in a one-process team, `MCAST_ERROR_INVALID_ARGUMENT` (a rank's call was
+ * refused after other ranks had issued theirs: their waits were ended). Once set it stays set
+ * until the team is destroyed. Returns `MCAST_SUCCESS` when
  * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
  * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
  *
