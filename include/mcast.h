@@ -332,11 +332,11 @@ typedef struct mcast_config_t {
    */
   mcast_multicast_t multicast;
   /**
-   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY; default 3.
+   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY, 0 to 1000; default 3.
    */
   uint32_t oom_retries;
   /**
-   * First back-off in milliseconds, doubled per attempt; default 10.
+   * First back-off in milliseconds, doubled per attempt, 0 to 60000; default 10.
    */
   uint32_t retry_backoff_ms;
   /**
@@ -850,8 +850,9 @@ mcast_status_t mcast_team_broadcast(struct mcast_team_t team,
  * area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
  * transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
  * and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
- * `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
- * is not device memory of the rank's device, partial overlap. Thread-safe.
+ * `send`/`recv`, pointers not aligned to the element size (element-aligned pointers work for
+ * every dtype, as in NCCL: a 16-bit type at 2 bytes too), memory that is not device memory of
+ * the rank's device, partial overlap. Thread-safe.
  */
 mcast_status_t mcast_team_all_reduce(struct mcast_team_t team,
                                      int rank,
@@ -894,15 +895,20 @@ mcast_status_t mcast_team_all_gather(struct mcast_team_t team,
 
 /**
  * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
- * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms`. After a timeout
- * every later collective and synchronize of the team returns it until the team is destroyed.
+ * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms` (in a one-process
+ * team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when another
+ * rank's call of a collective this rank had issued was refused (one-process teams: the wait
+ * ended at once). After either every later collective and synchronize of the team returns it
+ * until the team is destroyed.
  * Thread-safe.
  */
 mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_stream_t stream);
 
 /**
  * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
- * malformed value is ignored with a warning naming it), and sets `struct_size`. NULL is
+ * malformed or out-of-range value is ignored with a warning naming the variable, its range and
+ * the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
+ * range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
  * ignored. Thread-safe.
  *
  * # Safety
@@ -1123,11 +1129,13 @@ mcast_status_t mcast_team_abort(struct mcast_team_t team);
  * Writes the team's sticky asynchronous error into `*error` without waiting (like
  * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
  * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
- * waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
- * process). A timeout is every rank's: the rank that timed out tells the others (through their
- * state words and over the connections of a multi-process team), so every rank reports
- * `MCAST_ERROR_TIMEOUT`, a paused or slow one within a second of running again. Once set it
- * stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+ * waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+ * process) or, in a one-process team, `MCAST_ERROR_INVALID_ARGUMENT` (a rank's call was
+ * refused after other ranks had issued theirs: their waits were ended). A timeout is every
+ * rank's: the rank that timed out tells the others (through their state words and over the
+ * connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
+ * or slow one within a second of running again. Once set it stays set until the team is
+ * destroyed. Returns `MCAST_SUCCESS` when
  * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
  * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
  *

@@ -747,7 +747,9 @@ impl Fuzzer {
             for r in 0..n {
                 let s = mcast_synchronize(team, r, streams[r as usize]);
                 let s = self.status(|| format!("mcast_synchronize({:#x}, {r})", team.id), s);
-                self.check(s.0 == 0 || s.0 == 9, || format!("synchronize of a live team gave {}", s.0));
+                // 1: a rank's call of a round was refused after other ranks had issued theirs,
+                // which fails the team with INVALID_ARGUMENT (API.md, one-process teams).
+                self.check(s.0 == 0 || s.0 == 1 || s.0 == 9, || format!("synchronize of a live team gave {}", s.0));
             }
         }
     }

@@ -227,10 +227,10 @@ fn shifts(align: usize) -> impl Fn(usize) -> usize {
     move |r| (r * align) % 16
 }
 
-/// The pointer alignment the API requires of `collective`.
+/// The pointer alignment the API requires of `collective`: the element size (NCCL's rule).
 fn align_of(collective: Collective) -> usize {
     match collective {
-        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => dtype.size().max(4),
+        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => dtype.size(),
         _ => 1,
     }
 }
@@ -301,17 +301,56 @@ fn every_dtype_and_operator_on_plain_memory() {
             reds.extend([RedOp::Min, RedOp::Max].map(|o| (DType::F32, o)));
             let mut cases = Vec::new();
             for (dtype, op) in reds {
-                let align = dtype.size().max(4);
+                let align = dtype.size();
                 for in_place in [false, true] {
                     for collective in [Collective::AllReduce { dtype, op }, Collective::ReduceScatter { dtype, op }] {
-                        // In place, reduce-scatter's recv lies count elements per rank into send: an even
-                        // count keeps it 4-byte aligned for 16-bit types.
-                        let count = if in_place && dtype.size() == 2 { 302 } else { 301 };
+                        // In place, reduce-scatter's recv lies count elements per rank into send: an odd
+                        // count puts odd ranks' blocks at 2 bytes mod 4 for 16-bit types.
+                        let count = 301;
                         cases.push(prepare(&ctx, &devices, collective, count, in_place, shifts(align)));
                     }
                 }
             }
             run_all(&ctx, &team, cases, &format!("dtypes multicast {multicast} n {n}"));
+            team.destroy().unwrap();
+        }
+        assert_clean(&ctx);
+    }
+}
+
+/// 16-bit types at 2-byte alignment (NCCL takes element-aligned pointers; an in-place
+/// reduce-scatter or all-gather of bf16/f16 with an odd count puts odd ranks' blocks there):
+/// every collective, odd counts, in place and out of place, on every route (LL, push, staged,
+/// chunk-crossing), both transports, teams of 2 to 4, every rank's pointers at 2 bytes mod 4.
+#[test]
+fn sixteen_bit_types_at_two_byte_alignment() {
+    for multicast in [true, false] {
+        let ctx = context(multicast, 4);
+        for n in [2usize, 3, 4] {
+            let devices: Vec<i32> = (0..n as i32).collect();
+            let team = Team::create(&ctx, &devices).unwrap();
+            let mut cases = Vec::new();
+            for dtype in [DType::BF16, DType::F16] {
+                let ar = Collective::AllReduce { dtype, op: RedOp::Sum };
+                let rs = Collective::ReduceScatter { dtype, op: RedOp::Max };
+                for in_place in [false, true] {
+                    for (collective, count) in [
+                        (ar, 1),
+                        (ar, 301),
+                        (ar, STAGE_BYTES / 2 + 1001),
+                        (rs, 1),
+                        (rs, 301),
+                        (rs, STAGE_BYTES / 2 / n + 333),
+                        // All-gather and broadcast of an odd count of 16-bit elements, in bytes.
+                        (Collective::AllGather, 2 * 301),
+                        (Collective::AllGather, 2 * (STAGE_BYTES / 2 / n + 333)),
+                        (Collective::Broadcast { root: (n - 1) as u32 }, 2 * 301),
+                    ] {
+                        cases.push(prepare(&ctx, &devices, collective, count, in_place, |r| 2 + 4 * r));
+                    }
+                }
+            }
+            run_all(&ctx, &team, cases, &format!("16-bit at 2 bytes, multicast {multicast} n {n}"));
             team.destroy().unwrap();
         }
         assert_clean(&ctx);
@@ -383,9 +422,9 @@ fn bad_arguments_of_the_pointer_form() {
         // Count 0: a no-op after the rank check.
         run_ptr(&team, 0, 0, 0, 0, collective, s).unwrap();
     }
-    bad(run_ptr(&team, 0, m + 2, m + 1024, 16, f16, s), "multiple of 4");
+    bad(run_ptr(&team, 0, m + 1, m + 1024, 16, f16, s), "multiple of 2");
     bad(
-        run_ptr(&team, 0, m + 1, m + 1024, 16, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s),
+        run_ptr(&team, 0, m + 2, m + 1024, 16, Collective::AllReduce { dtype: DType::I32, op: RedOp::Sum }, s),
         "multiple of 4",
     );
     let e = run_ptr(&team, 3, m, m, 16, f16, s).unwrap_err();
@@ -423,6 +462,105 @@ fn one_stream_check_on_the_pointer_form() {
         for (&d, p) in devices.iter().zip(mem) {
             driver.mem_free(d, p).unwrap();
         }
+    }
+    assert_clean(&ctx);
+}
+
+/// A rule broken by one rank of a one-process team refuses every rank's call (API.md): rank 2
+/// of 4 passes a misaligned, NULL or overlapping pointer after ranks 0 and 1 issued theirs.
+/// Rank 2 and rank 3 (calling after it) are refused by the call, ranks 0 and 1 by their next
+/// synchronize and the team's error, all with INVALID_ARGUMENT, well before timeout_ms (30 s),
+/// and no rank's recv was written. A refusal by the first rank to call leaves the team usable:
+/// the others are refused before enqueuing anything, and the next collective works.
+#[test]
+fn a_rule_broken_by_one_rank_refuses_every_rank() {
+    let ctx = context(false, 4);
+    let driver = ctx.driver().clone();
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let s = Stream::DEFAULT;
+    let count = 64usize;
+    for (what, says) in [("misaligned", "multiple of 4"), ("NULL", "is NULL"), ("overlapping", "overlap")] {
+        let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+        let mem: Vec<DevicePtr> = (0..4).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+        let recv = |r: usize| mem[r] + 2048;
+        for (r, &m) in mem.iter().enumerate() {
+            for i in 0..count {
+                store(DType::F32, m, i, value(r, i) as f64);
+                store(DType::F32, recv(r), i, -1000.0);
+            }
+        }
+        let started = std::time::Instant::now();
+        for r in 0..2 {
+            run_ptr(&team, r as i32, mem[r], recv(r), count, ar, s).unwrap();
+        }
+        let (send2, recv2) = match what {
+            "misaligned" => (mem[2] + 2, recv(2)),
+            "NULL" => (mem[2], 0),
+            _ => (mem[2], mem[2] + 8),
+        };
+        let e = run_ptr(&team, 2, send2, recv2, count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what}: {e}");
+        assert!(e.message.contains(says), "{what}: {e}");
+        let e = run_ptr(&team, 3, mem[3], recv(3), count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what}: {e}");
+        assert!(e.message.contains("rank 2") && e.message.contains(says), "{what}: {e}");
+        for r in 0..4 {
+            let e = synchronize(&team, r, s).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{what} rank {r}: {e}");
+        }
+        assert_eq!(team.async_error(), Some(ErrorKind::InvalidArgument), "{what}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{what}: {:?}", started.elapsed());
+        for r in 0..4 {
+            for i in 0..count {
+                assert_eq!(load(DType::F32, recv(r), i), -1000.0, "{what}: rank {r}'s recv was written at {i}");
+            }
+        }
+        team.destroy().unwrap();
+        for (d, p) in mem.into_iter().enumerate() {
+            driver.mem_free(d as i32, p).unwrap();
+        }
+    }
+    // The first rank to call breaks the rule: nothing was enqueued anywhere, the team stays
+    // usable.
+    let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+    let mem: Vec<DevicePtr> = (0..4).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+    let e = run_ptr(&team, 0, mem[0], 0, count, ar, s).unwrap_err();
+    assert!(e.message.contains("recv is NULL"), "{e}");
+    for r in 1..4 {
+        let e = run_ptr(&team, r, mem[r as usize], mem[r as usize], count, ar, s).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "rank {r}: {e}");
+        assert!(e.message.contains("rank 0") && e.message.contains("recv is NULL"), "rank {r}: {e}");
+    }
+    assert_eq!(team.async_error(), None);
+    let c = prepare(&ctx, &[0, 1, 2, 3], ar, count, false, |_| 0);
+    run_all(&ctx, &team, vec![c], "after a refused round");
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
+    }
+    assert_clean(&ctx);
+}
+
+/// A timeout in a one-process team names the ranks that did not arrive (those that called fewer
+/// collectives) and points to the issue-order rule of a thread that drives several ranks.
+#[test]
+fn a_timeout_names_the_ranks_that_did_not_arrive() {
+    let ctx = runtime_context(Config { sim_device_memory: 128 * MIB as u64, ..sim_runtime(false, 4, 200) });
+    let driver = ctx.driver().clone();
+    let team = Team::create(&ctx, &[0, 1, 2]).unwrap();
+    let mem: Vec<DevicePtr> = (0..3).map(|d| driver.mem_alloc(d, 4096).unwrap()).collect();
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    for r in 0..2 {
+        run_ptr(&team, r as i32, mem[r], mem[r], 16, ar, Stream::DEFAULT).unwrap();
+    }
+    let e = synchronize(&team, 0, Stream::DEFAULT).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(e.message.contains("did not arrive: rank 2 (0)"), "{e}");
+    assert!(e.message.contains("One thread driving several ranks"), "{e}");
+    let _ = synchronize(&team, 1, Stream::DEFAULT);
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
     }
     assert_clean(&ctx);
 }

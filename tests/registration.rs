@@ -380,6 +380,31 @@ fn team_collectives_on_registered_pointers_and_rules() {
         for r in 0..n {
             assert_eq!(byte(r, r * 4096), 3, "reduce-scatter rank {r}");
         }
+        // bf16 in NCCL's in-place form with an odd count: rank 1's recv is 2 bytes mod 4, and
+        // element-aligned registered pointers run zero-copy as plain ones do.
+        let count = 1001usize;
+        let bf = |v: f32| half::bf16::from_f32(v).to_bits();
+        for r in 0..n {
+            for i in 0..n * count {
+                // SAFETY: simulated device memory is host memory; n * count * 2 < bytes.
+                unsafe { *((mem[r] + 2 * i as u64) as *mut u16) = bf((r + i % 5) as f32) };
+            }
+        }
+        let rs16 = Collective::ReduceScatter { dtype: DType::BF16, op: RedOp::Sum };
+        for r in 0..n {
+            run_ptr(&team, r as i32, mem[r], mem[r] + (2 * r * count) as u64, count, rs16, s).unwrap();
+        }
+        for r in 0..n as i32 {
+            synchronize(&team, r, s).unwrap();
+        }
+        for r in 0..n {
+            for i in 0..count {
+                // SAFETY: as above.
+                let got = unsafe { *((mem[r] + (2 * (r * count + i)) as u64) as *const u16) };
+                let want = bf((0..n).map(|q| (q + (r * count + i) % 5) as f32).sum());
+                assert_eq!(got, want, "bf16 reduce-scatter rank {r} element {i}");
+            }
+        }
         // Rules.
         let bad = |res: mcast::runtime::Result<()>, kind: ErrorKind, says: &str| {
             let e = res.unwrap_err();
@@ -389,6 +414,8 @@ fn team_collectives_on_registered_pointers_and_rules() {
         let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
         bad(run_ptr(&team, 0, 0, mem[0], 4, ar, s), ErrorKind::InvalidArgument, "send is NULL");
         bad(run_ptr(&team, 0, mem[0], mem[0] + 2, 4, ar, s), ErrorKind::InvalidArgument, "multiple of 4");
+        let bf16 = Collective::AllReduce { dtype: DType::BF16, op: RedOp::Sum };
+        bad(run_ptr(&team, 0, mem[0], mem[0] + 1001, 4, bf16, s), ErrorKind::InvalidArgument, "multiple of 2");
         bad(run_ptr(&team, 0, mem[0], mem[0] + 4, 4, ar, s), ErrorKind::InvalidArgument, "overlap");
         bad(run_ptr(&team, 0, mem[1], mem[1], 4, ar, s), ErrorKind::InvalidArgument, "device 1, but rank 0");
         let host = [0u64; 8];

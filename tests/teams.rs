@@ -203,6 +203,9 @@ fn leak_report_and_counts() {
     assert!(text.contains("team: 2 rank(s) on devices [0, 1], 1 live buffer(s)"), "{text}");
     assert!(text.contains("multicast object: 6291456 bytes"), "{text}");
     assert!(text.contains("created at src/runtime/segment/"), "{text}");
+    // The user's call, not only an internal line.
+    assert!(text.contains("created by mcast_buffer_alloc"), "{text}");
+    assert!(text.contains("created by mcast_team_create"), "{text}");
     let mut small = [1i8; 8];
     // SAFETY: valid 8-byte buffer.
     let got = unsafe { mcast_context_leak_report(ctx, small.as_mut_ptr().cast(), 8) };
@@ -226,6 +229,7 @@ fn multicast_slot_exhaustion_is_a_clean_error() {
     assert_eq!(s, st(MCAST_ERROR_OUT_OF_MEMORY));
     assert!(msg.contains("cuMulticastCreate returned CUDA_ERROR_OUT_OF_MEMORY"), "{msg}");
     assert!(msg.contains("3 multicast object(s) live") && msg.contains("after 2 retries"), "{msg}");
+    assert!(msg.contains("sim_multicast_slots = 3") && msg.contains("MCAST_SIM_MULTICAST_SLOTS"), "{msg}");
     let after = live_counts(ctx);
     assert_eq!(
         (after.physical_allocations, after.mappings, after.reservations, after.multicast_objects),
@@ -257,6 +261,10 @@ fn cached_segments_are_trimmed_when_memory_runs_out() {
     assert_eq!(team_info(team).bytes_reserved, first + 8 * MIB as u64, "the empty segment is cached");
     let b = alloc(team, 10 * MIB).unwrap();
     assert_eq!(team_info(team).bytes_reserved, first + 10 * MIB as u64, "the cache was trimmed");
+    // Past the simulated device's memory: the message names the setting and its variable.
+    let (s, msg) = alloc(team, 64 * MIB).unwrap_err();
+    assert_eq!(s, st(MCAST_ERROR_OUT_OF_MEMORY), "{msg}");
+    assert!(msg.contains("sim_device_memory = 27262976") && msg.contains("MCAST_SIM_DEVICE_MEMORY"), "{msg}");
     assert_eq!(mcast_buffer_free(b), OK);
     mcast_context_destroy(ctx);
     assert!(ledger(&c).is_empty(), "{}", ledger(&c));

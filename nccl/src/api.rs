@@ -43,7 +43,8 @@ fn set_last_error(message: &str) {
 
 /// Runs the body of export `func`.
 fn guard(func: &'static str, body: impl FnOnce() -> Outcome<ncclResult_t>) -> ncclResult_t {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    // mcast's leak report names the NCCL call the user wrote, not the mcast call beneath it.
+    match mcast::runtime::registry::in_call(func, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(Ok(r)) => r,
         Ok(Err(f)) => {
             let message = format!("{func}: {}", f.message);

@@ -325,8 +325,9 @@ pub extern "C" fn mcast_team_broadcast(
 /// area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
 /// transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
 /// and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
-/// `send`/`recv`, pointers not aligned to the element (4 bytes for 16-bit types), memory that
-/// is not device memory of the rank's device, partial overlap. Thread-safe.
+/// `send`/`recv`, pointers not aligned to the element size (element-aligned pointers work for
+/// every dtype, as in NCCL: a 16-bit type at 2 bytes too), memory that is not device memory of
+/// the rank's device, partial overlap. Thread-safe.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn mcast_team_all_reduce(
@@ -386,8 +387,11 @@ pub extern "C" fn mcast_team_all_gather(
 }
 
 /// Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
-/// team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms`. After a timeout
-/// every later collective and synchronize of the team returns it until the team is destroyed.
+/// team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms` (in a one-process
+/// team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when another
+/// rank's call of a collective this rank had issued was refused (one-process teams: the wait
+/// ended at once). After either every later collective and synchronize of the team returns it
+/// until the team is destroyed.
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {

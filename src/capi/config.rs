@@ -2,7 +2,10 @@
 
 use std::mem::size_of;
 
-use crate::runtime::config::{Backend, Config, MulticastMode, MAX_SIM_DEVICES};
+use crate::runtime::config::{
+    Backend, Config, MulticastMode, OOM_RETRIES, RETRY_BACKOFF_MS, SIM_DEVICES, SIM_DEVICE_MEMORY, SIM_MULTICAST,
+    SIM_MULTICAST_SLOTS, TIMEOUT_MS,
+};
 use crate::runtime::{Error, Result};
 
 /// Which driver a context uses.
@@ -49,9 +52,9 @@ pub struct mcast_config_t {
     pub backend: mcast_backend_t,
     /// AUTO: use multicast where usable, else peer-to-peer.
     pub multicast: mcast_multicast_t,
-    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY; default 3.
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY, 0 to 1000; default 3.
     pub oom_retries: u32,
-    /// First back-off in milliseconds, doubled per attempt; default 10.
+    /// First back-off in milliseconds, doubled per attempt, 0 to 60000; default 10.
     pub retry_backoff_ms: u32,
     /// Bound on waits for peers (device barriers, blocking steps); default 30000; 0 = forever.
     pub timeout_ms: u32,
@@ -112,23 +115,16 @@ impl mcast_config_t {
             2 => MulticastMode::Require,
             v => return Err(Error::invalid_argument(format!("config->multicast = {v} is not an mcast_multicast_t"))),
         };
+        // The ranges the environment takes (runtime::config), checked the same way.
+        OOM_RETRIES.check_field(self.oom_retries.into())?;
+        RETRY_BACKOFF_MS.check_field(self.retry_backoff_ms.into())?;
+        TIMEOUT_MS.check_field(self.timeout_ms.into())?;
         if backend != Backend::Cuda {
-            if self.sim_devices == 0 || self.sim_devices > MAX_SIM_DEVICES {
-                return Err(Error::invalid_argument(format!(
-                    "config->sim_devices = {} is out of range (1 to {MAX_SIM_DEVICES})",
-                    self.sim_devices
-                )));
-            }
-            if self.sim_device_memory == 0 {
-                return Err(Error::invalid_argument("config->sim_device_memory is 0"));
-            }
+            SIM_DEVICES.check_field(self.sim_devices.into())?;
+            SIM_DEVICE_MEMORY.check_field(self.sim_device_memory)?;
         }
-        if self.sim_multicast_supported > 1 {
-            return Err(Error::invalid_argument(format!(
-                "config->sim_multicast_supported = {} is not 0 or 1",
-                self.sim_multicast_supported
-            )));
-        }
+        SIM_MULTICAST_SLOTS.check_field(self.sim_multicast_slots.into())?;
+        SIM_MULTICAST.check_field(self.sim_multicast_supported.into())?;
         Ok(Config {
             backend,
             multicast,
@@ -150,7 +146,9 @@ impl mcast_config_t {
 }
 
 /// Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
-/// malformed value is ignored with a warning naming it), and sets `struct_size`. NULL is
+/// malformed or out-of-range value is ignored with a warning naming the variable, its range and
+/// the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
+/// range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
 /// ignored. Thread-safe.
 ///
 /// # Safety
@@ -188,6 +186,15 @@ mod tests {
         assert_eq!(most.to_config().unwrap().sim_devices, 72);
         let bad = mcast_config_t { sim_devices: 73, ..raw };
         assert!(bad.to_config().unwrap_err().message.contains("1 to 72"));
+        // The environment's ranges: MCAST_OOM_RETRIES=1000 is taken in both, 1001 in neither.
+        assert_eq!(mcast_config_t { oom_retries: 1000, ..raw }.to_config().unwrap().oom_retries, 1000);
+        let e = mcast_config_t { oom_retries: 1001, ..raw }.to_config().unwrap_err();
+        assert!(e.message.contains("config->oom_retries = 1001 is out of range (0 to 1000"), "{e}");
+        assert!(e.message.contains("MCAST_OOM_RETRIES"), "{e}");
+        let e = mcast_config_t { retry_backoff_ms: 60_001, ..raw }.to_config().unwrap_err();
+        assert!(e.message.contains("retry_backoff_ms") && e.message.contains("MCAST_RETRY_BACKOFF_MS"), "{e}");
+        let e = mcast_config_t { sim_multicast_supported: 2, ..raw }.to_config().unwrap_err();
+        assert!(e.message.contains("sim_multicast_supported = 2") && e.message.contains("0 to 1"), "{e}");
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub fn status_of(kind: ErrorKind) -> mcast_status_t {
 /// Runs the body of export `func`: a panic becomes `MCAST_ERROR_INTERNAL`, an error its status;
 /// both leave a message for `mcast_last_error`.
 pub(crate) fn guard(func: &'static str, body: impl FnOnce() -> Result<()>) -> mcast_status_t {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    // Resources created by `body` are reported as created by `func` (the leak report).
+    match crate::runtime::registry::in_call(func, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(Ok(())) => mcast_status_t::SUCCESS,
         Ok(Err(e)) => {
             set_last_error(&format!("{func}: {}", e.message));

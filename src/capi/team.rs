@@ -136,11 +136,13 @@ pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
 /// Writes the team's sticky asynchronous error into `*error` without waiting (like
 /// `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
 /// within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
-/// waiting for any stream) or `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
-/// process). A timeout is every rank's: the rank that timed out tells the others (through their
-/// state words and over the connections of a multi-process team), so every rank reports
-/// `MCAST_ERROR_TIMEOUT`, a paused or slow one within a second of running again. Once set it
-/// stays set until the team is destroyed. Returns `MCAST_SUCCESS` when
+/// waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+/// process) or, in a one-process team, `MCAST_ERROR_INVALID_ARGUMENT` (a rank's call was
+/// refused after other ranks had issued theirs: their waits were ended). A timeout is every
+/// rank's: the rank that timed out tells the others (through their state words and over the
+/// connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
+/// or slow one within a second of running again. Once set it stays set until the team is
+/// destroyed. Returns `MCAST_SUCCESS` when
 /// `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
 /// `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
 ///

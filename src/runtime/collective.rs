@@ -59,6 +59,36 @@ fn check_range(
 pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Collective, stream: Stream) -> Result<()> {
     let team = buf.team();
     let r = team.check_own_rank(rank, "rank")?;
+    refusing(team, r, || run_checked(buf, r, offset, count, collective, stream))
+}
+
+/// Runs rank `r`'s call `body` as round of the team's refusal record (`team/refusal.rs`): a
+/// round refused by another rank of a one-process team is refused here before `body` runs,
+/// and an argument error of `body` refuses the round on every rank.
+/// The one-stream check ([`admit`]) is not such a rule: it names both ranks, and the refused
+/// rank completes the round by calling again on its own stream.
+fn refusing(team: &Team, r: usize, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    let k = team.enter_call(r)?;
+    ADMIT_REFUSED.set(false);
+    body().inspect_err(|e| if ADMIT_REFUSED.get() { team.give_back_call(r, k) } else { team.end_call(r, k, e) })
+}
+
+thread_local! {
+    /// Set when this thread's last [`admit`] failed (see [`refusing`]).
+    static ADMIT_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`run`] once rank `r` is checked.
+fn run_checked(
+    buf: &Buffer,
+    r: usize,
+    offset: usize,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let team = buf.team();
+    let rank = r as i32;
     team.check_usable(format_args!("rank {rank}'s collective"))?;
     let (esize, align, blocks) = geometry(team, collective)?;
     if count == 0 {
@@ -84,6 +114,24 @@ pub fn run_into(
     collective: Collective,
     stream: Stream,
 ) -> Result<()> {
+    let r = send.team().check_own_rank(rank, "rank")?;
+    refusing(send.team(), r, || into(send, send_offset, recv, recv_offset, rank, count, collective, stream, false))
+}
+
+/// [`run_into`]; `element_aligned`: offsets need only be multiples of the element size (the
+/// pointer form's registered route), not of 4 bytes for 16-bit types.
+#[allow(clippy::too_many_arguments)]
+fn into(
+    send: &Buffer,
+    send_offset: usize,
+    recv: &Buffer,
+    recv_offset: usize,
+    rank: i32,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+    element_aligned: bool,
+) -> Result<()> {
     let team = send.team();
     if !Arc::ptr_eq(team, recv.team()) {
         return Err(Error::invalid_argument(
@@ -94,6 +142,7 @@ pub fn run_into(
     team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
     let (esize, align, blocks) = geometry(team, collective)?;
+    let align = if element_aligned { esize } else { align };
     if count == 0 {
         return Ok(());
     }
@@ -178,9 +227,27 @@ pub fn run_ptr(
     stream: Stream,
 ) -> Result<()> {
     let r = team.check_own_rank(rank, "rank")?;
+    refusing(team, r, || ptr_checked(team, r, send, recv, count, collective, stream))
+}
+
+/// [`run_ptr`] once rank `r` is checked.
+fn ptr_checked(
+    team: &Arc<Team>,
+    r: usize,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    collective: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let rank = r as i32;
     team.check_usable(format_args!("rank {rank}'s collective"))?;
     let n = team.size();
-    let (esize, align, _) = geometry(team, collective)?;
+    // Element-aligned pointers for every dtype, as NCCL takes them (an in-place reduce-scatter
+    // or all-gather of a 16-bit type with an odd count puts some ranks' blocks at 2 bytes mod
+    // 4): every route handles them (the kernels' scalar heads and tails, the staging copies).
+    let (esize, _, _) = geometry(team, collective)?;
+    let align = esize;
     if count == 0 {
         return Ok(());
     }
@@ -246,10 +313,10 @@ pub fn run_ptr(
         let same = Arc::ptr_eq(&sa.seg, &ra.seg);
         let sv = Buffer::view(team, sa);
         if same {
-            return run_into(&sv, so, &sv, ro, rank, count, collective, stream);
+            return into(&sv, so, &sv, ro, rank, count, collective, stream, true);
         }
         let rv = Buffer::view(team, ra);
-        return run_into(&sv, so, &rv, ro, rank, count, collective, stream);
+        return into(&sv, so, &rv, ro, rank, count, collective, stream, true);
     }
     // The LL kernels (small messages, any collective) and the push all-reduce (any size, teams
     // of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers see only their
@@ -467,7 +534,7 @@ pub(super) fn launch_kernel(
 /// it back with [`Team::unclaim_stream`].
 pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
     team.check_usable(format_args!("rank {r}'s collective"))?;
-    team.claim_stream(r, stream)
+    team.claim_stream(r, stream).inspect_err(|_| ADMIT_REFUSED.set(true))
 }
 
 pub(super) fn kernel_error(e: KernelError, l: &Launch) -> Error {
@@ -499,6 +566,11 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
         .map_err(|e| Error::driver(e, format_args!("waiting for rank {rank}'s stream")))?;
     if team.is_aborted() {
         return Err(team.error().expect("an aborted team has its error"));
+    }
+    // A refused call ended the waits of the ranks issued before it (team/refusal.rs): their
+    // device words say aborted, the team's error says why.
+    if let Some(e) = team.error().filter(|e| e.kind == ErrorKind::InvalidArgument) {
+        return Err(e);
     }
     let mut words = [0u8; 8];
     driver

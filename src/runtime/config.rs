@@ -52,6 +52,61 @@ pub enum LlMode {
 /// are tested without hardware.
 pub const MAX_SIM_DEVICES: u32 = 72;
 
+/// The range of one numeric setting: the same for its `MCAST_*` variable and its field of the
+/// C struct (`mcast_config_t`), which name it in their warnings and errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Range {
+    /// The field of `mcast_config_t`.
+    pub field: &'static str,
+    /// The environment variable.
+    pub var: &'static str,
+    /// Smallest value accepted.
+    pub min: u64,
+    /// Largest value accepted.
+    pub max: u64,
+}
+
+impl Range {
+    /// True when `v` is accepted.
+    pub fn contains(&self, v: u64) -> bool {
+        (self.min..=self.max).contains(&v)
+    }
+
+    /// `config->field` outside the range: `InvalidArgument` naming the field, the value, the
+    /// range and the variable.
+    pub fn check_field(&self, v: u64) -> crate::runtime::error::Result<()> {
+        if self.contains(v) {
+            return Ok(());
+        }
+        Err(crate::runtime::error::Error::invalid_argument(format!(
+            "config->{} = {v} is out of range ({} to {}; the environment's {} takes the same)",
+            self.field, self.min, self.max, self.var
+        )))
+    }
+}
+
+/// `oom_retries`: at most 1000 (each retry waits up to 65536 back-offs).
+pub const OOM_RETRIES: Range = Range { field: "oom_retries", var: "MCAST_OOM_RETRIES", min: 0, max: 1000 };
+/// `retry_backoff_ms`: at most a minute.
+pub const RETRY_BACKOFF_MS: Range =
+    Range { field: "retry_backoff_ms", var: "MCAST_RETRY_BACKOFF_MS", min: 0, max: 60_000 };
+/// `timeout_ms`: any `u32` (0 waits forever).
+pub const TIMEOUT_MS: Range = Range { field: "timeout_ms", var: "MCAST_TIMEOUT_MS", min: 0, max: u32::MAX as u64 };
+/// `sim_devices`: 1 to [`MAX_SIM_DEVICES`].
+pub const SIM_DEVICES: Range =
+    Range { field: "sim_devices", var: "MCAST_SIM_DEVICES", min: 1, max: MAX_SIM_DEVICES as u64 };
+/// `sim_device_memory`: at least one byte.
+pub const SIM_DEVICE_MEMORY: Range =
+    Range { field: "sim_device_memory", var: "MCAST_SIM_DEVICE_MEMORY", min: 1, max: u64::MAX };
+/// `sim_multicast_slots`: any `u32` (0: no multicast object can be made).
+pub const SIM_MULTICAST_SLOTS: Range =
+    Range { field: "sim_multicast_slots", var: "MCAST_SIM_MULTICAST_SLOTS", min: 0, max: u32::MAX as u64 };
+/// `sim_multicast_supported`: 0 or 1.
+pub const SIM_MULTICAST: Range = Range { field: "sim_multicast_supported", var: "MCAST_SIM_MULTICAST", min: 0, max: 1 };
+/// `MCAST_DEVICE_SLOTS` (not in the C struct).
+pub const DEVICE_SLOTS: Range =
+    Range { field: "device_slots", var: "MCAST_DEVICE_SLOTS", min: 1, max: MAX_DEVICE_SLOTS as u64 };
+
 /// The copy-engine threshold where [`Config::ce_min_bytes`] is left at auto, on the simulator:
 /// a guess until it is measured on hardware (the SM kernels win at small sizes, where the
 /// barrier kernels around the copies cost more than the copy engines' higher rate saves). On
@@ -175,17 +230,21 @@ impl Config {
                 _ => warn_malformed("MCAST_MULTICAST", &v, "auto, off or require"),
             }
         }
-        parse_into(&get, "MCAST_OOM_RETRIES", &mut self.oom_retries, |n: u32| n <= 64);
-        parse_into(&get, "MCAST_RETRY_BACKOFF_MS", &mut self.retry_backoff_ms, |n: u32| n <= 60_000);
-        parse_into(&get, "MCAST_TIMEOUT_MS", &mut self.timeout_ms, |_: u32| true);
-        parse_into(&get, "MCAST_SIM_DEVICES", &mut self.sim_devices, |n: u32| (1..=MAX_SIM_DEVICES).contains(&n));
-        if let Some(v) = get("MCAST_SIM_DEVICE_MEMORY") {
+        parse_into(&get, OOM_RETRIES, &mut self.oom_retries);
+        parse_into(&get, RETRY_BACKOFF_MS, &mut self.retry_backoff_ms);
+        parse_into(&get, TIMEOUT_MS, &mut self.timeout_ms);
+        parse_into(&get, SIM_DEVICES, &mut self.sim_devices);
+        if let Some(v) = get(SIM_DEVICE_MEMORY.var) {
             match parse_bytes(&v) {
-                Some(n) if n > 0 => self.sim_device_memory = n,
-                _ => warn_malformed("MCAST_SIM_DEVICE_MEMORY", &v, "a byte count such as 1073741824, 512M or 4G"),
+                Some(n) if SIM_DEVICE_MEMORY.contains(n) => self.sim_device_memory = n,
+                _ => warn_malformed(
+                    SIM_DEVICE_MEMORY.var,
+                    &v,
+                    "a byte count of at least 1 such as 1073741824, 512M or 4G (sim_device_memory)",
+                ),
             }
         }
-        parse_into(&get, "MCAST_SIM_MULTICAST_SLOTS", &mut self.sim_multicast_slots, |_: u32| true);
+        parse_into(&get, SIM_MULTICAST_SLOTS, &mut self.sim_multicast_slots);
         if let Some(v) = get("MCAST_SIM_MULTICAST") {
             match parse_bool(&v) {
                 Some(b) => self.sim_multicast_supported = b,
@@ -206,7 +265,7 @@ impl Config {
                 None => warn_malformed("MCAST_CE_MIN_BYTES", &v, "a byte count such as 67108864, 64M or 0 (off)"),
             }
         }
-        parse_into(&get, "MCAST_DEVICE_SLOTS", &mut self.device_slots, |n: u32| (1..=MAX_DEVICE_SLOTS).contains(&n));
+        parse_into(&get, DEVICE_SLOTS, &mut self.device_slots);
         if let Some(v) = get("MCAST_SIM_FABRIC") {
             match (v.to_ascii_lowercase().as_str(), parse_bool(&v)) {
                 ("none", _) | (_, Some(false)) => self.sim_fabric_supported = false,
@@ -257,11 +316,17 @@ fn warn_malformed(name: &str, value: &str, expected: &str) {
     tracing::warn!("ignoring {name}={value:?}: expected {expected}");
 }
 
-fn parse_into(get: &impl Fn(&str) -> Option<String>, name: &str, field: &mut u32, ok: impl Fn(u32) -> bool) {
-    if let Some(v) = get(name) {
-        match v.parse::<u32>() {
-            Ok(n) if ok(n) => *field = n,
-            _ => warn_malformed(name, &v, "an unsigned integer in range"),
+/// Reads `range.var` into `field`; a value that is not an integer in the range is ignored with
+/// a warning naming the variable, the range and the struct field.
+fn parse_into(get: &impl Fn(&str) -> Option<String>, range: Range, field: &mut u32) {
+    if let Some(v) = get(range.var) {
+        match v.parse::<u64>() {
+            Ok(n) if range.contains(n) => *field = n as u32,
+            _ => warn_malformed(
+                range.var,
+                &v,
+                &format!("an integer from {} to {} (as config->{})", range.min, range.max, range.field),
+            ),
         }
     }
 }
@@ -357,6 +422,20 @@ mod tests {
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "1024")]).device_slots, 1024);
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "0")]).device_slots, DEFAULT_DEVICE_SLOTS);
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "65537")]).device_slots, DEFAULT_DEVICE_SLOTS);
+    }
+
+    #[test]
+    fn the_environment_and_the_struct_share_ranges() {
+        assert_eq!(with(&[("MCAST_OOM_RETRIES", "1000")]).oom_retries, 1000);
+        assert_eq!(with(&[("MCAST_OOM_RETRIES", "1001")]).oom_retries, Config::default().oom_retries);
+        assert_eq!(with(&[("MCAST_SIM_DEVICES", "72")]).sim_devices, 72);
+        assert_eq!(with(&[("MCAST_SIM_DEVICES", "73")]).sim_devices, Config::default().sim_devices);
+        assert_eq!(with(&[("MCAST_TIMEOUT_MS", "4294967295")]).timeout_ms, u32::MAX);
+        assert_eq!(with(&[("MCAST_TIMEOUT_MS", "4294967296")]).timeout_ms, Config::default().timeout_ms);
+        assert!(OOM_RETRIES.check_field(1000).is_ok());
+        let e = OOM_RETRIES.check_field(1001).unwrap_err();
+        assert!(e.message.contains("oom_retries = 1001") && e.message.contains("0 to 1000"), "{e}");
+        assert!(e.message.contains("MCAST_OOM_RETRIES"), "{e}");
     }
 
     #[test]

@@ -151,6 +151,31 @@ pub struct Record {
     pub owner: String,
     /// Where it was created.
     pub site: &'static Location<'static>,
+    /// The public call (C function) during which it was created, if any ([`in_call`]).
+    pub call: Option<&'static str>,
+}
+
+thread_local! {
+    /// The outermost public call this thread is in (see [`in_call`]).
+    static CALL: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` as the public call `name` (a C function, `mcast_buffer_alloc`), so that resources
+/// it creates are reported with that name rather than an internal source line. Nested calls
+/// (the NCCL layer calling the C API) keep the outermost name: the one the user wrote.
+pub fn in_call<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<&'static str>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CALL.set(self.0);
+        }
+    }
+    let outer = CALL.get();
+    let _restore = Restore(outer);
+    if outer.is_none() {
+        CALL.set(Some(name));
+    }
+    f()
 }
 
 /// A token for a tracked resource; give it back with [`Resources::untrack`].
@@ -196,7 +221,8 @@ impl Resources {
         let mut inner = self.inner.lock();
         inner.next += 1;
         let id = ResourceId(inner.next);
-        inner.live.insert(id, Record { kind, bytes, device, owner: owner.to_string(), site });
+        let call = CALL.get();
+        inner.live.insert(id, Record { kind, bytes, device, owner: owner.to_string(), site, call });
         id
     }
 
@@ -231,9 +257,10 @@ impl Resources {
         let mut out = String::new();
         for r in inner.live.values() {
             let device = r.device.map_or_else(|| "-".to_string(), |d| d.to_string());
+            let by = r.call.map_or_else(String::new, |c| format!("created by {c}, "));
             let _ = writeln!(
                 out,
-                "{}: {} bytes, device {}, owner {}, created at {}:{}",
+                "{}: {} bytes, device {}, owner {}, {by}created at {}:{}",
                 r.kind.name(),
                 r.bytes,
                 device,
@@ -294,6 +321,20 @@ mod tests {
         assert_eq!((c.physical_allocations, c.multicast_objects, c.device_bytes), (1, 1, 4096));
         let report = r.report();
         assert!(report.contains("physical allocation: 4096 bytes, device 1, owner team 7, created at"));
+        let m = in_call("mcast_buffer_alloc", || {
+            in_call("mcast_inner", || r.track(ResourceKind::Mapping, 64, Some(0), "team 7"))
+        });
+        let report_in_call = r.report();
+        assert!(
+            report_in_call
+                .contains("mapping: 64 bytes, device 0, owner team 7, created by mcast_buffer_alloc, created at"),
+            "{report_in_call}"
+        );
+        r.untrack(m);
+        // The call's name is not left behind once it returned.
+        let after = r.track(ResourceKind::Mapping, 64, Some(0), "team 7");
+        assert!(!r.report().contains("created by"), "{}", r.report());
+        r.untrack(after);
         assert!(report.contains("registry.rs"));
         r.untrack(a);
         r.untrack(b);

@@ -58,9 +58,12 @@ pub fn retry<T>(
             let asked = asked(bytes);
             let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
             let hint = if err.code == CuResult::ERROR_OUT_OF_MEMORY {
-                "free buffers or destroy teams, lower the request, or raise MCAST_OOM_RETRIES"
+                format!(
+                    "free buffers or destroy teams, lower the request, or raise MCAST_OOM_RETRIES{}",
+                    sim_hint(env, err.func)
+                )
             } else {
-                "check that the fabric manager and the NVIDIA driver daemons are running (nvidia-smi -q)"
+                "check that the fabric manager and the NVIDIA driver daemons are running (nvidia-smi -q)".to_string()
             };
             let mut e = Error::driver(err, what());
             e.message = format!(
@@ -75,6 +78,26 @@ pub fn retry<T>(
             tracing::info!("{} returned {}: freed {freed} cached bytes, retrying in {backoff} ms", err.func, err.code)
         });
         attempt += 1;
+    }
+}
+
+/// On the simulator, where its budgets are settings: the one an out-of-memory of `func` ran
+/// into, with its value and variable (`MCAST_SIM_DEVICE_MEMORY`, `MCAST_SIM_MULTICAST_SLOTS`).
+fn sim_hint(env: &Env, func: &str) -> String {
+    if env.driver().as_sim().is_none() {
+        return String::new();
+    }
+    let c = env.config();
+    if func.starts_with("cuMulticastCreate") {
+        format!(
+            "; the simulated fabric holds sim_multicast_slots = {} multicast objects (MCAST_SIM_MULTICAST_SLOTS)",
+            c.sim_multicast_slots
+        )
+    } else {
+        format!(
+            "; each simulated device has sim_device_memory = {} bytes (MCAST_SIM_DEVICE_MEMORY, e.g. 4G)",
+            c.sim_device_memory
+        )
     }
 }
 
@@ -118,8 +141,10 @@ pub fn lockstep<T>(
             (2, Some(e)) => {
                 let live_mc = env.resources.counts().multicast_objects;
                 let asked = asked(bytes);
+                let sim = if e.code == CuResult::ERROR_OUT_OF_MEMORY { sim_hint(env, e.func) } else { String::new() };
                 Err(Error::driver(e, what()).context(format!(
-                    "failed after {attempt} lockstep retries{asked}; {live_mc} multicast object(s) live in this context"
+                    "failed after {attempt} lockstep retries{asked}; {live_mc} multicast object(s) live in this \
+                     context{sim}"
                 )))
             }
             _ => Ok(()),

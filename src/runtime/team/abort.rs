@@ -88,7 +88,9 @@ impl Team {
             let timeout_ms = self.env.config().timeout_ms;
             format!("rank {first} timed out first: {who} did not arrive within timeout_ms = {timeout_ms} ms{at}")
         };
-        self.set_error(Error::new(ErrorKind::Timeout, format!("rank {r}: {what}; {STICKY}")));
+        // One-process teams: who is behind in calls, and the issue-order rule (refusal.rs).
+        let hint = self.timeout_hint();
+        self.set_error(Error::new(ErrorKind::Timeout, format!("rank {r}: {what}{hint}; {STICKY}")));
         if let Some(c) = &self.comm {
             c.timed_out(&what);
         }

@@ -299,6 +299,7 @@ impl Team {
             sync: (0..n).map(|viewer| (0..n).map(|q| seg.peer_base(viewer, q)).collect()).collect(),
             sync_mc: (0..n).map(|viewer| seg.multicast_base(viewer)).collect(),
             comm: shape.comm.clone(),
+            refusals: (shape.comm.is_none() && n > 1).then(|| super::refusal::Refusals::new(n)),
             shape,
             max_blocks: agreed.0,
             ll: agreed.1,

@@ -10,6 +10,7 @@ mod buffers;
 mod create;
 mod domains;
 mod pool;
+mod refusal;
 mod split;
 mod streams;
 #[cfg(test)]
@@ -84,6 +85,8 @@ pub struct Team {
     claims: Claims,
     /// The NVLink domains its ranks are in.
     domains: Domains,
+    /// One-process teams of several ranks: the refused rounds (see `refusal.rs`).
+    refusals: Option<refusal::Refusals>,
 }
 
 /// What `mcast_team_get_info` reports.
