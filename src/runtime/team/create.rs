@@ -265,7 +265,8 @@ impl Team {
         })?;
         let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce, slots), domains, seg, reserved);
         tracing::debug!(
-            "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?}, {} handles, LL {ll}",
+            "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?} {}, {} handles, LL {ll}",
+            team.reason,
             handle_type_label(handle_type)
         );
         Ok(team)
