@@ -1,6 +1,6 @@
 //! The exported `nccl*` functions (declared in `include/mcast/nccl.h`).
 //!
-//! Every export runs inside [`guard`]: a panic becomes `ncclInternalError`, a failure its
+//! Every export runs inside `guard`: a panic becomes `ncclInternalError`, a failure its
 //! `ncclResult_t` with the detail kept for `ncclGetLastError`. Out-parameters are written only on
 //! success. Enums from C are checked integers.
 

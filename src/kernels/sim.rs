@@ -1,4 +1,4 @@
-//! Host execution of the collectives on the simulator: the kernel [`plan`] (same kernel choice
+//! Host execution of the collectives on the simulator: the kernel [`plan`](mod@crate::kernels::abi::plan) (same kernel choice
 //! and fallbacks as on a GPU), the same barrier protocol over the same sync-region words, and
 //! the same algorithms, run on the simulated device's worker thread for the caller's stream.
 //! Multicast addresses are read and written through the simulator's translation, so the

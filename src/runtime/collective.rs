@@ -214,7 +214,7 @@ fn into(
 /// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push all-reduce in one
 /// launch (it copies this rank's `send` step by step into its peers' scratch and reduces what
 /// they pushed into `recv`: the copy-in is fused into the kernel); every other case goes
-/// through the team's staging area ([`run_staged`]). Every rank must take the same route (all
+/// through the team's staging area (`run_staged`). Every rank must take the same route (all
 /// registered or none).
 #[allow(clippy::too_many_arguments)]
 pub fn run_ptr(
