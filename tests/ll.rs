@@ -1,5 +1,5 @@
 //! The LL kernels (kernels/ll.cuh: small messages, the flag carried in the data, no barrier) on
-//! the simulator, which runs the same line protocol (src/kernels/sim.rs), and with
+//! the simulator, which runs the same line protocol (src/kernels/sim/ll.rs), and with
 //! `MCAST_TEST_BACKEND=cuda` on the GPUs there are (a device repeats where a team has more ranks
 //! than the machine has GPUs; the tests that reach into device memory from the host or leave a
 //! rank missing stay on the simulator): long runs of calls

@@ -466,7 +466,7 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 /// loop cuts it whatever its reads do; at most [`MAX_PENDING`] handshakes run at once (a new
 /// connection evicts the oldest); when the process is out of descriptors the loop rests instead
 /// of spinning, and the connections wait in the kernel's backlog. Drops are logged as one line
-/// per interval with counts ([`super::droplog`]).
+/// per interval with counts (`droplog.rs`).
 pub struct Acceptor {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,

@@ -1,4 +1,4 @@
-//! The C boundary: one module per C type. Every export runs inside [`guard`] (panic boundary,
+//! The C boundary: one module per C type. Every export runs inside `guard` (panic boundary,
 //! status, thread-local message); arguments are checked here and handed to `runtime`, which
 //! knows nothing of C. No logic lives here.
 #![deny(missing_docs)]

@@ -1,6 +1,6 @@
 //! The ABI between the host and the kernel source in `kernels/`: the sync-region layout and
 //! launch constants ([`layout`]), the kernel argument and its builder ([`args`]), the entry points
-//! ([`entry`]) and the kernel plan ([`plan`]). Everything mirrored from the source is checked by
+//! ([`entry`]) and the kernel plan ([`plan`](mod@plan)). Everything mirrored from the source is checked by
 //! tests that parse it.
 
 pub mod args;

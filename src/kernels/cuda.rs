@@ -7,7 +7,7 @@
 //! the look-up is a thread-local cache hit and an atomic load, the argument struct is built on
 //! the stack, then `cuLaunchKernel`.
 //!
-//! The module table: one [`DeviceModules`] per (driver, device), made on first use and kept for
+//! The module table: one `DeviceModules` per (driver, device), made on first use and kept for
 //! the life of the process (as the modules are), with one `OnceLock` slot per (variant, unit),
 //! indexed directly (no hashing). Each thread remembers the last few tables it used, so a
 //! rank's thread finds its device's table without touching the shared list; loading a module

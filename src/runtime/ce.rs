@@ -46,8 +46,8 @@
 
 use std::sync::Arc;
 
-use super::collective::{admit, kernel_error, kernel_error_at, launch_kernel};
 use super::error::{Error, Result};
+use super::launch::{admit, kernel_error, kernel_error_at, launch_kernel};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::Variant;

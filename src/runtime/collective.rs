@@ -7,10 +7,11 @@ use std::sync::Arc;
 use super::buffer::Buffer;
 use super::ce;
 use super::error::{Error, ErrorKind, Result};
+use super::launch::{launch_kernel, ADMIT_REFUSED};
 use super::team::{Team, Transport};
-use crate::driver::{Device, DevicePtr, Stream};
+use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
-use crate::kernels::{self, Collective, KernelError, Launch, Path, RankPtrs};
+use crate::kernels::{Collective, RankPtrs};
 
 /// Element size, offset alignment and number of per-rank blocks of the symmetric range of
 /// `collective` (after checking its root).
@@ -65,17 +66,12 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, collective: Col
 /// Runs rank `r`'s call `body` as round of the team's refusal record (`team/refusal.rs`): a
 /// round refused by another rank of a one-process team is refused here before `body` runs,
 /// and an argument error of `body` refuses the round on every rank.
-/// The one-stream check ([`admit`]) is not such a rule: it names both ranks, and the refused
+/// The one-stream check ([`admit`](super::launch::admit)) is not such a rule: it names both ranks, and the refused
 /// rank completes the round by calling again on its own stream.
 fn refusing(team: &Team, r: usize, body: impl FnOnce() -> Result<()>) -> Result<()> {
     let k = team.enter_call(r)?;
     ADMIT_REFUSED.set(false);
     body().inspect_err(|e| if ADMIT_REFUSED.get() { team.give_back_call(r, k) } else { team.end_call(r, k, e) })
-}
-
-thread_local! {
-    /// Set when this thread's last [`admit`] failed (see [`refusing`]).
-    static ADMIT_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// [`run`] once rank `r` is checked.
@@ -214,7 +210,7 @@ fn into(
 /// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push all-reduce in one
 /// launch (it copies this rank's `send` step by step into its peers' scratch and reduces what
 /// they pushed into `recv`: the copy-in is fused into the kernel); every other case goes
-/// through the team's staging area ([`run_staged`]). Every rank must take the same route (all
+/// through the team's staging area (`run_staged`). Every rank must take the same route (all
 /// registered or none).
 #[allow(clippy::too_many_arguments)]
 pub fn run_ptr(
@@ -459,97 +455,6 @@ fn launch_with(
         return ce::run(team, r, count, collective, stream, &data, &out);
     }
     launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before)
-}
-
-/// Launches rank `r`'s part of `collective` as one kernel (the [`Launch`] descriptor; `out`
-/// `None` in place), after the work `before` enqueues.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_kernel(
-    team: &Arc<Team>,
-    r: usize,
-    count: usize,
-    collective: Collective,
-    stream: Stream,
-    data: RankPtrs,
-    data_mc: Option<DevicePtr>,
-    out: Option<(RankPtrs, Option<DevicePtr>)>,
-    local_only: bool,
-    before: Option<&dyn Fn() -> Result<()>>,
-) -> Result<()> {
-    let n = team.size();
-    // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
-    // instructions emulated over peer pointers: no multicast object is involved, so the
-    // kernels' slicing, vectors, barriers and tails can be verified on any GPU.
-    let path = match team.transport() {
-        Transport::Multicast => Path::Multicast,
-        Transport::P2P if kernels::cuda::emulate_forced() => Path::Multicast,
-        Transport::P2P => Path::P2P,
-    };
-    // The pointer form runs the push all-reduce, a P2P kernel, on any team.
-    let path = if local_only { Path::P2P } else { path };
-    let (out, out_mc) = out.unwrap_or_default();
-    let launch = Launch {
-        collective,
-        path,
-        rank: r as u32,
-        nranks: n as u32,
-        dev: team.devices()[r],
-        stream,
-        data,
-        data_mc,
-        out,
-        out_mc,
-        sync: RankPtrs::from_slice(team.sync_bases(r)),
-        sync_mc: team.sync_multicast(r),
-        count: count as u64,
-        timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
-        max_blocks: team.max_blocks(),
-        local_only,
-        ll: team.ll(),
-    };
-    let round = admit(team, r, stream)?;
-    // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
-    // only once the launch is admitted.
-    if let Some(before) = before {
-        if let Err(e) = before() {
-            team.unclaim_stream(r, round);
-            return Err(e);
-        }
-    }
-    let driver = team.context().driver();
-    let result = match driver.as_sim() {
-        Some(sim) => kernels::sim::launch(sim, &launch),
-        None => kernels::launch(driver.as_ref(), &launch),
-    };
-    result.map_err(|e| {
-        team.unclaim_stream(r, round);
-        kernel_error(e, &launch)
-    })
-}
-
-/// The last check before any collective form enqueues rank `r`'s part on `stream`: the team
-/// must not have failed (aborted, timed out), and no other rank of the team on the same device
-/// may have been given `stream` for the same collective (the one-stream deadlock, caught on the
-/// host: see [`Team::claim_stream`]). Returns the round claimed; a launch that then fails gives
-/// it back with [`Team::unclaim_stream`].
-pub fn admit(team: &Team, r: usize, stream: Stream) -> Result<u64> {
-    team.check_usable(format_args!("rank {r}'s collective"))?;
-    team.claim_stream(r, stream).inspect_err(|_| ADMIT_REFUSED.set(true))
-}
-
-pub(super) fn kernel_error(e: KernelError, l: &Launch) -> Error {
-    kernel_error_at(e, l.rank as usize, l.collective, l.dev)
-}
-
-/// [`kernel_error`] for rank `rank`'s part of `collective` on `dev`.
-pub(super) fn kernel_error_at(e: KernelError, rank: usize, collective: Collective, dev: Device) -> Error {
-    let what = format!("launching rank {rank}'s part of {collective:?} on device {dev}");
-    match e {
-        KernelError::NvrtcUnavailable(_) => Error::new(ErrorKind::DriverUnavailable, format!("{what}: {e}")),
-        KernelError::Driver(d) => Error::driver(d, what),
-        KernelError::Compile { .. } => Error::internal(format!("{what}: {e}")),
-        KernelError::Unsupported(_) => Error::not_supported(format!("{what}: {e}")),
-    }
 }
 
 /// Waits for rank `rank`'s work on `stream`, then reports the first device-side error of the

@@ -46,7 +46,7 @@ pub struct DeviceInfo {
     pub granularity_min: u64,
     /// Multicast granularity, RECOMMENDED (0 likewise).
     pub granularity_recommended: u64,
-    /// The GPU's NVLink fabric (all zeros and [`FabricState::None`] where there is none).
+    /// The GPU's NVLink fabric (all zeros and [`FabricState::None`](crate::driver::FabricState::None) where there is none).
     pub fabric: FabricInfo,
 }
 

@@ -145,7 +145,7 @@ fn bench(ctx: mcast_context_t, p: &Plumbing, config: &mcast_config_t, o: &Option
     }
 }
 
-/// What [`bench`] settled before the team's part.
+/// What [`bench()`] settled before the team's part.
 struct Setup<'a> {
     ctx: mcast_context_t,
     team: mcast_team_t,

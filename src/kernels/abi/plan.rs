@@ -33,7 +33,7 @@ pub fn one_shot_max_bytes(nranks: u32) -> u64 {
 }
 
 /// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when
-/// [`push_fits`]). With two ranks push moves the same bytes as two-shot, at the push rate and with
+/// `push_fits`). With two ranks push moves the same bytes as two-shot, at the push rate and with
 /// no barrier: measured on 2 x H200 (bf16, CUDA graph, us) 12.2 vs 16.3 at 2 MiB, 19.2 vs 22.2
 /// at 4 MiB, 35.2 vs 34.2 at 8 MiB. With more ranks push moves (N-1) x the message, so it stops
 /// where one-shot does.

@@ -61,7 +61,7 @@ impl Segment {
 
     /// A multi-process segment over memory the application owns: this process holds rank
     /// `comm.rank()` and its retained handle `own`. The handle is exported as the team's
-    /// handle type and passed to every peer (as [`Parts::build_mp`] passes allocated memory),
+    /// handle type and passed to every peer (as `Parts::build_mp` passes allocated memory),
     /// every rank's whole allocation (its first `size` bytes) is mapped on this rank's device,
     /// and on the multicast transport rank 0 makes a multicast object of `mc_size` bytes that
     /// every rank binds at its own pointer with `cuMulticastBindAddr`. `skews[q]` and `ptrs[q]`

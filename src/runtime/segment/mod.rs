@@ -171,7 +171,7 @@ impl Segment {
         self.mc_bases.is_some()
     }
 
-    /// Releases everything (see [`Parts::teardown`]). After failures, calling it again retries
+    /// Releases everything (see `Parts::teardown`). After failures, calling it again retries
     /// what is left; once all is released it does nothing.
     pub fn teardown(&self, env: &Env) -> Vec<Error> {
         self.parts.lock().teardown(env)
