@@ -126,35 +126,43 @@ typedef struct mcast_dev_buffer_t {
 #else
 #define MCAST_DEV__ASSERT(name, cond) typedef char mcast_dev__assert_##name[(cond) ? 1 : -1]
 #endif
-#if defined(__CUDACC_RTC__) || defined(__GNUC__) || defined(__clang__)
+/* NVRTC before 13.5 has no offsetof of any kind (CUDA 13.0's: "identifier __builtin_offsetof is
+ * undefined"), so under NVRTC only the sizes are asserted; every host and nvcc compile asserts
+ * the offsets too. */
+#if defined(__CUDACC_RTC__)
+#define MCAST_DEV__OFFSET_ASSERT(name, t, f, off) MCAST_DEV__ASSERT(name, sizeof(((t *)0)->f) > 0)
+#else
+#if defined(__GNUC__) || defined(__clang__)
 #define MCAST_DEV__OFFSETOF(t, f) __builtin_offsetof(t, f)
 #else
 #include <stddef.h>
 #define MCAST_DEV__OFFSETOF(t, f) offsetof(t, f)
 #endif
+#define MCAST_DEV__OFFSET_ASSERT(name, t, f, off) MCAST_DEV__ASSERT(name, MCAST_DEV__OFFSETOF(t, f) == off)
+#endif
 MCAST_DEV__ASSERT(team_size, sizeof(mcast_dev_team_t) == 128);
-MCAST_DEV__ASSERT(team_version, MCAST_DEV__OFFSETOF(mcast_dev_team_t, version) == 4);
-MCAST_DEV__ASSERT(team_rank, MCAST_DEV__OFFSETOF(mcast_dev_team_t, rank) == 8);
-MCAST_DEV__ASSERT(team_nranks, MCAST_DEV__OFFSETOF(mcast_dev_team_t, nranks) == 12);
-MCAST_DEV__ASSERT(team_nslots, MCAST_DEV__OFFSETOF(mcast_dev_team_t, nslots) == 16);
-MCAST_DEV__ASSERT(team_flags, MCAST_DEV__OFFSETOF(mcast_dev_team_t, flags) == 20);
-MCAST_DEV__ASSERT(team_timeout_ns, MCAST_DEV__OFFSETOF(mcast_dev_team_t, timeout_ns) == 24);
-MCAST_DEV__ASSERT(team_sync_peer0, MCAST_DEV__OFFSETOF(mcast_dev_team_t, sync_peer0) == 32);
-MCAST_DEV__ASSERT(team_sync_stride, MCAST_DEV__OFFSETOF(mcast_dev_team_t, sync_stride) == 40);
-MCAST_DEV__ASSERT(team_sync_mc, MCAST_DEV__OFFSETOF(mcast_dev_team_t, sync_mc) == 48);
-MCAST_DEV__ASSERT(team_dev_offset, MCAST_DEV__OFFSETOF(mcast_dev_team_t, dev_offset) == 56);
-MCAST_DEV__ASSERT(team_reserved, MCAST_DEV__OFFSETOF(mcast_dev_team_t, reserved) == 64);
+MCAST_DEV__OFFSET_ASSERT(team_version, mcast_dev_team_t, version, 4);
+MCAST_DEV__OFFSET_ASSERT(team_rank, mcast_dev_team_t, rank, 8);
+MCAST_DEV__OFFSET_ASSERT(team_nranks, mcast_dev_team_t, nranks, 12);
+MCAST_DEV__OFFSET_ASSERT(team_nslots, mcast_dev_team_t, nslots, 16);
+MCAST_DEV__OFFSET_ASSERT(team_flags, mcast_dev_team_t, flags, 20);
+MCAST_DEV__OFFSET_ASSERT(team_timeout_ns, mcast_dev_team_t, timeout_ns, 24);
+MCAST_DEV__OFFSET_ASSERT(team_sync_peer0, mcast_dev_team_t, sync_peer0, 32);
+MCAST_DEV__OFFSET_ASSERT(team_sync_stride, mcast_dev_team_t, sync_stride, 40);
+MCAST_DEV__OFFSET_ASSERT(team_sync_mc, mcast_dev_team_t, sync_mc, 48);
+MCAST_DEV__OFFSET_ASSERT(team_dev_offset, mcast_dev_team_t, dev_offset, 56);
+MCAST_DEV__OFFSET_ASSERT(team_reserved, mcast_dev_team_t, reserved, 64);
 MCAST_DEV__ASSERT(buffer_size, sizeof(mcast_dev_buffer_t) == 128);
-MCAST_DEV__ASSERT(buffer_version, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, version) == 4);
-MCAST_DEV__ASSERT(buffer_rank, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, rank) == 8);
-MCAST_DEV__ASSERT(buffer_nranks, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, nranks) == 12);
-MCAST_DEV__ASSERT(buffer_bytes, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, bytes) == 16);
-MCAST_DEV__ASSERT(buffer_local, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, local) == 24);
-MCAST_DEV__ASSERT(buffer_peer0, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, peer0) == 32);
-MCAST_DEV__ASSERT(buffer_peer_stride, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, peer_stride) == 40);
-MCAST_DEV__ASSERT(buffer_mc, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, mc) == 48);
-MCAST_DEV__ASSERT(buffer_sync, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, sync) == 56);
-MCAST_DEV__ASSERT(buffer_reserved, MCAST_DEV__OFFSETOF(mcast_dev_buffer_t, reserved) == 64);
+MCAST_DEV__OFFSET_ASSERT(buffer_version, mcast_dev_buffer_t, version, 4);
+MCAST_DEV__OFFSET_ASSERT(buffer_rank, mcast_dev_buffer_t, rank, 8);
+MCAST_DEV__OFFSET_ASSERT(buffer_nranks, mcast_dev_buffer_t, nranks, 12);
+MCAST_DEV__OFFSET_ASSERT(buffer_bytes, mcast_dev_buffer_t, bytes, 16);
+MCAST_DEV__OFFSET_ASSERT(buffer_local, mcast_dev_buffer_t, local, 24);
+MCAST_DEV__OFFSET_ASSERT(buffer_peer0, mcast_dev_buffer_t, peer0, 32);
+MCAST_DEV__OFFSET_ASSERT(buffer_peer_stride, mcast_dev_buffer_t, peer_stride, 40);
+MCAST_DEV__OFFSET_ASSERT(buffer_mc, mcast_dev_buffer_t, mc, 48);
+MCAST_DEV__OFFSET_ASSERT(buffer_sync, mcast_dev_buffer_t, sync, 56);
+MCAST_DEV__OFFSET_ASSERT(buffer_reserved, mcast_dev_buffer_t, reserved, 64);
 
 /* ================================ device side ================================ */
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)

@@ -178,20 +178,20 @@ mod tests {
     use super::*;
     use std::mem::offset_of;
 
-    /// The offsets the header asserts, parsed from its `MCAST_DEV__ASSERT(x, OFFSETOF(T, f) == n)`
-    /// and `sizeof(T) == n` lines: (type, field or "sizeof", value).
+    /// The layout the header asserts, parsed from its `MCAST_DEV__ASSERT(x, sizeof(T) == n)` and
+    /// `MCAST_DEV__OFFSET_ASSERT(x, T, f, n)` lines: (type, field or "sizeof", value).
     fn asserted() -> Vec<(String, String, usize)> {
         let mut v = Vec::new();
-        for line in HEADER.lines().filter(|l| l.starts_with("MCAST_DEV__ASSERT(")) {
-            let body = line.split_once(", ").expect("two arguments").1;
-            let (lhs, rhs) = body.split_once(" == ").expect("a comparison");
-            let n: usize = rhs.trim_end_matches(");").parse().expect("a number");
-            if let Some(t) = lhs.strip_prefix("sizeof(") {
-                v.push((t.trim_end_matches(')').to_string(), "sizeof".to_string(), n));
-            } else {
-                let inner = lhs.strip_prefix("MCAST_DEV__OFFSETOF(").expect("offsetof").trim_end_matches(')');
-                let (t, f) = inner.split_once(", ").expect("type, field");
-                v.push((t.to_string(), f.to_string(), n));
+        for line in HEADER.lines() {
+            if let Some(rest) = line.strip_prefix("MCAST_DEV__OFFSET_ASSERT(") {
+                let args: Vec<&str> = rest.trim_end_matches(");").split(", ").collect();
+                let [_, t, f, n] = args[..] else { panic!("four arguments: {line}") };
+                v.push((t.to_string(), f.to_string(), n.parse().expect("a number")));
+            } else if let Some(rest) = line.strip_prefix("MCAST_DEV__ASSERT(") {
+                let body = rest.split_once(", ").expect("two arguments").1;
+                let (lhs, rhs) = body.split_once(" == ").expect("a comparison");
+                let t = lhs.strip_prefix("sizeof(").expect("a size").trim_end_matches(')');
+                v.push((t.to_string(), "sizeof".to_string(), rhs.trim_end_matches(");").parse().expect("a number")));
             }
         }
         v
