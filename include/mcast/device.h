@@ -505,7 +505,9 @@ MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsign
                                                   unsigned long long mc, int release, int acquire,
                                                   unsigned long long timeout_ns, int check_error,
                                                   unsigned int info) {
-  __shared__ unsigned int s_code, s_target;
+  /* s_code: the team's state before signalling; s_done: the wait's result. Two words, since
+   * thread 0 writes the result while other threads may still be reading s_code. */
+  __shared__ unsigned int s_code, s_target, s_done;
   const unsigned int tid = mcast_dev__tid();
   __syncthreads();
   if (tid == 0) {
@@ -535,8 +537,8 @@ MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsign
       mcast_dev__red_add(peer0 + p * stride + arrive, 1u, release);
   }
   if (tid == 0) {
-    s_code = mcast_dev__wait_count(own, own + arrive, s_target, acquire, timeout_ns, info);
-    if (s_code == MCAST_DEV_ERR_TIMEOUT && mcast_dev__ld_volatile(own + MCAST_DEV_STATE_OFFSET) == MCAST_DEV_STATE_OK)
+    s_done = mcast_dev__wait_count(own, own + arrive, s_target, acquire, timeout_ns, info);
+    if (s_done == MCAST_DEV_ERR_TIMEOUT && mcast_dev__ld_volatile(own + MCAST_DEV_STATE_OFFSET) == MCAST_DEV_STATE_OK)
       mcast_dev__timed_out(own, peer0, stride, nranks, stride != 0 ? (unsigned int)((own - peer0) / stride) : 0u, -1,
                            epoch - own);
   }
@@ -545,7 +547,7 @@ MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsign
   /* Unicast and multicast mappings are different proxies. */
   if (acquire && mc != 0) asm volatile("fence.proxy.alias;" ::: "memory");
 #endif
-  return s_code;
+  return s_done;
 }
 
 /**
