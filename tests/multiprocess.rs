@@ -765,6 +765,13 @@ fn context(multicast: bool) -> Arc<Context> {
     let config = Config {
         multicast: if multicast { MulticastMode::Require } else { MulticastMode::Off },
         retry_backoff_ms: 1,
+        // The children see only what a test gave them (`CUDA_VISIBLE_DEVICES` is cleared for the
+        // others), never the caller's kill switches.
+        sim_host_env: Some(
+            std::env::var("CUDA_VISIBLE_DEVICES")
+                .map(|v| vec![("CUDA_VISIBLE_DEVICES".to_string(), v)])
+                .unwrap_or_default(),
+        ),
         ..sim_runtime(multicast, 4, TIMEOUT_MS)
     }
     // The handle type and the simulated fabric support come from the environment.
