@@ -14,6 +14,7 @@ pub mod handles;
 pub mod launch;
 pub mod logging;
 pub mod memory;
+pub mod net;
 pub mod policy;
 pub mod registry;
 pub mod retry;
