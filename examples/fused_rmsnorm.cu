@@ -1,5 +1,6 @@
 // examples/fused_rmsnorm.cu: all-reduce + residual add + RMSNorm fused in one kernel
-// (kernels/fused_rmsnorm.cuh) on two ranks, checked against a host reference eager and over
+// (kernels/fused_rmsnorm.cuh: multimem loads and stores on a multicast team, pushes into the
+// peers' memory on a P2P team) on two ranks, checked against a host reference eager and over
 // CUDA-graph replays; with --bench, timed against mcast_all_reduce followed by a separate
 // RMSNorm kernel, eager and from CUDA graphs, for messages of 8 KiB to 32 MiB (BENCHMARKS.md).
 //   fused_rmsnorm [replays]      (default 1000)
@@ -21,7 +22,23 @@ struct Problem {
   mcast_buffer_t x, res;
   unsigned short *w[RANKS];
   int *status[RANKS];
+  // P2P teams (no multicast): fused_push_rmsnorm's landing planes and per-CTA call counts.
+  mcast_buffer_t scratch;
+  unsigned *epoch[RANKS];
 };
+
+// The fused kernel for the team's transport: multimem loads and stores where the team has
+// multicast, pushes into the peers' memory where it has not (kernels/fused_rmsnorm.cuh).
+static bool push(const Ranks &r) {
+  mcast_team_info_t info{};
+  info.struct_size = sizeof info;
+  CHECK_MCAST(mcast_team_get_info(r.team, &info));
+  return info.transport != MCAST_TRANSPORT_MULTICAST;
+}
+
+// The push kernel's grid: CTAs of 256 threads (a warp per token), at most 128 of them, so every
+// CTA of both ranks is resident at once even where the ranks share a GPU (its waits spin).
+static const unsigned PUSH_CTAS = 128, PUSH_THREADS = 256;
 
 static float input(int rank, size_t e) { return (float)((int)((e * 2654435761u + rank * 40503u) % 17) - 8) / 8.0f; }
 static float resid(size_t e) { return (float)((int)((e * 11u) % 13) - 6) / 4.0f; }
@@ -45,6 +62,7 @@ static Problem problem(const Ranks &r, unsigned tokens) {
   const size_t bytes = (size_t)tokens * HIDDEN * 2;
   CHECK_MCAST(mcast_buffer_alloc(r.team, bytes, &p.x));
   CHECK_MCAST(mcast_buffer_alloc(r.team, bytes, &p.res));
+  if (push(r)) CHECK_MCAST(mcast_buffer_alloc(r.team, 2 * RANKS * bytes, &p.scratch));
   std::vector<unsigned short> w(HIDDEN);
   for (unsigned i = 0; i < HIDDEN; ++i) w[i] = float_to_bf16(weight(i));
   for (int i = 0; i < RANKS; ++i) {
@@ -53,6 +71,10 @@ static Problem problem(const Ranks &r, unsigned tokens) {
     CHECK_CUDA(cudaMemcpy(p.w[i], w.data(), HIDDEN * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&p.status[i], sizeof(int)));
     CHECK_CUDA(cudaMemset(p.status[i], 0, sizeof(int)));
+    if (p.scratch.id != 0) {
+      CHECK_CUDA(cudaMalloc(&p.epoch[i], PUSH_CTAS * sizeof(unsigned)));
+      CHECK_CUDA(cudaMemset(p.epoch[i], 0, PUSH_CTAS * sizeof(unsigned)));
+    }
   }
   return p;
 }
@@ -62,7 +84,9 @@ static void problem_free(const Ranks &r, Problem &p) {
     CHECK_CUDA(cudaSetDevice(r.dev[i]));
     CHECK_CUDA(cudaFree(p.w[i]));
     CHECK_CUDA(cudaFree(p.status[i]));
+    if (p.epoch[i]) CHECK_CUDA(cudaFree(p.epoch[i]));
   }
+  if (p.scratch.id != 0) CHECK_MCAST(mcast_buffer_free(p.scratch));
   CHECK_MCAST(mcast_buffer_free(p.x));
   CHECK_MCAST(mcast_buffer_free(p.res));
 }
@@ -73,6 +97,12 @@ static unsigned grid_for(unsigned tokens) {
 }
 
 static void launch_fused(const Ranks &r, const Problem &p, int i) {
+  if (p.scratch.id != 0) {
+    fused_push_rmsnorm<<<p.tokens < PUSH_CTAS ? p.tokens : PUSH_CTAS, PUSH_THREADS, 0, r.stream[i]>>>(
+        r.handle[i], buffer_handle(p.x, i), buffer_handle(p.res, i), buffer_handle(p.scratch, i), p.w[i], p.tokens,
+        HIDDEN, EPS, p.epoch[i], p.status[i]);
+    return;
+  }
   fused_all_reduce_rmsnorm<<<grid_for(p.tokens), HIDDEN / 8 / FUSED_MAX_VPT, 0, r.stream[i]>>>(
       r.handle[i], buffer_handle(p.x, i), buffer_handle(p.res, i), p.w[i], p.tokens, HIDDEN, EPS, p.status[i]);
 }
