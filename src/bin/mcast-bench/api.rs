@@ -16,7 +16,7 @@ use std::sync::Arc;
 use mcast::capi::buffer::{
     mcast_buffer_alloc, mcast_buffer_free, mcast_buffer_read, mcast_buffer_register, mcast_buffer_t, mcast_buffer_write,
 };
-use mcast::capi::collective::{mcast_stream_t, mcast_synchronize, CUstream_st};
+use mcast::capi::collective::{mcast_all_gather, mcast_stream_t, mcast_synchronize, CUstream_st};
 use mcast::capi::config::{mcast_config_init, mcast_config_t};
 use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_context_leak_report, mcast_context_t};
 use mcast::capi::device::{mcast_device_count, mcast_device_get_info, mcast_device_info_t};
@@ -24,7 +24,8 @@ use mcast::capi::mcast_status_t;
 use mcast::capi::memory::{mcast_mem_alloc, mcast_mem_free};
 use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{
-    mcast_team_create, mcast_team_destroy, mcast_team_get_info, mcast_team_info_t, mcast_team_t, McastTransport,
+    mcast_get_unique_id, mcast_team_create, mcast_team_destroy, mcast_team_get_info, mcast_team_info_t,
+    mcast_team_init_rank, mcast_team_t, mcast_unique_id_t, McastTransport,
 };
 use mcast::driver::{Driver, Stream};
 
@@ -120,6 +121,34 @@ pub fn team_create(ctx: mcast_context_t, devices: &[i32]) -> Result<mcast_team_t
     Ok(team)
 }
 
+/// `mcast_get_unique_id`: the id's bytes.
+pub fn unique_id() -> Result<[u8; 128], String> {
+    let mut id = mcast_unique_id_t { internal: [0; 128] };
+    // SAFETY: the pointer is valid for writes.
+    check(unsafe { mcast_get_unique_id(&mut id) })?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+/// `mcast_team_init_rank`: this process's rank `rank` of `nranks` on `device`.
+pub fn team_init_rank(
+    ctx: mcast_context_t,
+    id: &[u8; 128],
+    nranks: usize,
+    rank: usize,
+    device: i32,
+) -> Result<mcast_team_t, String> {
+    let id = mcast_unique_id_t { internal: id.map(|b| b as c_char) };
+    let mut team = mcast_team_t { id: 0 };
+    // SAFETY: `team` is valid for writes.
+    check(unsafe { mcast_team_init_rank(ctx, id, nranks as c_int, rank as c_int, device, &mut team) })?;
+    Ok(team)
+}
+
+/// `mcast_all_gather` of `bytes` per rank at offset 0 of `buf`, rank `rank`'s part on `s`.
+pub fn all_gather(buf: mcast_buffer_t, rank: usize, bytes: usize, s: Stream) -> Result<(), String> {
+    check(mcast_all_gather(buf, rank as c_int, 0, bytes, stream(s)))
+}
+
 /// What the header says of a team (`mcast_team_get_info`).
 pub struct TeamInfo {
     /// `"MULTICAST"` or `"P2P"`.
@@ -144,6 +173,23 @@ pub fn team_info(team: mcast_team_t) -> Result<TeamInfo, String> {
         transport_reason: c_text(&info.transport_reason),
         bytes_reserved: info.bytes_reserved,
     })
+}
+
+/// What a team agreed at creation about its kernels: mcast.h does not report it, so this reads
+/// the team behind the handle (below the C ABI, as [`Plumbing`] does), for the header.
+pub struct TeamGrid {
+    /// Most blocks per collective kernel.
+    pub max_blocks: u32,
+    /// The LL kernels serve small messages.
+    pub ll: bool,
+    /// The smallest message moved by the copy engines; 0: never.
+    pub ce_min_bytes: u64,
+}
+
+/// The [`TeamGrid`] of `team`.
+pub fn team_grid(team: mcast_team_t) -> Result<TeamGrid, String> {
+    let t = mcast::runtime::handles::team(team.id).map_err(|e| e.to_string())?;
+    Ok(TeamGrid { max_blocks: t.max_blocks(), ll: t.ll(), ce_min_bytes: t.ce_min_bytes() })
 }
 
 /// `mcast_team_destroy`.

@@ -9,7 +9,7 @@ pub const HELP: &str = "\
 usage: mcast-bench [options]
 
 Times mcast collectives over a range of message sizes, nccl-tests style. One process drives every
-rank. Without a GPU it runs on the simulator (small default sizes, so it finishes in seconds).
+rank (or, with --procs or under mpirun, one process per rank). Without a GPU it runs on the simulator (small default sizes, so it finishes in seconds).
 
 options (`--flag value` or `--flag=value`):
   --op OP            all_reduce (default), broadcast, reduce_scatter, all_gather
@@ -29,7 +29,9 @@ options (`--flag value` or `--flag=value`):
   -c, --check 0|1    check every rank against a host reference before timing (default 1);
                      the #wrong column counts wrong elements, and any makes the exit status 1
   --devices LIST     comma-separated device ordinals, one rank each, e.g. 0,1; a device may repeat
-                     (0,0: two ranks on one GPU, P2P). Default: every device of the context
+                     (0,0: two ranks on one GPU, P2P). Default: every device of the context.
+                     With one process per rank: rank r's device among those its process sees
+                     (default: 0 with --visible, else the rank's index on its host)
   --backend B        auto (default, or MCAST_BACKEND), cuda, sim
   --memory M         where the data lives: buffer (default: mcast_buffer_alloc buffers, the
                      mcast_<op> calls), registered (mcast_mem_alloc memory registered with
@@ -55,6 +57,20 @@ options (`--flag value` or `--flag=value`):
                      recorded, never run: the no-op path; the default on the simulator) or eager
                      (the kernels run, each rank's stream is synchronized every 64 calls outside
                      the timing; the default on CUDA)
+  --procs N          one process per rank: mcast-bench starts N copies of itself, rank r in the
+                     r-th, joined into one team by mcast_get_unique_id / mcast_team_init_rank
+                     (the id goes to each copy through its stdin, a pipe); rank 0 prints the
+                     table. A copy that fails or dies fails the run (exit status 1, or 2 for bad
+                     usage) and the others are killed. Under mpirun (OMPI_COMM_WORLD_RANK/SIZE,
+                     or PMI_RANK/PMI_SIZE) every process is one rank without --procs; the id then
+                     comes from MCAST_BOOTSTRAP_ADDR and MCAST_BOOTSTRAP_SECRET (env mode)
+  --visible LIST     with one process per rank: each rank's CUDA_VISIBLE_DEVICES, comma-separated,
+                     one entry per rank, ':' between the devices of one entry (0,1: rank 0 sees
+                     GPU 0, rank 1 GPU 1, each as its device 0; 0:1,1:0: both see both GPUs)
+  --domains LIST     with one process per rank: each rank's MCAST_DOMAIN label (A,A,B,B: two
+                     NVLink domains of two ranks)
+  --net E            with one process per rank: MCAST_NET for every rank (auto, nccl, none), the
+                     engine between NVLink domains
   --csv FILE         also write the rows as CSV to FILE
   --json FILE        also write the run and its rows as JSON to FILE
   -q, --quiet        no progress lines on stderr
@@ -245,6 +261,14 @@ pub struct Options {
     pub host_launch: Option<HostLaunch>,
     /// `--ce-min-bytes`: the copy-engine threshold to export as `MCAST_CE_MIN_BYTES`.
     pub ce_min_bytes: Option<u64>,
+    /// `--procs`: processes to start, one rank each.
+    pub procs: Option<usize>,
+    /// `--visible`: each rank's `CUDA_VISIBLE_DEVICES`.
+    pub visible: Option<Vec<String>>,
+    /// `--domains`: each rank's `MCAST_DOMAIN`.
+    pub domains: Option<Vec<String>>,
+    /// `--net`: `MCAST_NET` for every rank.
+    pub net: Option<String>,
 }
 
 /// Why the run stopped: bad usage (exit 2) or a runtime failure (exit 1).
@@ -295,7 +319,7 @@ fn parse_size(flag: &str, v: &str) -> Result<u64, Failure> {
 }
 
 /// Options that take a value.
-const VALUED: [&str; 30] = [
+const VALUED: [&str; 34] = [
     "--op",
     "-d",
     "--dtype",
@@ -326,6 +350,10 @@ const VALUED: [&str; 30] = [
     "--ce-min-bytes",
     "--host-overhead",
     "--host-launch",
+    "--procs",
+    "--visible",
+    "--domains",
+    "--net",
 ];
 
 /// Parses the arguments; `Ok(None)` means help was printed.
@@ -352,6 +380,10 @@ pub fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
         host_overhead: 0,
         host_launch: None,
         ce_min_bytes: None,
+        procs: None,
+        visible: None,
+        domains: None,
+        net: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -401,6 +433,22 @@ pub fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
     }
     if o.host_launch.is_some() && o.host_overhead == 0 {
         return Err(usage("--host-launch applies to --host-overhead N only"));
+    }
+    if let Some(n) = o.procs {
+        for (flag, list) in [("--visible", &o.visible), ("--domains", &o.domains)] {
+            if let Some(l) = list.as_ref().filter(|l| l.len() != n) {
+                return Err(usage(format!("{flag} has {} entries for --procs {n}: give one per rank", l.len())));
+            }
+        }
+        if let Some(d) = o.devices.as_ref().filter(|d| d.len() != n) {
+            return Err(usage(format!(
+                "--devices has {} entries for --procs {n}: with one process per rank give one device per rank",
+                d.len()
+            )));
+        }
+        if o.host_overhead > 0 {
+            return Err(usage("--host-overhead times the calls of one process driving every rank: drop --procs"));
+        }
     }
     Ok(Some(o))
 }
@@ -508,6 +556,36 @@ fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
             Some(n) => o.ce_min_bytes = Some(n),
             None => return Err(usage(format!("--ce-min-bytes {v:?}: expected a byte count such as 64M, or 0 (off)"))),
         },
+        "--procs" => {
+            let n: usize = parse_num(flag, &v, "a number of processes >= 1")?;
+            if n == 0 || n > MAX_RANKS {
+                return Err(usage(format!("{flag} {v:?}: between 1 and {MAX_RANKS} processes")));
+            }
+            o.procs = Some(n);
+        }
+        "--visible" => {
+            let list: Vec<String> = v.split(',').map(|e| e.trim().replace(':', ",")).collect();
+            let ok = |e: &String| e.split(',').all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            if !list.iter().all(ok) {
+                return Err(usage(format!(
+                    "--visible {v:?}: expected one device list per rank, like 0,1 (':' within a rank's list: 0:1,1:0)"
+                )));
+            }
+            o.visible = Some(list);
+        }
+        "--domains" => {
+            let list: Vec<String> = v.split(',').map(|e| e.trim().to_string()).collect();
+            if list.iter().any(|e| e.is_empty() || e.contains(char::is_whitespace)) {
+                return Err(usage(format!("--domains {v:?}: expected one label per rank, like A,A,B,B")));
+            }
+            o.domains = Some(list);
+        }
+        "--net" => {
+            o.net = match v.as_str() {
+                "auto" | "nccl" | "none" => Some(v),
+                _ => return Err(usage(format!("--net {v:?}: expected auto, nccl or none"))),
+            }
+        }
         "--csv" => o.csv = Some(PathBuf::from(v)),
         "--json" => o.json = Some(PathBuf::from(v)),
         _ => unreachable!("every valued flag is handled"),
@@ -536,6 +614,13 @@ mod tests {
             &["--host-overhead", "10", "-G", "2"],
             &["--host-launch", "capture"],
             &["--host-overhead", "10", "--host-launch", "later"],
+            &["--procs", "0"],
+            &["--procs", "2", "--visible", "0"],
+            &["--procs", "2", "--visible", "0,x"],
+            &["--procs", "2", "--domains", "A,B,C"],
+            &["--procs", "2", "--devices", "0"],
+            &["--procs", "2", "--host-overhead", "10"],
+            &["--net", "carrier-pigeon"],
         ] {
             assert!(matches!(args(bad), Err(Failure::Usage(_))), "{bad:?}");
         }
@@ -547,5 +632,9 @@ mod tests {
         assert_eq!(o.ce_min_bytes, Some(256 << 20));
         assert_eq!(args(&["--ce-min-bytes=0"]).ok().flatten().unwrap().ce_min_bytes, Some(0));
         assert!(matches!(args(&["--ce-min-bytes", "lots"]), Err(Failure::Usage(_))));
+        let o = args(&["--procs", "2", "--visible=0:1,1", "--domains", "A,B", "--net", "nccl"]).ok().flatten().unwrap();
+        assert_eq!(o.procs, Some(2));
+        assert_eq!(o.visible, Some(vec!["0,1".to_string(), "1".to_string()]));
+        assert_eq!((o.domains, o.net), (Some(vec!["A".to_string(), "B".to_string()]), Some("nccl".to_string())));
     }
 }

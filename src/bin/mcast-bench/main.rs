@@ -8,7 +8,9 @@
 //! With `-G N` (as nccl-tests' `-G`), each rank's `--iters` iterations are captured in a CUDA
 //! graph, replayed N times between the events, and the time is divided by iters x N. With
 //! `--host-overhead N` it times the host side of the calls instead (see [`timing`]).
-//! With no GPU it runs on the simulator with small default sizes.
+//! With no GPU it runs on the simulator with small default sizes. With `--procs N` (or under
+//! `mpirun`) each rank is a process of its own ([`procs`]): the same measurements, the slowest
+//! rank's time and every rank's wrong elements agreed through the team itself, rank 0 printing.
 //!
 //! Every mcast call is a `mcast_*` function of `mcast.h` ([`api`], [`run`]), so a regression at
 //! the C boundary shows here. Modules: [`args`] (the command line), [`api`] (the C calls and the
@@ -25,6 +27,7 @@ use mcast::capi::team::mcast_team_t;
 mod api;
 mod args;
 mod data;
+mod procs;
 mod report;
 mod run;
 mod timing;
@@ -32,8 +35,18 @@ mod timing;
 use api::Plumbing;
 use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, Redop};
 use data::{table, value, Shape};
+use procs::{Exchange, Role};
 use report::{Row, RunInfo};
 use run::{Bench, Rig};
+
+/// `println!` where this process prints the table: one process, or rank 0 of several.
+macro_rules! outln {
+    ($($t:tt)*) => {
+        if procs::prints() {
+            println!($($t)*);
+        }
+    };
+}
 
 /// Counts each thread's heap allocations for `--host-overhead`, the simulated device's apart.
 #[global_allocator]
@@ -44,6 +57,11 @@ fn main() -> ExitCode {
     let opts = match args::parse_args(&args) {
         Ok(Some(o)) => o,
         Ok(None) => return ExitCode::SUCCESS,
+        Err(f) => return fail(f),
+    };
+    let role = match procs::role(&opts) {
+        Ok(Role::Launch(n)) => return procs::launch(n),
+        Ok(role) => role,
         Err(f) => return fail(f),
     };
     // The copy-engine threshold is an environment knob of the library (not in mcast_config_t):
@@ -58,7 +76,7 @@ fn main() -> ExitCode {
     };
     // The plumbing holds the context's driver: dropped before the context is destroyed.
     let outcome = match Plumbing::of(ctx) {
-        Ok(p) => bench(ctx, &p, &config, &opts),
+        Ok(p) => bench(ctx, &p, &config, &opts, &role),
         Err(e) => Err(runtime(e)),
     };
     let leaks = api::leak_report(ctx);
@@ -66,17 +84,17 @@ fn main() -> ExitCode {
     let mut code = match outcome {
         Ok(0) => ExitCode::SUCCESS,
         Ok(wrong) => {
-            eprintln!("mcast-bench: {wrong} wrong element(s): the results are incorrect");
+            eprintln!("mcast-bench: {}{wrong} wrong element(s): the results are incorrect", procs::who());
             ExitCode::FAILURE
         }
         Err(f) => fail(f),
     };
     if !leaks.is_empty() {
-        eprintln!("mcast-bench: left behind:\n{leaks}");
+        eprintln!("mcast-bench: {}left behind:\n{leaks}", procs::who());
         code = ExitCode::FAILURE;
     }
     if let Err(e) = destroyed {
-        eprintln!("mcast-bench: {e}");
+        eprintln!("mcast-bench: {}{e}", procs::who());
         code = ExitCode::FAILURE;
     }
     code
@@ -85,30 +103,50 @@ fn main() -> ExitCode {
 fn fail(f: Failure) -> ExitCode {
     match f {
         Failure::Usage(msg) => {
-            eprintln!("mcast-bench: {msg}\nTry 'mcast-bench --help'.");
+            eprintln!("mcast-bench: {}{msg}\nTry 'mcast-bench --help'.", procs::who());
             ExitCode::from(2)
         }
         Failure::Runtime(msg) => {
-            eprintln!("mcast-bench: {msg}");
+            eprintln!("mcast-bench: {}{msg}", procs::who());
             ExitCode::FAILURE
         }
     }
 }
 
 /// Runs the benchmark; returns the total of wrong elements.
-fn bench(ctx: mcast_context_t, p: &Plumbing, config: &mcast_config_t, o: &Options) -> Result<u64, Failure> {
+fn bench(
+    ctx: mcast_context_t,
+    p: &Plumbing,
+    config: &mcast_config_t,
+    o: &Options,
+    role: &Role,
+) -> Result<u64, Failure> {
     let sim = p.is_sim();
     let count = api::device_count(ctx).map_err(runtime)?;
-    let devices = o.devices.clone().unwrap_or_else(|| (0..count).collect());
-    if devices.is_empty() {
+    if count == 0 {
         return Err(runtime("the context has no device"));
     }
+    // This process's ranks' devices: every rank's, or its one rank's among those it sees.
+    let (devices, first, n) = match role {
+        Role::Rank(me) => {
+            let d = match &o.devices {
+                Some(d) => d[me.rank],
+                None if o.visible.is_some() => 0,
+                None => me.local as i32,
+            };
+            (vec![d], me.rank, me.nranks)
+        }
+        _ => {
+            let d = o.devices.clone().unwrap_or_else(|| (0..count).collect());
+            let n = d.len();
+            (d, 0, n)
+        }
+    };
     for &d in &devices {
         if d >= count {
             return Err(usage(format!("--devices: device {d} is out of range: this context has {count} device(s)")));
         }
     }
-    let n = devices.len();
     if o.op == Op::Broadcast && o.root as usize >= n {
         return Err(usage(format!("--root {}: the team has {n} rank(s)", o.root)));
     }
@@ -131,12 +169,52 @@ fn bench(ctx: mcast_context_t, p: &Plumbing, config: &mcast_config_t, o: &Option
     let buffer_bytes = shapes.iter().map(Shape::bytes).max().unwrap_or(1);
 
     let created = Instant::now();
-    let team = api::team_create(ctx, &devices).map_err(|e| runtime(format!("creating a team on {devices:?}: {e}")))?;
+    let team = match role {
+        Role::Rank(me) => api::team_init_rank(ctx, &me.id, n, me.rank, devices[0]).map_err(|e| {
+            runtime(format!("joining the team as rank {} of {n} on device {}: {e}", me.rank, devices[0]))
+        })?,
+        _ => api::team_create(ctx, &devices).map_err(|e| runtime(format!("creating a team on {devices:?}: {e}")))?,
+    };
     let create_ms = created.elapsed().as_secs_f64() * 1e3;
+    let reserved = || api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0);
+    let before = reserved();
+    let exchange = match role {
+        Role::Rank(me) => match Exchange::new(p, team, me.rank, n, devices[0]) {
+            Ok(x) => Some(x),
+            Err(f) => {
+                let _ = api::team_destroy(team);
+                return Err(f);
+            }
+        },
+        _ => None,
+    };
     let host = (o.host_overhead > 0)
         .then(|| (o.host_overhead, o.host_launch.unwrap_or(if sim { HostLaunch::Capture } else { HostLaunch::Eager })));
-    let setup = Setup { ctx, team, p, config, devices, shapes, buffer_bytes, create_ms, iters, warmup, host };
+    let setup = Setup {
+        ctx,
+        team,
+        p,
+        config,
+        devices,
+        first,
+        nranks: n,
+        exchange: exchange.as_ref(),
+        exchange_bytes: reserved() - before,
+        shapes,
+        buffer_bytes,
+        create_ms,
+        iters,
+        warmup,
+        host,
+    };
     let result = with_team(&setup, o, (min_b, max_b, factor));
+    let result = match exchange.map(|x| x.release(p)).unwrap_or_default() {
+        errors if errors.is_empty() => result,
+        errors => match result {
+            Ok(_) => Err(runtime(errors.join("; "))),
+            Err(f) => Err(with_errors(f, errors)),
+        },
+    };
     match (result, api::team_destroy(team)) {
         (Ok(wrong), Ok(())) => Ok(wrong),
         (Ok(_), Err(e)) => Err(runtime(format!("destroying the team: {e}"))),
@@ -151,7 +229,14 @@ struct Setup<'a> {
     team: mcast_team_t,
     p: &'a Plumbing,
     config: &'a mcast_config_t,
+    /// This process's ranks' devices: every rank's, or its one rank's.
     devices: Vec<i32>,
+    /// The team rank of `devices[0]`.
+    first: usize,
+    nranks: usize,
+    /// With one process per rank: the ranks' exchange, and the device bytes it holds.
+    exchange: Option<&'a Exchange>,
+    exchange_bytes: u64,
     shapes: Vec<Shape>,
     buffer_bytes: usize,
     create_ms: f64,
@@ -163,9 +248,23 @@ struct Setup<'a> {
 /// The header, the rig, the measurements and the files, once the team exists (the caller
 /// destroys it).
 fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) -> Result<u64, Failure> {
-    let (ctx, team, p, devices, n) = (s.ctx, s.team, s.p, &s.devices, s.devices.len());
+    let (ctx, team, p, n) = (s.ctx, s.team, s.p, s.nranks);
     let info = api::team_info(team).map_err(runtime)?;
-    let device_name = api::device_name(ctx, devices[0]).unwrap_or_default();
+    let name = |d: i32| api::device_name(ctx, d).unwrap_or_else(|e| format!("unknown ({e})"));
+    // Every rank's device and how the header names it; with one process per rank, from each.
+    let (devices, rank_lines): (Vec<i32>, Vec<String>) = match s.exchange {
+        None => (s.devices.clone(), s.devices.iter().map(|&d| format!("device {d} {}", name(d))).collect()),
+        Some(x) => {
+            let d = s.devices[0];
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+                .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v})"))
+                .unwrap_or_default();
+            let lines = x.texts(&format!("device {d}{visible} {}, pid {}", name(d), std::process::id()))?;
+            let devices = x.texts(&d.to_string())?.iter().map(|t| t.parse().unwrap_or(-1)).collect();
+            (devices, lines)
+        }
+    };
+    let device_name = api::device_name(ctx, s.devices[0]).unwrap_or_default();
     let run_info = RunInfo {
         op: o.op,
         dtype: o.dtype,
@@ -191,16 +290,27 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
         2 => "require",
         _ => "auto",
     };
-    println!("# mcast-bench {}: {}, {n} rank(s) on devices {devices:?}", env!("CARGO_PKG_VERSION"), o.op.name());
-    println!("# backend: {} ({})", run_info.backend, p.backend_reason);
-    for (r, &d) in devices.iter().enumerate() {
-        let name = api::device_name(ctx, d).unwrap_or_else(|e| format!("unknown ({e})"));
-        println!("#   rank {r:>2}: device {d} {name}");
+    let procs = if s.exchange.is_some() { ", one process per rank" } else { ", one process" };
+    outln!("# mcast-bench {}: {}, {n} rank(s) on devices {devices:?}{procs}", env!("CARGO_PKG_VERSION"), o.op.name());
+    outln!("# backend: {} ({})", run_info.backend, p.backend_reason);
+    for (r, line) in rank_lines.iter().enumerate() {
+        outln!("#   rank {r:>2}: {line}");
     }
     let why = if info.transport_reason.is_empty() { String::new() } else { format!(" ({})", info.transport_reason) };
-    println!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
+    outln!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
+    let grid = api::team_grid(team).map_err(runtime)?;
+    outln!(
+        "# grid: transport {}, up to {} blocks per kernel, LL {}, copy engines {} (agreed by every rank)",
+        run_info.transport,
+        grid.max_blocks,
+        if grid.ll { "on" } else { "off" },
+        match grid.ce_min_bytes {
+            0 => "off".to_string(),
+            b => format!(">= {b} bytes"),
+        }
+    );
     if p.emulated_multimem {
-        println!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
+        outln!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
     }
     // The LL kernels (small messages, P2P): MCAST_LL, auto = on for the simulator only.
     let ll = match mcast::runtime::config::Config::from_env().ll {
@@ -209,29 +319,30 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
         mcast::runtime::config::LlMode::Auto if run_info.backend == "sim" => "on (MCAST_LL=auto, simulator)",
         mcast::runtime::config::LlMode::Auto => "off (MCAST_LL=auto: off on CUDA until measured)",
     };
-    println!("# LL kernels for small messages: {ll}");
+    outln!("# LL kernels for small messages: {ll}");
     let auto_ce = if run_info.backend == "sim" { mcast::runtime::config::DEFAULT_CE_MIN_BYTES } else { 0 };
     match mcast::runtime::config::Config::from_env().ce_min_bytes.unwrap_or(auto_ce) {
         _ if run_info.transport != "P2P" || p.emulated_multimem => {}
-        0 => println!("# copy engines: off (MCAST_CE_MIN_BYTES=0)"),
-        n => println!(
+        0 => outln!("# copy engines: off (MCAST_CE_MIN_BYTES=0)"),
+        n => outln!(
             "# copy engines: all_gather, broadcast, all_reduce of >= {n} bytes on buffer/registered memory \
              (MCAST_CE_MIN_BYTES, --ce-min-bytes)"
         ),
     }
     let check = if o.check { "on" } else { "off" };
     match s.host {
-        Some((calls, _)) => println!(
+        Some((calls, _)) => outln!(
             "# sizes {min_b}..{max_b} x{factor}, {} warmup + {calls} timed call(s) per rank, check {check}",
             s.warmup
         ),
-        None => println!(
+        None => outln!(
             "# sizes {min_b}..{max_b} x{factor}, {} warmup + {} timed iteration(s), check {check}",
-            s.warmup, s.iters
+            s.warmup,
+            s.iters
         ),
     }
-    println!("{}", report::mode_line(&run_info));
-    println!(
+    outln!("{}", report::mode_line(&run_info));
+    outln!(
         "# memory: {} ({}), {}",
         o.memory.name(),
         match o.memory {
@@ -241,12 +352,12 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
         },
         if o.inplace { "in place" } else { "out of place" }
     );
-    let mut rig = Rig::new(devices);
+    let mut rig = Rig::new(&s.devices, s.first);
     if let Err(f) = rig.populate(p, ctx, team, s.buffer_bytes, o.memory, o.inplace) {
         return Err(with_errors(f, rig.release(p, ctx)));
     }
-    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0);
-    println!(
+    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0) - s.exchange_bytes;
+    outln!(
         "# setup: team created in {:.1} ms; a {}-byte buffer allocated on every rank in {:.1} ms; device memory held \
          per rank {held} bytes ({} beyond the buffer)",
         s.create_ms,
@@ -254,8 +365,8 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
         rig.alloc_ms,
         held.saturating_sub(s.buffer_bytes as u64)
     );
-    println!("#");
-    println!("{}", report::columns(&run_info));
+    outln!("#");
+    outln!("{}", report::columns(&run_info));
     let reduced = table(o.dtype, |j| {
         let vals = (0..n).map(|r| value(o.dtype, n, r, j));
         match o.redop {
@@ -275,14 +386,17 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
         inputs: (0..n).map(|r| table(o.dtype, |j| value(o.dtype, n, r, j))).collect(),
         reduced,
     };
-    let result = measure(&bench, &s.shapes, &run_info, o);
+    let result = measure(&bench, &s.shapes, &run_info, o, s.exchange);
     let errors = rig.release(p, ctx);
     let (rows, entry) = result.map_err(|f| with_errors(f, errors.clone()))?;
     if !errors.is_empty() {
         return Err(runtime(errors.join("; ")));
     }
     for line in report::summary(&run_info, &rows, entry) {
-        println!("{line}");
+        outln!("{line}");
+    }
+    if !procs::prints() {
+        return Ok(rows.iter().filter_map(|r| r.wrong).sum());
     }
     if let Some(path) = &o.csv {
         std::fs::write(path, report::csv(&run_info, &rows))
@@ -302,13 +416,14 @@ fn measure(
     shapes: &[Shape],
     info: &RunInfo,
     o: &Options,
+    exchange: Option<&Exchange>,
 ) -> Result<(Vec<Row>, Option<timing::HostTimes>), Failure> {
     let started = Instant::now();
     let n = info.devices.len();
     let mut rows = vec![];
     for (k, s) in shapes.iter().enumerate() {
         let bytes = s.bytes();
-        if !o.quiet && started.elapsed().as_secs_f64() >= 1.0 {
+        if !o.quiet && procs::prints() && started.elapsed().as_secs_f64() >= 1.0 {
             eprintln!(
                 "mcast-bench: [{}/{}] {} {bytes} B ({:.1} s so far)",
                 k + 1,
@@ -317,14 +432,22 @@ fn measure(
                 started.elapsed().as_secs_f64()
             );
         }
-        let wrong = if o.check { Some(b.check(s)?) } else { None };
+        let wrong = match (o.check, exchange) {
+            (false, _) => None,
+            (true, None) => Some(b.check(s)?),
+            (true, Some(x)) => Some(x.sum(b.check(s)?)?),
+        };
         let row = match info.host {
             Some((calls, launch)) => {
                 let h = b.host_overhead(s, b.call_count(s), info.warmup, calls, launch)?;
                 Row { size: bytes, count: s.count, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong, host: Some(h) }
             }
             None => {
-                let time_us = b.time(s, info.warmup, info.iters, info.graph)?;
+                let time_us = b.time(s, info.warmup, info.iters, info.graph, exchange)?;
+                let time_us = match exchange {
+                    Some(x) => x.max(time_us)?,
+                    None => time_us,
+                };
                 let algbw = if time_us > 0.0 { bytes as f64 / time_us / 1e3 } else { 0.0 };
                 Row {
                     size: bytes,
@@ -337,7 +460,7 @@ fn measure(
                 }
             }
         };
-        println!("{}", report::row_line(info, &row));
+        outln!("{}", report::row_line(info, &row));
         rows.push(row);
     }
     let entry = match (info.host, shapes.first()) {

@@ -19,9 +19,12 @@ use crate::api::{self, Plumbing};
 use crate::args::{runtime, Dtype, Failure, Memory, Op, Redop};
 use crate::data::{count_wrong, fill, Shape};
 
-/// The team's streams, timing events and data; released in reverse.
+/// The streams, timing events and data of the team's ranks this process holds (every rank, or
+/// one with a process per rank), indexed from 0 ("local index"); released in reverse.
 pub struct Rig {
     pub devices: Vec<i32>,
+    /// The team rank of local index 0: local index `l` is rank `first + l`.
+    pub first: usize,
     pub streams: Vec<Stream>,
     pub start: Vec<Event>,
     pub end: Vec<Event>,
@@ -40,10 +43,11 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// An empty rig for ranks on `devices`.
-    pub fn new(devices: &[i32]) -> Rig {
+    /// An empty rig for ranks `first..` on `devices`.
+    pub fn new(devices: &[i32], first: usize) -> Rig {
         Rig {
             devices: devices.to_vec(),
+            first,
             streams: vec![],
             start: vec![],
             end: vec![],
@@ -178,7 +182,7 @@ pub struct Bench<'a> {
     pub dtype: Dtype,
     pub redop: Redop,
     pub root: u32,
-    /// Per rank: its input data.
+    /// Per team rank: its input data.
     pub inputs: Vec<Vec<u8>>,
     /// The reduction over ranks of the inputs.
     pub reduced: Vec<u8>,
@@ -198,13 +202,19 @@ impl Bench<'_> {
         }
     }
 
-    /// Rank `r`'s `mcast_*` call for `count` (elements or bytes, see [`Bench::call_count`]) on
-    /// `stream`, as `--memory` and `--inplace` say: the in-place calls on a buffer, the `_into`
-    /// calls out of place, the `mcast_team_*` pointer forms on plain memory. Nothing else: the
-    /// host-overhead mode times exactly this.
+    /// The team rank of local index `l`.
+    pub fn rank(&self, l: usize) -> usize {
+        self.rig.first + l
+    }
+
+    /// The `mcast_*` call of the rank at local index `l` for `count` (elements or bytes, see
+    /// [`Bench::call_count`]) on `stream`, as `--memory` and `--inplace` say: the in-place calls
+    /// on a buffer, the `_into` calls out of place, the `mcast_team_*` pointer forms on plain
+    /// memory. Nothing else: the host-overhead mode times exactly this.
     #[inline]
-    pub fn call(&self, r: usize, count: usize, block: u64, stream: Stream) -> mcast_status_t {
+    pub fn call(&self, l: usize, count: usize, block: u64, stream: Stream) -> mcast_status_t {
         let rig = self.rig;
+        let r = self.rank(l);
         let (rank, st) = (r as c_int, api::stream(stream));
         let (dtype, op) = (mcast_dtype_t(self.dtype as u32), mcast_op_t(self.redop as u32));
         let root = self.root as c_int;
@@ -212,7 +222,7 @@ impl Bench<'_> {
             (Memory::Pointer, inplace) => {
                 // NCCL's in-place layouts: all-gather sends block r of recv, reduce-scatter
                 // receives into block r of send.
-                let (send, recv) = (rig.send_mem[r], rig.recv_mem[r]);
+                let (send, recv) = (rig.send_mem[l], rig.recv_mem[l]);
                 let (send, recv) = match (self.op, inplace) {
                     (Op::AllGather, true) => (send + r as u64 * block, recv),
                     (Op::ReduceScatter, true) => (send, recv + r as u64 * block),
@@ -248,36 +258,38 @@ impl Bench<'_> {
         }
     }
 
-    /// Rank `r`'s part of one collective of shape `s` on `stream`.
-    pub fn run_rank(&self, r: usize, s: &Shape, stream: Stream) -> Result<(), Failure> {
+    /// The part of one collective of shape `s` on `stream` of the rank at local index `l`.
+    pub fn run_rank(&self, l: usize, s: &Shape, stream: Stream) -> Result<(), Failure> {
         let block = (s.count * s.es) as u64;
-        api::check(self.call(r, self.call_count(s), block, stream))
-            .map_err(|e| runtime(format!("{} rank {r}: {e}", self.op.name())))
+        api::check(self.call(l, self.call_count(s), block, stream))
+            .map_err(|e| runtime(format!("{} rank {}: {e}", self.op.name(), self.rank(l))))
     }
 
-    /// Every rank's part of one collective, rank by rank.
+    /// This process's ranks' parts of one collective, rank by rank.
     pub fn launch(&self, s: &Shape) -> Result<(), Failure> {
-        for (r, &stream) in self.rig.streams.iter().enumerate() {
-            self.run_rank(r, s, stream)?;
+        for (l, &stream) in self.rig.streams.iter().enumerate() {
+            self.run_rank(l, s, stream)?;
         }
         Ok(())
     }
 
-    /// `mcast_synchronize` of rank `r`'s stream.
-    pub fn sync(&self, r: usize, stream: Stream) -> Result<(), Failure> {
-        api::synchronize(self.team, r, stream).map_err(|e| runtime(format!("{}: {e}", self.op.name())))
+    /// `mcast_synchronize` of the stream of the rank at local index `l`.
+    pub fn sync(&self, l: usize, stream: Stream) -> Result<(), Failure> {
+        api::synchronize(self.team, self.rank(l), stream).map_err(|e| runtime(format!("{}: {e}", self.op.name())))
     }
 
     fn sync_all(&self) -> Result<(), Failure> {
-        for (r, &stream) in self.rig.streams.iter().enumerate() {
-            self.sync(r, stream)?;
+        for (l, &stream) in self.rig.streams.iter().enumerate() {
+            self.sync(l, stream)?;
         }
         Ok(())
     }
 
-    /// Writes rank `r`'s input (`host`, the in-place layout) where the collective reads it.
-    fn write_input(&self, r: usize, s: &Shape, host: &[u8]) -> Result<(), Failure> {
+    /// Writes the input of the rank at local index `l` (`host`, the in-place layout) where the
+    /// collective reads it.
+    fn write_input(&self, l: usize, s: &Shape, host: &[u8]) -> Result<(), Failure> {
         let rig = self.rig;
+        let r = self.rank(l);
         let block = s.count * s.es;
         // Out of place, all-gather sends only this rank's block.
         let data = match (self.op, rig.inplace) {
@@ -287,15 +299,16 @@ impl Bench<'_> {
         let what = |e: String| runtime(format!("writing rank {r}'s input: {e}"));
         match rig.memory {
             Memory::Pointer => {
-                self.plumbing.driver.memcpy_htod(rig.devices[r], rig.send_mem[r], data).map_err(|e| what(e.to_string()))
+                self.plumbing.driver.memcpy_htod(rig.devices[l], rig.send_mem[l], data).map_err(|e| what(e.to_string()))
             }
             _ => api::buffer_write(self.buf(), r, data).map_err(what),
         }
     }
 
-    /// Reads rank `r`'s result into `host`, in the in-place layout.
-    fn read_output(&self, r: usize, s: &Shape, host: &mut [u8]) -> Result<(), Failure> {
+    /// Reads the result of the rank at local index `l` into `host`, in the in-place layout.
+    fn read_output(&self, l: usize, s: &Shape, host: &mut [u8]) -> Result<(), Failure> {
         let rig = self.rig;
+        let r = self.rank(l);
         let block = s.count * s.es;
         let dst = match (self.op, rig.inplace) {
             (Op::ReduceScatter, false) => &mut host[r * block..(r + 1) * block],
@@ -304,27 +317,30 @@ impl Bench<'_> {
         let what = |e: String| runtime(format!("reading rank {r}'s result: {e}"));
         match (rig.memory, rig.inplace) {
             (Memory::Pointer, _) => {
-                self.plumbing.driver.memcpy_dtoh(rig.devices[r], dst, rig.recv_mem[r]).map_err(|e| what(e.to_string()))
+                self.plumbing.driver.memcpy_dtoh(rig.devices[l], dst, rig.recv_mem[l]).map_err(|e| what(e.to_string()))
             }
             (_, true) => api::buffer_read(self.buf(), r, dst).map_err(what),
             (_, false) => api::buffer_read(rig.recv.expect("allocated"), r, dst).map_err(what),
         }
     }
 
-    /// Fills the inputs, runs the op once and counts the wrong elements over every rank.
+    /// Fills the inputs, runs the op once and counts the wrong elements over this process's
+    /// ranks.
     pub fn check(&self, s: &Shape) -> Result<u64, Failure> {
         let bytes = s.bytes();
         let mut host = vec![0u8; bytes];
-        for (r, input) in self.inputs.iter().enumerate() {
-            fill(&mut host, 0, input, s.es);
-            self.write_input(r, s, &host)?;
+        let local = self.rig.streams.len();
+        for l in 0..local {
+            fill(&mut host, 0, &self.inputs[self.rank(l)], s.es);
+            self.write_input(l, s, &host)?;
         }
         self.launch(s)?;
         self.sync_all()?;
         let block = s.count * s.es;
         let mut wrong = 0;
-        for r in 0..self.inputs.len() {
-            self.read_output(r, s, &mut host)?;
+        for l in 0..local {
+            let r = self.rank(l);
+            self.read_output(l, s, &mut host)?;
             wrong += match self.op {
                 Op::AllReduce => count_wrong(&host, 0, &self.reduced, s.es),
                 Op::Broadcast => count_wrong(&host, 0, &self.inputs[self.root as usize], s.es),

@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use mcast::driver::{Driver, Graph, GraphExec, Stream};
+use mcast::driver::{Driver, Graph, Stream};
 
 use crate::api;
 use crate::args::{runtime, with_errors, Failure, HostLaunch};
 use crate::data::Shape;
+use crate::procs::Exchange;
 use crate::run::Bench;
 
 /// Calls per capture (or between stream synchronizations, eager) in host-overhead mode: few
@@ -35,6 +36,36 @@ fn per_rank<T: Send>(n: usize, body: impl Fn(usize) -> Result<T, Failure> + Sync
     })
 }
 
+/// Where the ranks' timed parts start together. The ranks of this process meet at a barrier;
+/// with ranks in other processes (one here) they also meet through the [`Exchange`]. Every
+/// rank passes exactly once, set up or failed, and learns whether any rank failed, so a failure
+/// never leaves a rank waiting there.
+struct StartLine<'a> {
+    barrier: Barrier,
+    failed: AtomicBool,
+    across: Option<&'a Exchange>,
+}
+
+impl<'a> StartLine<'a> {
+    fn new(local: usize, across: Option<&'a Exchange>) -> StartLine<'a> {
+        StartLine { barrier: Barrier::new(local), failed: AtomicBool::new(false), across }
+    }
+
+    /// Waits for every rank; true when any (this one if `failed_here`) failed before the line.
+    fn pass(&self, failed_here: bool) -> Result<bool, Failure> {
+        if failed_here {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.barrier.wait();
+        if let Some(x) = self.across {
+            if x.any(self.failed.load(Ordering::SeqCst))? {
+                self.failed.store(true, Ordering::SeqCst);
+            }
+        }
+        Ok(self.failed.load(Ordering::SeqCst))
+    }
+}
+
 impl Bench<'_> {
     /// Warm-up, then the timed loop; the slowest rank's time per iteration in microseconds.
     ///
@@ -44,36 +75,51 @@ impl Bench<'_> {
     ///
     /// With `graph > 0` each rank captures its `iters` iterations in a CUDA graph and replays it
     /// `graph` times between the events (see [`Bench::time_graph`]); the time is per iteration.
-    pub fn time(&self, s: &Shape, warmup: u32, iters: u32, graph: u32) -> Result<f64, Failure> {
+    ///
+    /// This process's ranks only: with ranks in other processes, `across` lines them up at the
+    /// start, and the caller takes the slowest time over the processes.
+    pub fn time(
+        &self,
+        s: &Shape,
+        warmup: u32,
+        iters: u32,
+        graph: u32,
+        across: Option<&Exchange>,
+    ) -> Result<f64, Failure> {
         let driver = self.plumbing.driver.as_ref();
         let rig = self.rig;
         let n = rig.streams.len();
-        let start_line = Barrier::new(n);
-        let failed = AtomicBool::new(false);
-        let per_rank = per_rank(n, |r| -> Result<f64, Failure> {
-            let (dev, stream) = (rig.devices[r], rig.streams[r]);
-            let launch = || self.run_rank(r, s, stream);
-            driver.bind_thread(dev).map_err(|e| runtime(format!("rank {r}: {e}")))?;
+        let start_line = StartLine::new(n, across);
+        let per_rank = per_rank(n, |l| -> Result<f64, Failure> {
+            let (dev, stream, r) = (rig.devices[l], rig.streams[l], self.rank(l));
+            let launch = || self.run_rank(l, s, stream);
+            let bound = driver.bind_thread(dev).map_err(|e| runtime(format!("rank {r}: {e}")));
             if graph > 0 {
-                return self.time_graph(r, s, warmup, iters, graph, &start_line, &failed);
+                return self.time_graph(l, s, (warmup, iters, graph), &start_line, bound);
             }
-            for _ in 0..warmup {
-                launch()?;
+            let warm = bound.and_then(|()| {
+                for _ in 0..warmup {
+                    launch()?;
+                }
+                driver.stream_synchronize(dev, stream).map_err(|e| runtime(format!("rank {r}: {e}")))
+            });
+            let failed = start_line.pass(warm.is_err())?;
+            warm?;
+            if failed {
+                return Err(runtime(format!("rank {r}: another rank failed its warm-up")));
             }
-            driver.stream_synchronize(dev, stream).map_err(|e| runtime(format!("rank {r}: {e}")))?;
-            start_line.wait();
             driver
-                .event_record(dev, rig.start[r], stream)
+                .event_record(dev, rig.start[l], stream)
                 .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
             for _ in 0..iters {
                 launch()?;
             }
             driver
-                .event_record(dev, rig.end[r], stream)
+                .event_record(dev, rig.end[l], stream)
                 .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
-            self.sync(r, stream)?;
+            self.sync(l, stream)?;
             let ms = driver
-                .event_elapsed_ms(dev, rig.start[r], rig.end[r])
+                .event_elapsed_ms(dev, rig.start[l], rig.end[l])
                 .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
             Ok(f64::from(ms))
         });
@@ -84,35 +130,32 @@ impl Bench<'_> {
         Ok(ms * 1e3 / (f64::from(iters) * f64::from(graph.max(1))))
     }
 
-    /// Rank `r`'s graph-mode timing, on its own thread with its device current: `warmup` eager
-    /// iterations; `iters` iterations captured on its stream (thread-local capture mode, as
-    /// nccl-tests) and instantiated; one untimed replay (which also uploads the graph); then,
-    /// once every rank is ready, `replays` replays between the events. Returns the elapsed
-    /// milliseconds of all replays. Every rank reaches the start line exactly once, even when its
-    /// setup failed (`failed` tells the others, which then skip the timed part), so a failure
-    /// never leaves a rank waiting there.
-    #[allow(clippy::too_many_arguments)]
+    /// The graph-mode timing of the rank at local index `l`, on its own thread with its device
+    /// current (`bound`: whether that worked): `warmup` eager iterations; `iters` iterations
+    /// captured on its stream (thread-local capture mode, as nccl-tests) and instantiated; one
+    /// untimed replay (which also uploads the graph); then, once every rank is ready, `replays`
+    /// replays between the events. Returns the elapsed milliseconds of all replays. Every rank
+    /// passes the start line exactly once, even when its setup failed (the others then skip the
+    /// timed part).
     fn time_graph(
         &self,
-        r: usize,
+        l: usize,
         s: &Shape,
-        warmup: u32,
-        iters: u32,
-        replays: u32,
-        start_line: &Barrier,
-        failed: &AtomicBool,
+        (warmup, iters, replays): (u32, u32, u32),
+        start_line: &StartLine,
+        bound: Result<(), Failure>,
     ) -> Result<f64, Failure> {
         let driver = self.plumbing.driver.as_ref();
         let rig = self.rig;
-        let (dev, stream) = (rig.devices[r], rig.streams[r]);
-        let setup = (|| -> Result<(Graph, GraphExec), Failure> {
+        let (dev, stream, r) = (rig.devices[l], rig.streams[l], self.rank(l));
+        let setup = bound.and_then(|()| {
             for _ in 0..warmup {
-                self.run_rank(r, s, stream)?;
+                self.run_rank(l, s, stream)?;
             }
-            self.sync(r, stream)?;
+            self.sync(l, stream)?;
             let graph = capture(driver, dev, stream, || {
                 for _ in 0..iters {
-                    self.run_rank(r, s, stream)?;
+                    self.run_rank(l, s, stream)?;
                 }
                 Ok(())
             })?;
@@ -124,12 +167,11 @@ impl Bench<'_> {
                 }
             };
             Ok((graph, exec))
-        })();
+        });
         let (g, x) = match setup {
             Ok(g) => g,
             Err(f) => {
-                failed.store(true, Ordering::SeqCst);
-                start_line.wait();
+                start_line.pass(true)?;
                 return Err(f);
             }
         };
@@ -137,28 +179,24 @@ impl Bench<'_> {
             |what: &str| driver.graph_launch(dev, x, stream).map_err(|e| runtime(format!("rank {r}: {what}: {e}")));
         let timed = (|| -> Result<f64, Failure> {
             // The untimed replay: the graph's first launch uploads it.
-            let warm = replay("replaying the CUDA graph").and_then(|()| self.sync(r, stream));
-            if warm.is_err() {
-                failed.store(true, Ordering::SeqCst);
-            }
-            // Every rank passes here exactly once, set up or failed; the flag is final after it.
-            start_line.wait();
+            let warm = replay("replaying the CUDA graph").and_then(|()| self.sync(l, stream));
+            let failed = start_line.pass(warm.is_err())?;
             warm?;
-            if failed.load(Ordering::SeqCst) {
+            if failed {
                 return Err(runtime(format!("rank {r}: another rank failed to set up its CUDA graph")));
             }
             driver
-                .event_record(dev, rig.start[r], stream)
+                .event_record(dev, rig.start[l], stream)
                 .map_err(|e| runtime(format!("recording rank {r}'s start event: {e}")))?;
             for _ in 0..replays {
                 replay("replaying the CUDA graph")?;
             }
             driver
-                .event_record(dev, rig.end[r], stream)
+                .event_record(dev, rig.end[l], stream)
                 .map_err(|e| runtime(format!("recording rank {r}'s end event: {e}")))?;
-            self.sync(r, stream)?;
+            self.sync(l, stream)?;
             let ms = driver
-                .event_elapsed_ms(dev, rig.start[r], rig.end[r])
+                .event_elapsed_ms(dev, rig.start[l], rig.end[l])
                 .map_err(|e| runtime(format!("reading rank {r}'s elapsed time: {e}")))?;
             Ok(f64::from(ms))
         })();
@@ -356,7 +394,7 @@ mod tests {
         let ctx = api::context_create(&config).unwrap();
         let p = api::Plumbing::of(ctx).unwrap();
         let team = api::team_create(ctx, &[0, 1]).unwrap();
-        let mut rig = Rig::new(&[0, 1]);
+        let mut rig = Rig::new(&[0, 1], 0);
         rig.populate(&p, ctx, team, 4096, Memory::Buffer, true).unwrap_or_else(|_| panic!("rig"));
         let ones: Vec<u8> = [1.0f32; 1024].iter().flat_map(|x| x.to_ne_bytes()).collect();
         let b = Bench {
