@@ -333,7 +333,7 @@ typedef struct mcast_config_t {
    */
   mcast_multicast_t multicast;
   /**
-   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY, 0 to 1000; default 3.
+   * Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY / ILLEGAL_STATE, 0 to 1000; default 3.
    */
   uint32_t oom_retries;
   /**

@@ -125,7 +125,7 @@ pub struct Config {
     pub backend: Backend,
     /// Multicast policy.
     pub multicast: MulticastMode,
-    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY.
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY / ILLEGAL_STATE.
     pub oom_retries: u32,
     /// First back-off in milliseconds, doubled per attempt.
     pub retry_backoff_ms: u32,
