@@ -176,7 +176,7 @@ def main():
             graph_peers = [v for (i, mm), v in t.items() if i != "mcast" and mm == "graph"]
             row += [fmt(bw(t.get(("mcast", "graph")))), fmt(bw(min(graph_peers)) if graph_peers else None)]
             out.append("| " + " | ".join(row) + " |")
-    out.append("\n### Issue 16 targets (2 ranks, P2P, bf16)\n")
+    out.append("\n### Targets (2 ranks, P2P, bf16)\n")
     out += ["| target | status | figure |", "|---|---|---|"]
     for name, status, figure in targets(times, n, ce):
         out.append(f"| {name} | {status} | {figure} |")

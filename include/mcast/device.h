@@ -3,7 +3,7 @@
  * symmetric buffers: addressing (local, peer and multicast pointers), bounded barriers and
  * point-to-point signals across ranks with their memory ordering, and multimem load-reduce /
  * store / reduce with an exact emulation over peer pointers, so one kernel source runs on
- * MULTICAST and P2P teams. The contract is API.md ("Device API").
+ * MULTICAST and P2P teams. The contract is this header.
  *
  * Use: get the handles on the host (mcast_team_device_handle, mcast_buffer_device_handle, in
  * mcast.h), pass them to the kernel by value (`__grid_constant__ const mcast_dev_team_t t`) and

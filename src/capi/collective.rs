@@ -290,9 +290,10 @@ fn run_ptr(
 /// `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
 /// registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
 /// `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
-/// (`cudaMalloc`) goes through the team's symmetric staging area (1 MiB per rank), in chunks:
-/// each chunk is copied in on `stream` (`cuMemcpyDtoDAsync`), broadcast, and copied out; any
-/// size, any alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// (`cudaMalloc`): a small message of a team with the LL kernels (P2P teams of 2 to 8 ranks,
+/// `MCAST_LL`) runs them in one launch, without staging; anything else goes through the team's
+/// symmetric staging area (1 MiB per rank), in chunks: each chunk is copied in on `stream`
+/// (`cuMemcpyDtoDAsync`), broadcast, and copied out; any size, any alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the handle, rank and root are checked.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
 /// is not device memory of the rank's device, partial overlap of `send` and `recv`.
 /// Thread-safe.
@@ -318,8 +319,9 @@ pub extern "C" fn mcast_team_broadcast(
 /// NCCL's `ncclAllReduce` on device pointers of rank `rank`'s device (`cudaMalloc` memory, a
 /// framework's allocator): every rank's `recv` `[0, count * esize)` receives the element-wise
 /// reduction over all ranks of `send` (`send == recv` in place). Registered memory of the team
-/// runs zero-copy (every rank must then pass registered memory). Plain memory of a team of up
-/// to 4 ranks runs the push all-reduce kernel in one launch at any size and alignment (each
+/// runs zero-copy (every rank must then pass registered memory). Plain memory: a small message
+/// of a team with the LL kernels runs them in one launch (as `mcast_team_broadcast`); otherwise
+/// a team of up to 4 ranks runs the push all-reduce kernel in one launch at any size and alignment (each
 /// rank stores its `send` into its peers' scratch step by step and reduces what they stored
 /// into its `recv`: the copy-in is fused into the kernel); larger teams go through the staging
 /// area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
@@ -349,8 +351,9 @@ pub extern "C" fn mcast_team_all_reduce(
 /// NCCL's `ncclReduceScatter` on device pointers: `send` holds N blocks of `count` elements;
 /// rank r's `recv` receives the reduction of block r (`recv == send + r * count * esize` in
 /// place). Registered memory of the team runs zero-copy as `mcast_reduce_scatter_into`; plain
-/// device memory goes through the team's staging area in chunks (as `mcast_team_broadcast`;
-/// a chunk of a message larger than the staging area copies its N blocks one by one). Other rules as
+/// device memory runs as in `mcast_team_broadcast`: the LL kernels for a small message of a team
+/// that has them, else the team's staging area in chunks (a chunk of a message larger than the
+/// staging area copies its N blocks one by one). Other rules as
 /// `mcast_team_all_reduce`. Thread-safe.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -372,8 +375,9 @@ pub extern "C" fn mcast_team_reduce_scatter(
 
 /// NCCL's `ncclAllGather` on device pointers: each rank's `send` `[0, bytes)` becomes block r
 /// of every rank's `recv` `[0, N * bytes)` (`send == recv + r * bytes` in place). Registered
-/// memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory goes
-/// through the team's staging area in chunks (as `mcast_team_broadcast`). Other rules as `mcast_team_broadcast`. Thread-safe.
+/// memory of the team runs zero-copy as `mcast_all_gather_into`; plain device memory runs as in
+/// `mcast_team_broadcast` (the LL kernels for a small message of a team that has them, else the
+/// team's staging area in chunks). Other rules as `mcast_team_broadcast`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_team_all_gather(
     team: mcast_team_t,

@@ -52,7 +52,7 @@ pub struct mcast_config_t {
     pub backend: mcast_backend_t,
     /// AUTO: use multicast where usable, else peer-to-peer.
     pub multicast: mcast_multicast_t,
-    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY, 0 to 1000; default 3.
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY / ILLEGAL_STATE, 0 to 1000; default 3.
     pub oom_retries: u32,
     /// First back-off in milliseconds, doubled per attempt, 0 to 60000; default 10.
     pub retry_backoff_ms: u32,

@@ -10,8 +10,9 @@ use crate::runtime::handles;
 /// Allocates `bytes` of device memory on `device`, which any team holding that device can
 /// register (`mcast_buffer_register`): physical memory created with the shareable handle types
 /// this system exports (POSIX file descriptors, plus fabric handles where supported), rounded
-/// up to the allocation and multicast granularities and mapped read-write for `device` at an
-/// address aligned to them. On the SIM backend it is host memory of the simulated device. The
+/// up to the allocation granularity (and the multicast granularity where multicast is usable on
+/// `device`) and mapped read-write for `device` at an address aligned to them. On the SIM
+/// backend it is host memory of the simulated device. The
 /// memory is not zeroed. Retried on out-of-memory like every allocation; nothing is left on
 /// failure. On success `*ptr` holds the address, freed with `mcast_mem_free` (or at
 /// `mcast_context_destroy`, which reports it as a leak). `MCAST_ERROR_INVALID_ARGUMENT`: `ptr`

@@ -26,7 +26,8 @@ pub enum McastStatus {
     MCAST_ERROR_SYSTEM_NOT_READY = 7,
     /// Destroy/free refused: live dependents or work in flight.
     MCAST_ERROR_IN_USE = 8,
-    /// A peer rank did not arrive within `timeout_ms`.
+    /// A peer rank did not arrive within `timeout_ms`, or the team's bootstrap connections failed
+    /// (a peer process exited, a frame failed authentication or broke a cap).
     MCAST_ERROR_TIMEOUT = 9,
     /// A bug: a caught panic or a broken invariant.
     MCAST_ERROR_INTERNAL = 10,

@@ -56,7 +56,7 @@ pub const MAX_SIM_DEVICES: u32 = 72;
 /// C struct (`mcast_config_t`), which name it in their warnings and errors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Range {
-    /// The field of `mcast_config_t`.
+    /// The field of `mcast_config_t`; empty for a setting the C struct has no field for.
     pub field: &'static str,
     /// The environment variable.
     pub var: &'static str,
@@ -104,8 +104,7 @@ pub const SIM_MULTICAST_SLOTS: Range =
 /// `sim_multicast_supported`: 0 or 1.
 pub const SIM_MULTICAST: Range = Range { field: "sim_multicast_supported", var: "MCAST_SIM_MULTICAST", min: 0, max: 1 };
 /// `MCAST_DEVICE_SLOTS` (not in the C struct).
-pub const DEVICE_SLOTS: Range =
-    Range { field: "device_slots", var: "MCAST_DEVICE_SLOTS", min: 1, max: MAX_DEVICE_SLOTS as u64 };
+pub const DEVICE_SLOTS: Range = Range { field: "", var: "MCAST_DEVICE_SLOTS", min: 1, max: MAX_DEVICE_SLOTS as u64 };
 
 /// The copy-engine threshold where [`Config::ce_min_bytes`] is left at auto, on the simulator:
 /// a guess until it is measured on hardware (the SM kernels win at small sizes, where the
@@ -126,7 +125,7 @@ pub struct Config {
     pub backend: Backend,
     /// Multicast policy.
     pub multicast: MulticastMode,
-    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY.
+    /// Extra attempts after OUT_OF_MEMORY / SYSTEM_NOT_READY / ILLEGAL_STATE.
     pub oom_retries: u32,
     /// First back-off in milliseconds, doubled per attempt.
     pub retry_backoff_ms: u32,
@@ -245,10 +244,10 @@ impl Config {
             }
         }
         parse_into(&get, SIM_MULTICAST_SLOTS, &mut self.sim_multicast_slots);
-        if let Some(v) = get("MCAST_SIM_MULTICAST") {
+        if let Some(v) = get(SIM_MULTICAST.var) {
             match parse_bool(&v) {
                 Some(b) => self.sim_multicast_supported = b,
-                None => warn_malformed("MCAST_SIM_MULTICAST", &v, "0 or 1"),
+                None => warn_malformed(SIM_MULTICAST.var, &v, "0 or 1 (as config->sim_multicast_supported)"),
             }
         }
         if let Some(v) = get("MCAST_HANDLE_TYPE") {
@@ -317,11 +316,14 @@ fn warn_malformed(name: &str, value: &str, expected: &str) {
 }
 
 /// Reads `range.var` into `field`; a value that is not an integer in the range is ignored with
-/// a warning naming the variable, the range and the struct field.
+/// a warning naming the variable, the range and the struct field (where the struct has one).
 fn parse_into(get: &impl Fn(&str) -> Option<String>, range: Range, field: &mut u32) {
     if let Some(v) = get(range.var) {
         match v.parse::<u64>() {
             Ok(n) if range.contains(n) => *field = n as u32,
+            _ if range.field.is_empty() => {
+                warn_malformed(range.var, &v, &format!("an integer from {} to {}", range.min, range.max))
+            }
             _ => warn_malformed(
                 range.var,
                 &v,

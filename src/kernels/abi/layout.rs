@@ -90,8 +90,9 @@ pub fn scratch_bytes(nranks: u32) -> usize {
 
 /// Bytes per rank of a team's staging area: where the pointer form (`mcast_team_*`) copies the
 /// caller's plain device memory before running the in-place kernels on it, in chunks of at most
-/// this size. 1 MiB keeps the first segment within the same multiple of a 2 MiB granularity for
-/// every team size.
+/// this size. With LL off and the default device-API slots, 1 MiB keeps the first segment within
+/// the same multiple of a 2 MiB granularity for every team size; with LL, teams of 2, 4, 6 and 8
+/// ranks take 2 MiB more for it.
 pub const STAGE_BYTES: usize = 1 << 20;
 
 /// Offset of the staging area from a rank's sync region: after the push scratch.

@@ -11,7 +11,8 @@ use crate::runtime::retry::retry;
 impl UserMemory {
     /// Allocates `bytes` on `dev`: physical memory with the shareable handle types the device
     /// exports (POSIX file descriptors, plus fabric handles where supported), rounded up to the
-    /// allocation and multicast granularities, mapped read-write for `dev` and for every device
+    /// allocation granularity (and the multicast granularity where multicast is usable on `dev`),
+    /// mapped read-write for `dev` and for every device
     /// that can access `dev`'s memory peer to peer (as `ncclMemAlloc` does). Retried on
     /// out-of-memory; rolled back on failure.
     pub fn alloc(&self, ctx: &Env, dev: i32, bytes: usize) -> Result<DevicePtr> {
