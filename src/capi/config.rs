@@ -68,6 +68,20 @@ pub struct mcast_config_t {
     pub sim_multicast_supported: u32,
 }
 
+/// The environment variables that `mcast_config_t`'s own fields stand for: with a filled struct
+/// they are not read (the struct wins); every other `MCAST_*` setting comes from the environment.
+const STRUCT_VARS: [&str; 9] = [
+    "MCAST_BACKEND",
+    "MCAST_MULTICAST",
+    OOM_RETRIES.var,
+    RETRY_BACKOFF_MS.var,
+    TIMEOUT_MS.var,
+    SIM_DEVICES.var,
+    SIM_DEVICE_MEMORY.var,
+    SIM_MULTICAST_SLOTS.var,
+    SIM_MULTICAST.var,
+];
+
 impl mcast_config_t {
     /// The C struct for `c`.
     pub fn from_config(c: &Config) -> Self {
@@ -135,12 +149,9 @@ impl mcast_config_t {
             sim_device_memory: self.sim_device_memory,
             sim_multicast_slots: self.sim_multicast_slots,
             sim_multicast_supported: self.sim_multicast_supported == 1,
-            // Not in the C struct: from the environment.
-            ..Config::default().with_env(|name| match name {
-                "MCAST_HANDLE_TYPE" | "MCAST_SIM_FABRIC" | "MCAST_LL" | "MCAST_CE_MIN_BYTES" | "MCAST_SIM_IMEX"
-                | "MCAST_DOMAIN" | "MCAST_MNNVL" => lookup(name),
-                _ => None,
-            })
+            // Every setting the C struct lacks comes from the environment; the struct's own
+            // variables are not read (the struct wins), so a new variable needs no list here.
+            ..Config::default().with_env(|name| if STRUCT_VARS.contains(&name) { None } else { lookup(name) })
         })
     }
 }
@@ -203,11 +214,16 @@ mod tests {
         let env = |name: &str| match name {
             "MCAST_LL" => Some("off".to_string()),
             "MCAST_HANDLE_TYPE" => Some("posix".to_string()),
+            // Every setting without a field, including those added after the struct.
+            "MCAST_DEVICE_SLOTS" => Some("1000".to_string()),
             // A struct field: the struct wins.
             "MCAST_TIMEOUT_MS" => Some("5".to_string()),
+            "MCAST_SIM_DEVICES" => Some("9".to_string()),
             _ => None,
         };
         let c = raw.config_with_env(env).unwrap();
+        assert_eq!(c.device_slots, 1000, "MCAST_DEVICE_SLOTS with a filled mcast_config_t");
+        assert_eq!(c.sim_devices, Config::default().sim_devices);
         assert_eq!(c.ll, crate::runtime::config::LlMode::Off);
         assert_eq!(c.handle_type, crate::runtime::config::HandleTypeMode::Posix);
         assert_eq!(c.timeout_ms, Config::default().timeout_ms);
