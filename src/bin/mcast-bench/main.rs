@@ -33,7 +33,7 @@ mod run;
 mod timing;
 
 use api::Plumbing;
-use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, Redop};
+use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, RedOp};
 use data::{table, value, Shape};
 use procs::{Exchange, Role};
 use report::{Row, RunInfo};
@@ -370,9 +370,9 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     let reduced = table(o.dtype, |j| {
         let vals = (0..n).map(|r| value(o.dtype, n, r, j));
         match o.redop {
-            Redop::Sum => vals.sum(),
-            Redop::Min => vals.min().unwrap_or(0),
-            Redop::Max => vals.max().unwrap_or(0),
+            RedOp::Sum => vals.sum(),
+            RedOp::Min => vals.min().unwrap_or(0),
+            RedOp::Max => vals.max().unwrap_or(0),
         }
     });
     let bench = Bench {
