@@ -106,7 +106,7 @@ fn one_visible_gpu_per_process_matches_one_process() {
     assert_eq!(procs.status.code(), Some(0), "{}", text(&procs));
     assert_eq!(one.status.code(), Some(0), "{}", text(&one));
     assert!(header(&procs, "#   rank  1: ").contains("device 0 (CUDA_VISIBLE_DEVICES=1)"), "{}", text(&procs));
-    for prefix in ["# transport:", "# grid:"] {
+    for prefix in ["# transport:", "# NVLink domains: 1 (2 rank(s) each)", "# grid:"] {
         assert_eq!(header(&procs, prefix), header(&one, prefix), "{}\n{}", text(&procs), text(&one));
     }
     let sizes = |o: &Output| rows(o).iter().map(|r| r[..5].to_vec()).collect::<Vec<_>>();

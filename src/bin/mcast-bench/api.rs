@@ -155,6 +155,8 @@ pub struct TeamInfo {
     pub transport: &'static str,
     pub transport_reason: String,
     pub bytes_reserved: u64,
+    /// NVLink domains the team spans, ranks per domain (0: unequal), the engine between them.
+    pub domains: (i32, i32, String),
 }
 
 /// `mcast_team_get_info`.
@@ -172,6 +174,7 @@ pub fn team_info(team: mcast_team_t) -> Result<TeamInfo, String> {
         },
         transport_reason: c_text(&info.transport_reason),
         bytes_reserved: info.bytes_reserved,
+        domains: (info.domains, info.domain_size, c_text(&info.net_engine)),
     })
 }
 

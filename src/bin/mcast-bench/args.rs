@@ -70,8 +70,8 @@ options (`--flag value` or `--flag=value`):
                      GPU 0, rank 1 GPU 1, each as its device 0; 0:1,1:0: both see both GPUs)
   --domains LIST     with one process per rank: each rank's MCAST_DOMAIN label (A,A,B,B: two
                      NVLink domains of two ranks)
-  --net E            with one process per rank: MCAST_NET for every rank (auto, nccl, none), the
-                     engine between NVLink domains
+  --net E            MCAST_NET for every rank (auto, nccl, none): the engine between NVLink
+                     domains
   --csv FILE         also write the rows as CSV to FILE
   --json FILE        also write the run and its rows as JSON to FILE
   -q, --quiet        no progress lines on stderr

@@ -298,6 +298,9 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     }
     let why = if info.transport_reason.is_empty() { String::new() } else { format!(" ({})", info.transport_reason) };
     outln!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
+    let (domains, per_domain, engine) = &info.domains;
+    let engine = if engine.is_empty() { String::new() } else { format!(", engine between them: {engine}") };
+    outln!("# NVLink domains: {domains} ({per_domain} rank(s) each){engine}");
     let grid = api::team_grid(team).map_err(runtime)?;
     outln!(
         "# grid: transport {}, up to {} blocks per kernel, LL {}, copy engines {} (agreed by every rank)",

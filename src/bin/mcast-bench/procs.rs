@@ -66,9 +66,10 @@ fn env_rank(rank: &str, size: &str) -> Option<(usize, usize)> {
     Some((get(rank)?, get(size)?))
 }
 
-/// Who this process is, from its options and environment. A rank process also sets, before
-/// the context reads the environment, its entries of `--visible` (`CUDA_VISIBLE_DEVICES`),
-/// `--domains` (`MCAST_DOMAIN`) and `--net` (`MCAST_NET`). Must run while single-threaded.
+/// Who this process is, from its options and environment. Before the context reads the
+/// environment, a rank process sets its entries of `--visible` (`CUDA_VISIBLE_DEVICES`) and
+/// `--domains` (`MCAST_DOMAIN`), and every process but the launcher `--net` (`MCAST_NET`).
+/// Must run while single-threaded.
 pub fn role(o: &Options) -> Result<Role, Failure> {
     let launched = match std::env::var(RANK_ENV) {
         Ok(v) => Some(
@@ -116,6 +117,9 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
                 if given {
                     return Err(usage(format!("{flag} sets each rank's process apart: use it with --procs N")));
                 }
+            }
+            if let Some(n) = &o.net {
+                std::env::set_var("MCAST_NET", n);
             }
             return Ok(Role::One);
         }
