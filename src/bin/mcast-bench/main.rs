@@ -199,7 +199,7 @@ fn bench(
         first,
         nranks: n,
         exchange: exchange.as_ref(),
-        exchange_bytes: reserved() - before,
+        exchange_bytes: reserved().saturating_sub(before),
         shapes,
         buffer_bytes,
         create_ms,
@@ -359,7 +359,7 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     if let Err(f) = rig.populate(p, ctx, team, s.buffer_bytes, o.memory, o.inplace) {
         return Err(with_errors(f, rig.release(p, ctx)));
     }
-    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0) - s.exchange_bytes;
+    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0).saturating_sub(s.exchange_bytes);
     outln!(
         "# setup: team created in {:.1} ms; a {}-byte buffer allocated on every rank in {:.1} ms; device memory held \
          per rank {held} bytes ({} beyond the buffer)",
