@@ -70,8 +70,9 @@ options (`--flag value` or `--flag=value`):
                      GPU 0, rank 1 GPU 1, each as its device 0; 0:1,1:0: both see both GPUs)
   --domains LIST     with one process per rank: each rank's MCAST_DOMAIN label (A,A,B,B: two
                      NVLink domains of two ranks)
-  --net E            MCAST_NET for every rank (auto, nccl, none): the engine between NVLink
-                     domains
+  --net E            the engine between NVLink domains: auto, nccl, none (MCAST_NET for every
+                     rank), or mpi (under mpirun, Open MPI: libmcast_mpi loaded at run time,
+                     MCAST_MPI_LIBRARY or libmcast_mpi.so, registered on every rank's context)
   --csv FILE         also write the rows as CSV to FILE
   --json FILE        also write the run and its rows as JSON to FILE
   -q, --quiet        no progress lines on stderr
@@ -502,8 +503,8 @@ fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
         }
         "--net" => {
             o.net = match v.as_str() {
-                "auto" | "nccl" | "none" => Some(v),
-                _ => return Err(usage(format!("--net {v:?}: expected auto, nccl or none"))),
+                "auto" | "nccl" | "none" | "mpi" => Some(v),
+                _ => return Err(usage(format!("--net {v:?}: expected auto, nccl, none or mpi"))),
             }
         }
         "--csv" => o.csv = Some(PathBuf::from(v)),

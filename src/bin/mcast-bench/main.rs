@@ -27,6 +27,7 @@ use mcast::capi::team::mcast_team_t;
 mod api;
 mod args;
 mod data;
+mod mpi;
 mod procs;
 mod report;
 mod run;
@@ -69,14 +70,36 @@ fn main() -> ExitCode {
     if let Some(n) = opts.ce_min_bytes {
         std::env::set_var("MCAST_CE_MIN_BYTES", n.to_string());
     }
+    // --net mpi (procs::role allowed it under mpirun only): MPI up before the context.
+    let mpi = match opts.net.as_deref() {
+        Some("mpi") => match mpi::Mpi::load() {
+            Ok(m) => Some(m),
+            Err(f) => return fail(f),
+        },
+        _ => None,
+    };
+    let code = run(&opts, &role, mpi.as_ref());
+    if let Some(m) = mpi {
+        m.finish();
+    }
+    code
+}
+
+/// The run of a process that drives ranks (all of them, or its one), with MPI registered as the
+/// engine between domains when given; its exit status.
+fn run(opts: &Options, role: &Role, mpi: Option<&mpi::Mpi>) -> ExitCode {
     let config = api::config(opts.backend.map(|b| b as u32));
     let ctx = match api::context_create(&config) {
         Ok(c) => c,
         Err(e) => return fail(runtime(e)),
     };
+    if let Some(Err(f)) = mpi.map(|m| m.register(ctx)) {
+        let _ = api::context_destroy(ctx);
+        return fail(f);
+    }
     // The plumbing holds the context's driver: dropped before the context is destroyed.
     let outcome = match Plumbing::of(ctx) {
-        Ok(p) => bench(ctx, &p, &config, &opts, &role),
+        Ok(p) => bench(ctx, &p, &config, opts, role),
         Err(e) => Err(runtime(e)),
     };
     let leaks = api::leak_report(ctx);
