@@ -8,7 +8,7 @@
 //! then watches them: the first that fails or dies fails the run, and the others are killed. A
 //! copy dies with its launcher (`PR_SET_PDEATHSIG`), so killing the launcher leaves nothing
 //! behind either. Under `mpirun` (Open MPI's `OMPI_COMM_WORLD_RANK`/`SIZE`, or `PMI_RANK`/`SIZE`
-//! of MPICH and Slurm) every process is one rank and the id comes from mcast's env mode
+//! of MPICH's Hydra) every process is one rank and the id comes from mcast's env mode
 //! (`MCAST_BOOTSTRAP_ADDR` and `MCAST_BOOTSTRAP_SECRET`, the same in every process), so no
 //! process has to hand it to the others.
 
