@@ -16,3 +16,4 @@ pub mod driver;
 pub mod kernels;
 pub mod libpath;
 pub mod runtime;
+pub mod types;

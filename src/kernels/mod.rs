@@ -15,6 +15,7 @@ pub mod select;
 pub mod sim;
 pub mod source;
 
+pub use crate::types::{DType, RedOp};
 pub use cuda::launch;
 pub use error::KernelError;
 
@@ -44,91 +45,6 @@ pub const MAX_RANKS: usize = 72;
 /// and the rank's device state (epochs, error word). A multiple of the multicast granularity's
 /// divisors (4 KiB) so user buffers after it stay 4 KiB aligned.
 pub const SYNC_BYTES: usize = 64 * 1024;
-
-/// Element types, numbered as `mcast_dtype_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// `float`.
-    F32 = 0,
-    /// `double`.
-    F64 = 1,
-    /// IEEE half.
-    F16 = 2,
-    /// bfloat16.
-    BF16 = 3,
-    /// `int32_t`.
-    I32 = 4,
-    /// `uint32_t`.
-    U32 = 5,
-    /// `int64_t`.
-    I64 = 6,
-    /// `uint64_t`.
-    U64 = 7,
-}
-
-impl DType {
-    /// Every dtype, in `mcast_dtype_t` order.
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64];
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F16 | DType::BF16 => 2,
-            DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::F64 | DType::I64 | DType::U64 => 8,
-        }
-    }
-
-    /// Short name used in kernel names and messages (`"bf16"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::I32 => "i32",
-            DType::U32 => "u32",
-            DType::I64 => "i64",
-            DType::U64 => "u64",
-        }
-    }
-
-    /// From the `mcast_dtype_t` integer.
-    pub fn from_raw(raw: u32) -> Option<DType> {
-        DType::ALL.get(raw as usize).copied()
-    }
-}
-
-/// Reduction operators, numbered as `mcast_op_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RedOp {
-    /// Sum.
-    Sum = 0,
-    /// Minimum.
-    Min = 1,
-    /// Maximum.
-    Max = 2,
-}
-
-impl RedOp {
-    /// Every operator, in `mcast_op_t` order.
-    pub const ALL: [RedOp; 3] = [RedOp::Sum, RedOp::Min, RedOp::Max];
-
-    /// Short name used in kernel names and messages (`"sum"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            RedOp::Sum => "sum",
-            RedOp::Min => "min",
-            RedOp::Max => "max",
-        }
-    }
-
-    /// From the `mcast_op_t` integer.
-    pub fn from_raw(raw: u32) -> Option<RedOp> {
-        RedOp::ALL.get(raw as usize).copied()
-    }
-}
 
 /// Which collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use mcast::runtime::config::parse_bytes;
+pub use mcast::types::{DType, RedOp};
 
 pub const HELP: &str = "\
 usage: mcast-bench [options]
@@ -69,8 +70,9 @@ options (`--flag value` or `--flag=value`):
                      GPU 0, rank 1 GPU 1, each as its device 0; 0:1,1:0: both see both GPUs)
   --domains LIST     with one process per rank: each rank's MCAST_DOMAIN label (A,A,B,B: two
                      NVLink domains of two ranks)
-  --net E            with one process per rank: MCAST_NET for every rank (auto, nccl, none), the
-                     engine between NVLink domains
+  --net E            the engine between NVLink domains: auto, nccl, none (MCAST_NET for every
+                     rank), or mpi (under mpirun, Open MPI: libmcast_mpi loaded at run time,
+                     MCAST_MPI_LIBRARY or libmcast_mpi.so, registered on every rank's context)
   --csv FILE         also write the rows as CSV to FILE
   --json FILE        also write the run and its rows as JSON to FILE
   -q, --quiet        no progress lines on stderr
@@ -90,68 +92,6 @@ exit status: 0 success; 1 wrong results, a runtime error or leaked resources; 2 
 
 /// Most ranks of a team (API.md: an NVL72 rack).
 pub const MAX_RANKS: usize = 72;
-
-/// Element types, numbered as `mcast_dtype_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dtype {
-    F32 = 0,
-    F64 = 1,
-    F16 = 2,
-    BF16 = 3,
-    I32 = 4,
-    U32 = 5,
-    I64 = 6,
-    U64 = 7,
-}
-
-impl Dtype {
-    /// Every dtype, in `mcast_dtype_t` order.
-    #[cfg(test)]
-    pub const ALL: [Dtype; 8] =
-        [Dtype::F32, Dtype::F64, Dtype::F16, Dtype::BF16, Dtype::I32, Dtype::U32, Dtype::I64, Dtype::U64];
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::F16 | Dtype::BF16 => 2,
-            Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
-            Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
-        }
-    }
-
-    /// The name in the table, CSV and JSON (`"bf16"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "f32",
-            Dtype::F64 => "f64",
-            Dtype::F16 => "f16",
-            Dtype::BF16 => "bf16",
-            Dtype::I32 => "i32",
-            Dtype::U32 => "u32",
-            Dtype::I64 => "i64",
-            Dtype::U64 => "u64",
-        }
-    }
-}
-
-/// Reduction operators, numbered as `mcast_op_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Redop {
-    Sum = 0,
-    Min = 1,
-    Max = 2,
-}
-
-impl Redop {
-    /// The name in the table, CSV and JSON (`"sum"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Redop::Sum => "sum",
-            Redop::Min => "min",
-            Redop::Max => "max",
-        }
-    }
-}
 
 /// The collective timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,8 +177,8 @@ pub enum HostLaunch {
 #[derive(Debug)]
 pub struct Options {
     pub op: Op,
-    pub dtype: Dtype,
-    pub redop: Redop,
+    pub dtype: DType,
+    pub redop: RedOp,
     pub root: u32,
     pub min_bytes: Option<u64>,
     pub max_bytes: Option<u64>,
@@ -291,20 +231,6 @@ pub fn with_errors(f: Failure, errors: Vec<String>) -> Failure {
         Failure::Runtime(m) if !errors.is_empty() => runtime(format!("{m}; then, cleaning up: {}", errors.join("; "))),
         other => other,
     }
-}
-
-fn parse_dtype(v: &str) -> Option<Dtype> {
-    Some(match v.to_ascii_lowercase().as_str() {
-        "f32" | "float" | "float32" => Dtype::F32,
-        "f64" | "double" | "float64" => Dtype::F64,
-        "f16" | "half" | "float16" => Dtype::F16,
-        "bf16" | "bfloat16" => Dtype::BF16,
-        "i32" | "int" | "int32" => Dtype::I32,
-        "u32" | "uint32" => Dtype::U32,
-        "i64" | "int64" => Dtype::I64,
-        "u64" | "uint64" => Dtype::U64,
-        _ => return None,
-    })
 }
 
 fn parse_num<T: std::str::FromStr>(flag: &str, v: &str, what: &str) -> Result<T, Failure> {
@@ -360,8 +286,8 @@ const VALUED: [&str; 34] = [
 pub fn parse_args(args: &[String]) -> Result<Option<Options>, Failure> {
     let mut o = Options {
         op: Op::AllReduce,
-        dtype: Dtype::F32,
-        redop: Redop::Sum,
+        dtype: DType::F32,
+        redop: RedOp::Sum,
         root: 0,
         min_bytes: None,
         max_bytes: None,
@@ -470,16 +396,11 @@ fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
             }
         }
         "-d" | "--dtype" => {
-            o.dtype = parse_dtype(&v)
+            o.dtype = DType::parse(&v)
                 .ok_or_else(|| usage(format!("{flag} {v:?}: expected f32, f64, f16, bf16, i32, u32, i64 or u64")))?
         }
         "-o" | "--redop" => {
-            o.redop = match v.to_ascii_lowercase().as_str() {
-                "sum" => Redop::Sum,
-                "min" => Redop::Min,
-                "max" => Redop::Max,
-                _ => return Err(usage(format!("{flag} {v:?}: expected sum, min or max"))),
-            }
+            o.redop = RedOp::parse(&v).ok_or_else(|| usage(format!("{flag} {v:?}: expected sum, min or max")))?
         }
         "-r" | "--root" => o.root = parse_num(flag, &v, "a rank (0, 1, ...)")?,
         "-b" | "--minbytes" => o.min_bytes = Some(parse_size(flag, &v)?),
@@ -582,8 +503,8 @@ fn set(o: &mut Options, flag: &str, v: String) -> Result<(), Failure> {
         }
         "--net" => {
             o.net = match v.as_str() {
-                "auto" | "nccl" | "none" => Some(v),
-                _ => return Err(usage(format!("--net {v:?}: expected auto, nccl or none"))),
+                "auto" | "nccl" | "none" | "mpi" => Some(v),
+                _ => return Err(usage(format!("--net {v:?}: expected auto, nccl, none or mpi"))),
             }
         }
         "--csv" => o.csv = Some(PathBuf::from(v)),
@@ -625,7 +546,7 @@ mod tests {
             assert!(matches!(args(bad), Err(Failure::Usage(_))), "{bad:?}");
         }
         let o = args(&["--op=all_gather", "-d", "bfloat16", "-b", "8K", "--devices", "0,0"]).ok().flatten().unwrap();
-        assert_eq!((o.op, o.dtype, o.min_bytes, o.devices), (Op::AllGather, Dtype::BF16, Some(8192), Some(vec![0, 0])));
+        assert_eq!((o.op, o.dtype, o.min_bytes, o.devices), (Op::AllGather, DType::BF16, Some(8192), Some(vec![0, 0])));
         let o = args(&["--host-overhead=500", "--host-launch", "eager"]).ok().flatten().unwrap();
         assert_eq!((o.host_overhead, o.host_launch), (500, Some(HostLaunch::Eager)));
         let o = args(&["--ce-min-bytes", "256M"]).ok().flatten().unwrap();

@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use crate::args::{Dtype, Op};
+use crate::args::{DType, Op};
 
 /// Elements per period of the check data. Prime and odd, so it never divides a power-of-two
 /// count and a block shifted by whole blocks is seen.
@@ -19,31 +19,31 @@ pub fn amplitude(nranks: usize) -> i64 {
 /// Small integers in [-a, a] ([0, 2a] unsigned), a = [`amplitude`]: exact in every dtype, and
 /// their sums over the team are exact too (|sum| <= nranks * a <= 256). Ranks 1..=2a (all of
 /// them up to 16 ranks) differ from rank 0 at every index.
-pub fn value(d: Dtype, nranks: usize, rank: usize, j: usize) -> i64 {
+pub fn value(d: DType, nranks: usize, rank: usize, j: usize) -> i64 {
     let a = amplitude(nranks);
     let v = ((j * 7 + rank) % (2 * a as usize + 1)) as i64;
-    if matches!(d, Dtype::U32 | Dtype::U64) {
+    if matches!(d, DType::U32 | DType::U64) {
         v
     } else {
         v - a
     }
 }
 
-pub fn encode(d: Dtype, v: i64, out: &mut Vec<u8>) {
+pub fn encode(d: DType, v: i64, out: &mut Vec<u8>) {
     match d {
-        Dtype::F32 => out.extend((v as f32).to_ne_bytes()),
-        Dtype::F64 => out.extend((v as f64).to_ne_bytes()),
-        Dtype::F16 => out.extend(f16::from_f64(v as f64).to_bits().to_ne_bytes()),
-        Dtype::BF16 => out.extend(bf16::from_f64(v as f64).to_bits().to_ne_bytes()),
-        Dtype::I32 => out.extend((v as i32).to_ne_bytes()),
-        Dtype::U32 => out.extend((v as u32).to_ne_bytes()),
-        Dtype::I64 => out.extend(v.to_ne_bytes()),
-        Dtype::U64 => out.extend((v as u64).to_ne_bytes()),
+        DType::F32 => out.extend((v as f32).to_ne_bytes()),
+        DType::F64 => out.extend((v as f64).to_ne_bytes()),
+        DType::F16 => out.extend(f16::from_f64(v as f64).to_bits().to_ne_bytes()),
+        DType::BF16 => out.extend(bf16::from_f64(v as f64).to_bits().to_ne_bytes()),
+        DType::I32 => out.extend((v as i32).to_ne_bytes()),
+        DType::U32 => out.extend((v as u32).to_ne_bytes()),
+        DType::I64 => out.extend(v.to_ne_bytes()),
+        DType::U64 => out.extend((v as u64).to_ne_bytes()),
     }
 }
 
 /// `PERIOD` encoded elements: element `i` of a range is `table[i % PERIOD]`.
-pub fn table(d: Dtype, f: impl Fn(usize) -> i64) -> Vec<u8> {
+pub fn table(d: DType, f: impl Fn(usize) -> i64) -> Vec<u8> {
     let mut t = Vec::with_capacity(PERIOD * d.size());
     for j in 0..PERIOD {
         encode(d, f(j), &mut t);
@@ -87,7 +87,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn of(op: Op, dtype: Dtype, nranks: usize, size: u64) -> Shape {
+    pub fn of(op: Op, dtype: DType, nranks: usize, size: u64) -> Shape {
         let (es, blocks) = (dtype.size(), op.blocks(nranks));
         let count = usize::try_from(size).unwrap_or(usize::MAX) / (es * blocks);
         Shape { count: count.max(1), es, blocks }
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn fill_and_count_wrong_follow_the_period_from_any_phase() {
-        for d in Dtype::ALL {
+        for d in DType::ALL {
             let es = d.size();
             let t = table(d, |j| value(d, 4, 1, j));
             for first in [0, 5, PERIOD - 1, PERIOD, 3 * PERIOD + 7] {
@@ -130,10 +130,10 @@ mod tests {
     fn check_data_is_exact_and_differs_between_ranks() {
         for n in 1..=MAX_RANKS {
             for j in 0..PERIOD {
-                let sum: i64 = (0..n).map(|r| value(Dtype::I32, n, r, j).abs()).sum();
+                let sum: i64 = (0..n).map(|r| value(DType::I32, n, r, j).abs()).sum();
                 assert!(sum <= 256, "{n}-rank sums stay exact in bf16");
                 for r in 1..n.min(2 * amplitude(n) as usize + 1) {
-                    assert_ne!(value(Dtype::F32, n, 0, j), value(Dtype::F32, n, r, j), "{n} ranks, rank {r}");
+                    assert_ne!(value(DType::F32, n, 0, j), value(DType::F32, n, r, j), "{n} ranks, rank {r}");
                 }
             }
         }
@@ -141,11 +141,11 @@ mod tests {
 
     #[test]
     fn sizes_follow_nccl_tests() {
-        let s = Shape::of(Op::AllGather, Dtype::F32, 4, 4096);
+        let s = Shape::of(Op::AllGather, DType::F32, 4, 4096);
         assert_eq!((s.count, s.bytes()), (256, 4096));
-        let s = Shape::of(Op::AllReduce, Dtype::BF16, 4, 4096);
+        let s = Shape::of(Op::AllReduce, DType::BF16, 4, 4096);
         assert_eq!((s.count, s.bytes()), (2048, 4096));
-        let s = Shape::of(Op::ReduceScatter, Dtype::F64, 8, 8);
+        let s = Shape::of(Op::ReduceScatter, DType::F64, 8, 8);
         assert_eq!((s.count, s.bytes()), (1, 64));
         assert_eq!(Op::AllReduce.bus_factor(4), 1.5);
         assert_eq!(Op::AllGather.bus_factor(4), 0.75);

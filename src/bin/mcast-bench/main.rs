@@ -27,13 +27,14 @@ use mcast::capi::team::mcast_team_t;
 mod api;
 mod args;
 mod data;
+mod mpi;
 mod procs;
 mod report;
 mod run;
 mod timing;
 
 use api::Plumbing;
-use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, Redop};
+use args::{runtime, usage, with_errors, Failure, HostLaunch, Memory, Op, Options, RedOp};
 use data::{table, value, Shape};
 use procs::{Exchange, Role};
 use report::{Row, RunInfo};
@@ -69,14 +70,36 @@ fn main() -> ExitCode {
     if let Some(n) = opts.ce_min_bytes {
         std::env::set_var("MCAST_CE_MIN_BYTES", n.to_string());
     }
+    // --net mpi (procs::role allowed it under mpirun only): MPI up before the context.
+    let mpi = match opts.net.as_deref() {
+        Some("mpi") => match mpi::Mpi::load() {
+            Ok(m) => Some(m),
+            Err(f) => return fail(f),
+        },
+        _ => None,
+    };
+    let code = run(&opts, &role, mpi.as_ref());
+    if let Some(m) = mpi {
+        m.finish();
+    }
+    code
+}
+
+/// The run of a process that drives ranks (all of them, or its one), with MPI registered as the
+/// engine between domains when given; its exit status.
+fn run(opts: &Options, role: &Role, mpi: Option<&mpi::Mpi>) -> ExitCode {
     let config = api::config(opts.backend.map(|b| b as u32));
     let ctx = match api::context_create(&config) {
         Ok(c) => c,
         Err(e) => return fail(runtime(e)),
     };
+    if let Some(Err(f)) = mpi.map(|m| m.register(ctx)) {
+        let _ = api::context_destroy(ctx);
+        return fail(f);
+    }
     // The plumbing holds the context's driver: dropped before the context is destroyed.
     let outcome = match Plumbing::of(ctx) {
-        Ok(p) => bench(ctx, &p, &config, &opts, &role),
+        Ok(p) => bench(ctx, &p, &config, opts, role),
         Err(e) => Err(runtime(e)),
     };
     let leaks = api::leak_report(ctx);
@@ -199,7 +222,7 @@ fn bench(
         first,
         nranks: n,
         exchange: exchange.as_ref(),
-        exchange_bytes: reserved() - before,
+        exchange_bytes: reserved().saturating_sub(before),
         shapes,
         buffer_bytes,
         create_ms,
@@ -298,6 +321,9 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     }
     let why = if info.transport_reason.is_empty() { String::new() } else { format!(" ({})", info.transport_reason) };
     outln!("# transport: {}{why}; multicast policy {policy} (MCAST_MULTICAST)", run_info.transport);
+    let (domains, per_domain, engine) = &info.domains;
+    let engine = if engine.is_empty() { String::new() } else { format!(", engine between them: {engine}") };
+    outln!("# NVLink domains: {domains} ({per_domain} rank(s) each){engine}");
     let grid = api::team_grid(team).map_err(runtime)?;
     outln!(
         "# grid: transport {}, up to {} blocks per kernel, LL {}, copy engines {} (agreed by every rank)",
@@ -356,7 +382,7 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     if let Err(f) = rig.populate(p, ctx, team, s.buffer_bytes, o.memory, o.inplace) {
         return Err(with_errors(f, rig.release(p, ctx)));
     }
-    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0) - s.exchange_bytes;
+    let held = api::team_info(team).map(|i| i.bytes_reserved).unwrap_or(0).saturating_sub(s.exchange_bytes);
     outln!(
         "# setup: team created in {:.1} ms; a {}-byte buffer allocated on every rank in {:.1} ms; device memory held \
          per rank {held} bytes ({} beyond the buffer)",
@@ -370,9 +396,9 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     let reduced = table(o.dtype, |j| {
         let vals = (0..n).map(|r| value(o.dtype, n, r, j));
         match o.redop {
-            Redop::Sum => vals.sum(),
-            Redop::Min => vals.min().unwrap_or(0),
-            Redop::Max => vals.max().unwrap_or(0),
+            RedOp::Sum => vals.sum(),
+            RedOp::Min => vals.min().unwrap_or(0),
+            RedOp::Max => vals.max().unwrap_or(0),
         }
     });
     let bench = Bench {

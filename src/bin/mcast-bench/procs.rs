@@ -8,7 +8,7 @@
 //! then watches them: the first that fails or dies fails the run, and the others are killed. A
 //! copy dies with its launcher (`PR_SET_PDEATHSIG`), so killing the launcher leaves nothing
 //! behind either. Under `mpirun` (Open MPI's `OMPI_COMM_WORLD_RANK`/`SIZE`, or `PMI_RANK`/`SIZE`
-//! of MPICH and Slurm) every process is one rank and the id comes from mcast's env mode
+//! of MPICH's Hydra) every process is one rank and the id comes from mcast's env mode
 //! (`MCAST_BOOTSTRAP_ADDR` and `MCAST_BOOTSTRAP_SECRET`, the same in every process), so no
 //! process has to hand it to the others.
 
@@ -66,9 +66,11 @@ fn env_rank(rank: &str, size: &str) -> Option<(usize, usize)> {
     Some((get(rank)?, get(size)?))
 }
 
-/// Who this process is, from its options and environment. A rank process also sets, before
-/// the context reads the environment, its entries of `--visible` (`CUDA_VISIBLE_DEVICES`),
-/// `--domains` (`MCAST_DOMAIN`) and `--net` (`MCAST_NET`). Must run while single-threaded.
+/// Who this process is, from its options and environment. Before the context reads the
+/// environment, a rank process sets its entries of `--visible` (`CUDA_VISIBLE_DEVICES`) and
+/// `--domains` (`MCAST_DOMAIN`), and every process but the launcher `--net` (`MCAST_NET`, but
+/// for `mpi`).
+/// Must run while single-threaded.
 pub fn role(o: &Options) -> Result<Role, Failure> {
     let launched = match std::env::var(RANK_ENV) {
         Ok(v) => Some(
@@ -85,7 +87,7 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
             env_rank("PMI_RANK", "PMI_SIZE").map(|rn| (rn, env_rank("MPI_LOCALRANKID", "PMI_SIZE").map(|l| l.0)))
         })
         .filter(|((_, n), _)| *n > 1);
-    let (rank, nranks, local, id) = match (launched, mpi) {
+    let (rank, nranks, local, id, mpirun) = match (launched, mpi) {
         (Some((r, n)), _) => {
             let mut hex = String::new();
             std::io::stdin()
@@ -93,7 +95,7 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
                 .read_to_string(&mut hex)
                 .map_err(|e| runtime(format!("reading the team's id from the launcher: {e}")))?;
             let id = unhex(hex.trim()).ok_or_else(|| runtime("the launcher's id is not 256 hex digits"))?;
-            (r, n, r, id)
+            (r, n, r, id, false)
         }
         (None, Some(((r, n), local))) => {
             if o.procs.is_some() {
@@ -106,9 +108,12 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
                 ));
             }
             let id = api::unique_id().map_err(runtime)?;
-            (r, n, local.unwrap_or(r), id)
+            (r, n, local.unwrap_or(r), id, true)
         }
         (None, None) => {
+            if o.net.as_deref() == Some("mpi") {
+                return Err(usage("--net mpi runs under mpirun: each process one rank, MPI between the domains"));
+            }
             if let Some(n) = o.procs {
                 return Ok(Role::Launch(n));
             }
@@ -117,6 +122,7 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
                     return Err(usage(format!("{flag} sets each rank's process apart: use it with --procs N")));
                 }
             }
+            set_net(o);
             return Ok(Role::One);
         }
     };
@@ -138,10 +144,18 @@ pub fn role(o: &Options) -> Result<Role, Failure> {
     if let Some(d) = &o.domains {
         std::env::set_var("MCAST_DOMAIN", &d[rank]);
     }
-    if let Some(n) = &o.net {
+    if o.net.as_deref() == Some("mpi") && !mpirun {
+        return Err(usage("--net mpi runs under mpirun, not --procs: each process one rank, MPI between the domains"));
+    }
+    set_net(o);
+    Ok(Role::Rank(RankOf { rank, nranks, local, id }))
+}
+
+/// `MCAST_NET` from `--net` (`mpi` is registered on the context instead: [`crate::mpi`]).
+fn set_net(o: &Options) {
+    if let Some(n) = o.net.as_deref().filter(|n| *n != "mpi") {
         std::env::set_var("MCAST_NET", n);
     }
-    Ok(Role::Rank(RankOf { rank, nranks, local, id }))
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::args::{Dtype, HostLaunch, Memory, Op, Redop};
+use crate::args::{DType, HostLaunch, Memory, Op, RedOp};
 use crate::timing::HostTimes;
 
 /// One line of results.
@@ -24,8 +24,8 @@ pub struct Row {
 /// What the header, CSV and JSON say about the run.
 pub struct RunInfo {
     pub op: Op,
-    pub dtype: Dtype,
-    pub redop: Option<Redop>,
+    pub dtype: DType,
+    pub redop: Option<RedOp>,
     pub root: i64,
     pub backend: &'static str,
     pub transport: &'static str,
@@ -56,7 +56,7 @@ impl RunInfo {
     }
 
     fn redop_name(&self) -> &'static str {
-        self.redop.map_or("none", Redop::name)
+        self.redop.map_or("none", RedOp::name)
     }
 }
 
@@ -344,8 +344,8 @@ mod tests {
     fn info(host: Option<(u32, HostLaunch)>) -> RunInfo {
         RunInfo {
             op: Op::AllReduce,
-            dtype: Dtype::BF16,
-            redop: Some(Redop::Sum),
+            dtype: DType::BF16,
+            redop: Some(RedOp::Sum),
             root: -1,
             backend: "sim",
             transport: "P2P",

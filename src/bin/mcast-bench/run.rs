@@ -16,7 +16,7 @@ use mcast::capi::team::mcast_team_t;
 use mcast::driver::{Event, Stream};
 
 use crate::api::{self, Plumbing};
-use crate::args::{runtime, Dtype, Failure, Memory, Op, Redop};
+use crate::args::{runtime, DType, Failure, Memory, Op, RedOp};
 use crate::data::{count_wrong, fill, Shape};
 
 /// The streams, timing events and data of the team's ranks this process holds (every rank, or
@@ -179,8 +179,8 @@ pub struct Bench<'a> {
     pub team: mcast_team_t,
     pub rig: &'a Rig,
     pub op: Op,
-    pub dtype: Dtype,
-    pub redop: Redop,
+    pub dtype: DType,
+    pub redop: RedOp,
     pub root: u32,
     /// Per team rank: its input data.
     pub inputs: Vec<Vec<u8>>,

@@ -386,7 +386,7 @@ mod tests {
     /// 0 makes no launch at all. Nothing is left behind.
     #[test]
     fn capture_is_the_no_op_path_and_eager_runs_the_kernels() {
-        use crate::args::{Dtype, Memory, Op, Redop};
+        use crate::args::{DType, Memory, Op, RedOp};
         use crate::run::{Bench, Rig};
         let mut config = api::config(Some(crate::args::Backend::Sim as u32));
         config.sim_devices = 2;
@@ -402,13 +402,13 @@ mod tests {
             team,
             rig: &rig,
             op: Op::AllReduce,
-            dtype: Dtype::F32,
-            redop: Redop::Sum,
+            dtype: DType::F32,
+            redop: RedOp::Sum,
             root: 0,
             inputs: vec![],
             reduced: vec![],
         };
-        let s = Shape::of(Op::AllReduce, Dtype::F32, 2, 4096);
+        let s = Shape::of(Op::AllReduce, DType::F32, 2, 4096);
         let buf = rig.buf.unwrap();
         let read = |r| {
             let mut got = vec![0u8; 4096];
