@@ -5,21 +5,13 @@
 //!
 //! Without NVRTC the tests are skipped, unless `MCAST_REQUIRE_NVRTC=1` makes that a failure.
 
-use mcast::kernels::nvrtc::{self, Nvrtc};
+mod common;
+
+use common::nvrtc_or_skip;
+use mcast::kernels::nvrtc::Nvrtc;
 
 const HEADER: &str = include_str!("../include/mcast/device.h");
 const USE_ALL: &str = include_str!("device/use_all.cu");
-
-fn nvrtc_or_skip() -> Option<&'static Nvrtc> {
-    match nvrtc::nvrtc() {
-        Ok(nv) => Some(nv),
-        Err(e) if std::env::var("MCAST_REQUIRE_NVRTC").as_deref() != Ok("1") => {
-            eprintln!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// Compiles `source` (which includes "mcast/device.h") for sm_90 with `defines`; returns the PTX.
 fn compile(nv: &Nvrtc, source: &str, defines: &[&str]) -> String {

@@ -8,6 +8,9 @@
 //! Without NVRTC the test is skipped, unless `MCAST_REQUIRE_NVRTC=1` (set by
 //! `scripts/check-kernels`) makes that a failure.
 
+mod common;
+
+use common::nvrtc_or_skip;
 use mcast::kernels::abi::{self, KernelId, Variant};
 use mcast::kernels::nvrtc;
 use mcast::kernels::select::{Family, Unit};
@@ -16,14 +19,7 @@ use mcast::kernels::{DType, RedOp};
 
 #[test]
 fn every_kernel_variant_compiles_for_sm_90() {
-    let nv = match nvrtc::nvrtc() {
-        Ok(nv) => nv,
-        Err(e) if std::env::var("MCAST_REQUIRE_NVRTC").as_deref() != Ok("1") => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(nv) = nvrtc_or_skip() else { return };
     eprintln!("NVRTC {:?} from {}", nv.version(), nv.path());
     let arch = std::env::var("MCAST_CHECK_ARCH").unwrap_or_else(|_| "sm_90".into());
     std::thread::scope(|s| {
@@ -69,14 +65,7 @@ fn every_kernel_variant_compiles_for_sm_90() {
 /// compiles all 50 (with them) in both variants.
 #[test]
 fn selected_units_compile_to_exactly_their_entry_points() {
-    let nv = match nvrtc::nvrtc() {
-        Ok(nv) => nv,
-        Err(e) if std::env::var("MCAST_REQUIRE_NVRTC").as_deref() != Ok("1") => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(nv) = nvrtc_or_skip() else { return };
     let arch = std::env::var("MCAST_CHECK_ARCH").unwrap_or_else(|_| "sm_90".into());
     let all_units = std::env::var("MCAST_CHECK_ALL_UNITS").as_deref() == Ok("1");
     // A CUDA team's first bf16 all-reduce without the LL kernels (their default there), and with.

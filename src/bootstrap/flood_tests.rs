@@ -187,6 +187,28 @@ fn trickle_case() {
     drop(boots);
 }
 
+/// Holds every descriptor but one, lets `connect` take that one (a connection the listener then
+/// cannot accept: its accept fails with EMFILE), and checks that `what` rests instead of
+/// spinning: under 100 ms of the process's CPU in a second. Returns what `connect` made.
+fn rests_out_of_descriptors<T>(what: &str, connect: impl FnOnce() -> T) -> T {
+    let mut hog = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        hog.push(f);
+    }
+    hog.pop();
+    let stranger = connect();
+    assert!(std::fs::File::open("/dev/null").is_err(), "the descriptors are exhausted");
+    std::thread::sleep(Duration::from_millis(100));
+    let (c0, t0) = (cpu_time(), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = cpu_time() - c0;
+    let wall = t0.elapsed();
+    drop(hog);
+    eprintln!("{what} out of descriptors: {cpu:?} of CPU in {wall:?}");
+    assert!(cpu < Duration::from_millis(100), "{what} used {cpu:?} of CPU in {wall:?}");
+    stranger
+}
+
 /// Out of descriptors while a stranger's connection waits, at the root listener and then at
 /// the host's descriptor socket: the accept loop rests instead of spinning (the process's CPU
 /// time over 1 s stays low), the waiting connection is served once descriptors free up, and
@@ -204,22 +226,7 @@ fn emfile_case() {
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
     let id = new_unique_id().unwrap();
     let addr = UniqueId::decode(&id).unwrap().addr;
-    let mut hog = Vec::new();
-    while let Ok(f) = std::fs::File::open("/dev/null") {
-        hog.push(f);
-    }
-    // One descriptor for a connection, then none: its accept fails with EMFILE.
-    hog.pop();
-    let mut stranger = TcpStream::connect(addr).unwrap();
-    assert!(std::fs::File::open("/dev/null").is_err(), "the descriptors are exhausted");
-    std::thread::sleep(Duration::from_millis(100));
-    let (c0, t0) = (cpu_time(), Instant::now());
-    std::thread::sleep(Duration::from_secs(1));
-    let cpu = cpu_time() - c0;
-    let wall = t0.elapsed();
-    drop(hog);
-    eprintln!("out of descriptors: {cpu:?} of CPU in {wall:?}");
-    assert!(cpu < Duration::from_millis(100), "the accept loop used {cpu:?} of CPU in {wall:?}");
+    let mut stranger = rests_out_of_descriptors("the accept loop", || TcpStream::connect(addr).unwrap());
     // The connection waited in the backlog and gets its challenge now.
     stranger.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let (k, _) = tcp::read_frame(&mut stranger, tcp::MAX_HANDSHAKE_FRAME).unwrap();
@@ -239,21 +246,7 @@ fn emfile_case() {
         std::thread::spawn(move || Local::form(&name, vec![0, 1], 0, &secret, Deadline::after_ms(10_000)))
     };
     wait_bound(&name);
-    let mut hog = Vec::new();
-    while let Ok(f) = std::fs::File::open("/dev/null") {
-        hog.push(f);
-    }
-    hog.pop();
-    let stranger = connect_fd(&name);
-    assert!(std::fs::File::open("/dev/null").is_err(), "the descriptors are exhausted");
-    std::thread::sleep(Duration::from_millis(100));
-    let (c0, t0) = (cpu_time(), Instant::now());
-    std::thread::sleep(Duration::from_secs(1));
-    let cpu = cpu_time() - c0;
-    let wall = t0.elapsed();
-    drop(hog);
-    eprintln!("descriptor socket out of descriptors: {cpu:?} of CPU in {wall:?}");
-    assert!(cpu < Duration::from_millis(100), "the hub's accept used {cpu:?} of CPU in {wall:?}");
+    let stranger = rests_out_of_descriptors("the hub's accept", || connect_fd(&name));
     let ch = recv_within(&stranger, 3000).expect("the waiting connection gets its challenge");
     assert_eq!(&ch[..8], fdpass::CHALLENGE_MAGIC);
     Local::form(&name, vec![0, 1], 1, &secret, Deadline::after_ms(5000)).unwrap();

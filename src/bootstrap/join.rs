@@ -1,6 +1,6 @@
 //! How a team forms: a rank joins through a unique id or the caller's allgather, then every
 //! rank connects to rank 0's hub (a star), the hosts' descriptor channels form, and one reader
-//! thread per connection starts. Every frame after a handshake is sealed (see `tcp.rs`).
+//! thread per connection starts. Every frame after a handshake is sealed (see `tcp/sealed.rs`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -5,12 +5,21 @@
 //! Every failure is a [`DriverError`] naming the driver function and its `CUresult`.
 //! Nothing in this layer knows about teams, buffers or the C API.
 
-use std::ffi::{c_void, CStr};
 use std::fmt;
-use std::os::fd::{OwnedFd, RawFd};
 
+mod copy;
 pub mod cuda;
+mod device;
+mod exec;
+mod memory;
+mod multicast;
 pub mod sim;
+
+pub use copy::CopyOps;
+pub use device::DeviceOps;
+pub use exec::ExecOps;
+pub use memory::MemoryOps;
+pub use multicast::MulticastOps;
 
 /// A raw `CUresult` value. Kept as an integer so that any code a driver returns survives.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -292,263 +301,14 @@ pub struct LaunchConfig {
     pub shared_bytes: u32,
 }
 
-/// The CUDA driver subset the runtime uses. Implementations are thread-safe.
+/// The CUDA driver subset the runtime uses, one supertrait per family of calls (each
+/// backend implements a family in the file of that name). Implementations are thread-safe.
 ///
 /// Calls that take a [`Device`] run in that device's primary context; the caller's current
 /// context is left as it was.
-pub trait Driver: Send + Sync + 'static {
+pub trait Driver: DeviceOps + MemoryOps + MulticastOps + CopyOps + ExecOps + Send + Sync + 'static {
     /// `"cuda"` or `"sim"`.
     fn backend_name(&self) -> &'static str;
-
-    /// `cuDriverGetVersion`.
-    fn driver_version(&self) -> DResult<i32>;
-
-    /// `cuDeviceGetCount`.
-    fn device_count(&self) -> DResult<i32>;
-
-    /// Name, compute capability, memory and the capability attributes of `dev`.
-    fn device_props(&self, dev: Device) -> DResult<DeviceProps>;
-
-    /// The GPU's place in a multi-node NVLink fabric: NVML's GPU fabric info
-    /// (`nvmlDeviceGetGpuFabricInfoV`), loaded at run time like the driver; no NVML, or a GPU
-    /// without fabric support, is [`FabricState::None`].
-    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo>;
-
-    /// `cuDeviceCanAccessPeer`; a device can always access itself.
-    fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool>;
-
-    /// True when the driver exports the multicast entry points
-    /// (`cuMulticastCreate`, `AddDevice`, `BindMem`, `BindAddr`, `Unbind`, `GetGranularity`).
-    fn has_multicast_api(&self) -> bool;
-
-    /// True when the driver exports `cuMulticastBindMem_v2` and `cuMulticastBindAddr_v2`.
-    fn has_multicast_bind_v2(&self) -> bool;
-
-    /// `cuMemGetAllocationGranularity` for a device allocation on `dev`.
-    fn mem_granularity(&self, dev: Device, option: Granularity, handle_types: HandleTypes) -> DResult<usize>;
-
-    /// `cuMemCreate`: `size` bytes of device memory on `dev`.
-    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle>;
-
-    /// `cuMemRelease` of a physical allocation or a multicast object. Freed once unmapped.
-    fn mem_release(&self, handle: MemHandle) -> DResult<()>;
-
-    /// `cuMemAddressReserve`.
-    fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr>;
-
-    /// `cuMemAddressFree`.
-    fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()>;
-
-    /// `cuMemMap` of `handle` (from `offset`) at `ptr`.
-    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()>;
-
-    /// `cuMemUnmap`.
-    fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()>;
-
-    /// `cuMemSetAccess`: read-write for each of `devices`.
-    fn mem_set_access(&self, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()>;
-
-    /// `cuMemExportToShareableHandle` as a POSIX file descriptor.
-    fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd>;
-
-    /// `cuMemImportFromShareableHandle` of a POSIX file descriptor (not consumed).
-    fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle>;
-
-    /// `cuMemExportToShareableHandle` as a `CU_MEM_HANDLE_TYPE_FABRIC` handle: the 64 bytes
-    /// of a `CUmemFabricHandle`, which any process of the same NVLink domain (other nodes
-    /// included) can import. Only objects created with [`HandleTypes::FABRIC`] export this way.
-    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]>;
-
-    /// `cuMemImportFromShareableHandle` of a fabric handle made by [`Driver::mem_export_fabric`]
-    /// in this or another process.
-    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle>;
-
-    /// `cuMulticastGetGranularity`.
-    fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize>;
-
-    /// `cuMulticastCreate`.
-    fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle>;
-
-    /// `cuMulticastAddDevice`.
-    fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()>;
-
-    /// `cuMulticastBindMem`.
-    fn multicast_bind_mem(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()>;
-
-    /// `cuMulticastBindMem_v2` (binding applicable for `dev`).
-    #[allow(clippy::too_many_arguments)]
-    fn multicast_bind_mem_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()>;
-
-    /// `cuMulticastBindAddr`.
-    fn multicast_bind_addr(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()>;
-
-    /// `cuMulticastBindAddr_v2`.
-    fn multicast_bind_addr_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()>;
-
-    /// `cuMulticastUnbind`.
-    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()>;
-
-    /// `cuMemRetainAllocationHandle`: a new handle (released with [`Driver::mem_release`]) of
-    /// the physical allocation mapped at `ptr`. Fails with `CUDA_ERROR_INVALID_VALUE` for memory
-    /// that is not a mapped `cuMemCreate` allocation (`cudaMalloc` memory, host memory).
-    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle>;
-
-    /// `cuMemGetAllocationPropertiesFromHandle`: the device and the requested shareable handle
-    /// types of an allocation.
-    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps>;
-
-    /// `cuMemGetAddressRange`: base and size of the mapping (or `cuMemAlloc` block) holding
-    /// `ptr`.
-    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)>;
-
-    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)` after checking
-    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is device memory: the device whose memory `ptr` is.
-    /// `CUDA_ERROR_INVALID_VALUE` for host or unknown memory.
-    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device>;
-
-    /// `cuMemAlloc`: plain device memory (what `cudaMalloc` returns), not a `cuMemCreate`
-    /// allocation.
-    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr>;
-
-    /// `cuMemFree` of [`Driver::mem_alloc`] memory.
-    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()>;
-
-    /// `cuStreamCreate` (non-blocking) on `dev`.
-    fn stream_create(&self, dev: Device) -> DResult<Stream>;
-
-    /// `cuStreamDestroy`.
-    fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()>;
-
-    /// `cuStreamSynchronize`.
-    fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()>;
-
-    /// Makes `dev`'s primary context current on the calling thread (`cuCtxSetCurrent`, what
-    /// `cudaSetDevice` does), for a thread that drives one device: later calls on `dev` from it
-    /// need not switch contexts.
-    fn bind_thread(&self, dev: Device) -> DResult<()>;
-
-    /// `cuCtxSynchronize` in `dev`'s primary context: waits for all work on the device.
-    fn device_synchronize(&self, dev: Device) -> DResult<()>;
-
-    /// `cuEventCreate` (timing enabled) on `dev`.
-    fn event_create(&self, dev: Device) -> DResult<Event>;
-
-    /// `cuEventRecord`.
-    fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()>;
-
-    /// `cuEventSynchronize`, then `cuEventElapsedTime` from `start` to `end`, in milliseconds.
-    fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32>;
-
-    /// `cuEventDestroy`.
-    fn event_destroy(&self, dev: Device, event: Event) -> DResult<()>;
-
-    /// Synchronous `cuMemcpyHtoD` into memory `dev` can access.
-    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()>;
-
-    /// Synchronous `cuMemcpyDtoH` from memory `dev` can access.
-    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()>;
-
-    /// Writes one 32-bit word of memory `dev` can access (its own or a peer's through a
-    /// mapping) without waiting for work on any stream: `cuMemcpyHtoDAsync` on a private
-    /// non-blocking stream, which only that copy joins. Kernels spinning on the word see it
-    /// within microseconds; used to abort a team.
-    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()>;
-
-    /// Reads one 32-bit word of memory `dev` can access without waiting for work on any
-    /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream).
-    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32>;
-
-    /// `cuMemcpyDtoDAsync`: enqueues a copy of `bytes` bytes from `src` to `dst` (both memory
-    /// `dev` can access; they must not overlap) on `stream`, ordered with the stream's other
-    /// work (and recorded when the stream is capturing). Returns once enqueued.
-    fn memcpy_dtod_async(
-        &self,
-        dev: Device,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        stream: Stream,
-    ) -> DResult<()>;
-
-    /// Synchronous `cuMemsetD8`.
-    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()>;
-
-    /// `cuModuleLoadData` of a cubin or PTX image on `dev`.
-    fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module>;
-
-    /// `cuModuleUnload`.
-    fn module_unload(&self, dev: Device, module: Module) -> DResult<()>;
-
-    /// `cuModuleGetFunction`.
-    fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function>;
-
-    /// `cuLaunchKernel` on `stream`; `params` points at each argument.
-    fn launch(
-        &self,
-        dev: Device,
-        func: Function,
-        config: &LaunchConfig,
-        stream: Stream,
-        params: &mut [*mut c_void],
-    ) -> DResult<()>;
-
-    /// `cuStreamBeginCapture` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (what nccl-tests uses):
-    /// work launched on `stream` from now on is recorded into a graph instead of running. The
-    /// legacy default stream cannot be captured; a stream already capturing gives
-    /// `CUDA_ERROR_ILLEGAL_STATE`.
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()>;
-
-    /// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the graph of what
-    /// was launched on it. A capture invalidated by an illegal call made during it (such as a
-    /// synchronization of the capturing stream) ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`
-    /// and no graph.
-    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph>;
-
-    /// `cuGraphInstantiateWithFlags` (flags 0): an executable graph of `graph`'s work, which
-    /// stays valid after `graph` is destroyed.
-    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec>;
-
-    /// `cuGraphLaunch`: runs the executable graph's work on `stream`, in the captured order,
-    /// after the work queued there before.
-    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()>;
-
-    /// `cuGraphExecDestroy`.
-    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()>;
-
-    /// `cuGraphDestroy`.
-    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()>;
 
     /// The simulator, when this is one: the kernels layer runs collectives on its workers.
     fn as_sim(&self) -> Option<&sim::SimDriver> {

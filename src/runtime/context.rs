@@ -10,7 +10,7 @@ use super::error::{Error, ErrorKind, Result};
 use super::registry::ResourceCounts;
 use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{parse_faults, SimConfig, SimDriver};
-use crate::driver::{Device, DeviceProps, Driver, FabricInfo, Granularity, HandleTypes, MulticastProp};
+use crate::driver::{Device, DeviceOps, DeviceProps, Driver, FabricInfo, Granularity, HandleTypes, MulticastProp};
 
 /// A context. It dereferences to its `Arc<Env>`, so `&ctx` is what teams, buffers and user
 /// memory take, and `ctx.driver()`, `ctx.resources` and `ctx.memory` read the shared part.

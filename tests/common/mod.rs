@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use mcast::driver::{Device, Driver, GraphExec, Stream};
 use mcast::kernels::abi::Variant;
+use mcast::kernels::nvrtc::{self, Nvrtc};
 use mcast::kernels::select::Unit;
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::config::{Backend, Config, MulticastMode};
@@ -323,5 +324,18 @@ impl RankGraphs {
             driver.graph_exec_destroy(dev, exec).unwrap();
             driver.stream_destroy(dev, stream).unwrap();
         }
+    }
+}
+
+/// NVRTC, or `None` (the test is skipped, the reason printed) where it cannot be loaded, unless
+/// `MCAST_REQUIRE_NVRTC=1` makes that a failure.
+pub fn nvrtc_or_skip() -> Option<&'static Nvrtc> {
+    match nvrtc::nvrtc() {
+        Ok(nv) => Some(nv),
+        Err(e) if std::env::var("MCAST_REQUIRE_NVRTC").as_deref() != Ok("1") => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
     }
 }

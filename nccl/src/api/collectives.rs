@@ -5,9 +5,11 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use mcast::capi::collective::{
-    mcast_dtype_t, mcast_op_t, mcast_team_all_gather, mcast_team_all_reduce, mcast_team_broadcast,
+    mcast_dtype_t, mcast_op_t, mcast_stream_t, mcast_team_all_gather, mcast_team_all_reduce, mcast_team_broadcast,
     mcast_team_reduce_scatter,
 };
+use mcast::capi::status::mcast_status_t;
+use mcast::capi::team::mcast_team_t;
 
 use crate::comm::{self, check, Comm, Failure, Outcome};
 use crate::types::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t};
@@ -52,6 +54,70 @@ fn forward_reduction(
     })
 }
 
+/// An mcast reduction of the C ABI's (team, rank, send, recv, count, dtype, op, stream) shape.
+type McastReduction = extern "C" fn(
+    mcast_team_t,
+    c_int,
+    *const c_void,
+    *mut c_void,
+    usize,
+    mcast_dtype_t,
+    mcast_op_t,
+    mcast_stream_t,
+) -> mcast_status_t;
+
+/// The body of [`ncclAllReduce`] and [`ncclReduceScatter`] (`name`): `served` (`served_name`) for
+/// mcast's types with sum, min and max, forwarded otherwise.
+#[allow(clippy::too_many_arguments)]
+fn reduction(
+    name: &'static str,
+    served: McastReduction,
+    served_name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(name, || {
+        let c = comm::lookup(comm)?;
+        let dt = dtype_of(datatype)?;
+        let (op_name, mop) = op_of(op)?;
+        let (send, recv) = (sendbuff as usize, recvbuff as usize);
+        match (dt.mcast, mop) {
+            (Some(d), Some(o)) if !c.whole_fallback_comm() => serve(c, stream, move |c, team, stream| {
+                check(
+                    served(
+                        team,
+                        c.rank,
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        count,
+                        mcast_dtype_t(d),
+                        mcast_op_t(o),
+                        stream,
+                    ),
+                    served_name,
+                )
+            }),
+            _ => forward_reduction(
+                c,
+                name,
+                format!("{name} of {} with {op_name}", dt.name),
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+                stream,
+            ),
+        }?;
+        ok()
+    })
+}
+
 /// `ncclAllReduce`: served for mcast's types with sum, min and max (`mcast_team_all_reduce`);
 /// forwarded otherwise.
 #[no_mangle]
@@ -64,41 +130,18 @@ pub extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    guard("ncclAllReduce", || {
-        let c = comm::lookup(comm)?;
-        let dt = dtype_of(datatype)?;
-        let (op_name, mop) = op_of(op)?;
-        let (send, recv) = (sendbuff as usize, recvbuff as usize);
-        match (dt.mcast, mop) {
-            (Some(d), Some(o)) if !c.whole_fallback_comm() => serve(c, stream, move |c, team, stream| {
-                check(
-                    mcast_team_all_reduce(
-                        team,
-                        c.rank,
-                        send as *const c_void,
-                        recv as *mut c_void,
-                        count,
-                        mcast_dtype_t(d),
-                        mcast_op_t(o),
-                        stream,
-                    ),
-                    "mcast_team_all_reduce",
-                )
-            }),
-            _ => forward_reduction(
-                c,
-                "ncclAllReduce",
-                format!("ncclAllReduce of {} with {op_name}", dt.name),
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-                stream,
-            ),
-        }?;
-        ok()
-    })
+    reduction(
+        "ncclAllReduce",
+        mcast_team_all_reduce,
+        "mcast_team_all_reduce",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        comm,
+        stream,
+    )
 }
 
 /// `ncclReduceScatter`: served like [`ncclAllReduce`]; `recvcount` elements per rank.
@@ -112,41 +155,91 @@ pub extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    guard("ncclReduceScatter", || {
-        let c = comm::lookup(comm)?;
-        let dt = dtype_of(datatype)?;
-        let (op_name, mop) = op_of(op)?;
-        let (send, recv) = (sendbuff as usize, recvbuff as usize);
-        match (dt.mcast, mop) {
-            (Some(d), Some(o)) if !c.whole_fallback_comm() => serve(c, stream, move |c, team, stream| {
-                check(
-                    mcast_team_reduce_scatter(
-                        team,
-                        c.rank,
-                        send as *const c_void,
-                        recv as *mut c_void,
-                        recvcount,
-                        mcast_dtype_t(d),
-                        mcast_op_t(o),
-                        stream,
-                    ),
-                    "mcast_team_reduce_scatter",
-                )
-            }),
-            _ => forward_reduction(
-                c,
-                "ncclReduceScatter",
-                format!("ncclReduceScatter of {} with {op_name}", dt.name),
-                send,
-                recv,
-                recvcount,
-                datatype,
-                op,
-                stream,
-            ),
-        }?;
-        ok()
+    reduction(
+        "ncclReduceScatter",
+        mcast_team_reduce_scatter,
+        "mcast_team_reduce_scatter",
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        op,
+        comm,
+        stream,
+    )
+}
+
+/// Forwards a call of NCCL's (send, recv, count, type, comm, stream) shape: `ncclAllGather`,
+/// `ncclAlltoAll`.
+#[allow(clippy::too_many_arguments)]
+fn forward_movement(
+    c: Arc<Comm>,
+    name: &'static str,
+    send: usize,
+    recv: usize,
+    count: usize,
+    datatype: ncclDataType_t,
+    stream: cudaStream_t,
+) -> Outcome {
+    type F = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        ncclDataType_t,
+        *mut c_void,
+        cudaStream_t,
+    ) -> ncclResult_t;
+    let stream = stream as usize;
+    forward(c, name.into(), move |lib, fc| {
+        // SAFETY: NCCL's signature of `name`.
+        match unsafe { fallback_fn::<F>(lib, name) } {
+            // SAFETY: the caller's arguments, forwarded as given.
+            Ok(f) => unsafe {
+                f(send as *const c_void, recv as *mut c_void, count, datatype, fc, stream as cudaStream_t)
+            },
+            Err(r) => r,
+        }
     })
+}
+
+/// Forwards a call of NCCL's (send, recv, count, type, root, comm, stream) shape:
+/// `ncclBroadcast`, `ncclGather`, `ncclScatter`.
+#[allow(clippy::too_many_arguments)]
+fn forward_rooted(
+    c: Arc<Comm>,
+    name: &'static str,
+    send: usize,
+    recv: usize,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    stream: cudaStream_t,
+) -> Outcome {
+    type F = unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        ncclDataType_t,
+        c_int,
+        *mut c_void,
+        cudaStream_t,
+    ) -> ncclResult_t;
+    let stream = stream as usize;
+    forward(c, name.into(), move |lib, fc| {
+        // SAFETY: NCCL's signature of `name`.
+        match unsafe { fallback_fn::<F>(lib, name) } {
+            // SAFETY: the caller's arguments, forwarded as given.
+            Ok(f) => unsafe {
+                f(send as *const c_void, recv as *mut c_void, count, datatype, root, fc, stream as cudaStream_t)
+            },
+            Err(r) => r,
+        }
+    })
+}
+
+/// `count` elements of `size` bytes in bytes; `ncclInvalidArgument` naming `what` on overflow.
+fn bytes_of(count: usize, size: usize, what: &str) -> Outcome<usize> {
+    count.checked_mul(size).ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("{what} {count} overflows")))
 }
 
 /// `ncclAllGather`: served for every type (bytes), `sendcount` elements per rank.
@@ -162,30 +255,10 @@ pub extern "C" fn ncclAllGather(
     guard("ncclAllGather", || {
         let c = comm::lookup(comm)?;
         let dt = dtype_of(datatype)?;
-        let bytes = sendcount
-            .checked_mul(dt.size)
-            .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("sendcount {sendcount} overflows")))?;
+        let bytes = bytes_of(sendcount, dt.size, "sendcount")?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         if c.whole_fallback_comm() {
-            type F = unsafe extern "C" fn(
-                *const c_void,
-                *mut c_void,
-                usize,
-                ncclDataType_t,
-                *mut c_void,
-                cudaStream_t,
-            ) -> ncclResult_t;
-            let st = stream as usize;
-            forward(c, "ncclAllGather".into(), move |lib, fc| {
-                // SAFETY: NCCL's signature of ncclAllGather.
-                match unsafe { fallback_fn::<F>(lib, "ncclAllGather") } {
-                    // SAFETY: the caller's arguments, forwarded as given.
-                    Ok(f) => unsafe {
-                        f(send as *const c_void, recv as *mut c_void, sendcount, datatype, fc, st as cudaStream_t)
-                    },
-                    Err(r) => r,
-                }
-            })?;
+            forward_movement(c, "ncclAllGather", send, recv, sendcount, datatype, stream)?;
             return ok();
         }
         serve(c, stream, move |c, team, stream| {
@@ -230,31 +303,10 @@ pub extern "C" fn ncclBroadcast(
         let c = comm::lookup(comm)?;
         let dt = dtype_of(datatype)?;
         check_rank(&c, root, "root")?;
-        let bytes = count
-            .checked_mul(dt.size)
-            .ok_or_else(|| Failure::new(types::INVALID_ARGUMENT, format!("count {count} overflows")))?;
+        let bytes = bytes_of(count, dt.size, "count")?;
         let (send, recv) = (sendbuff as usize, recvbuff as usize);
         if c.whole_fallback_comm() {
-            type G = unsafe extern "C" fn(
-                *const c_void,
-                *mut c_void,
-                usize,
-                ncclDataType_t,
-                c_int,
-                *mut c_void,
-                cudaStream_t,
-            ) -> ncclResult_t;
-            let st = stream as usize;
-            forward(c, "ncclBroadcast".into(), move |lib, fc| {
-                // SAFETY: NCCL's signature of ncclBroadcast.
-                match unsafe { fallback_fn::<G>(lib, "ncclBroadcast") } {
-                    // SAFETY: the caller's arguments, forwarded as given.
-                    Ok(f) => unsafe {
-                        f(send as *const c_void, recv as *mut c_void, count, datatype, root, fc, st as cudaStream_t)
-                    },
-                    Err(r) => r,
-                }
-            })?;
+            forward_rooted(c, "ncclBroadcast", send, recv, count, datatype, root, stream)?;
             return ok();
         }
         serve(c, stream, move |c, team, stream| {
@@ -340,16 +392,7 @@ macro_rules! forwarded_movement {
                 let c = comm::lookup(comm)?;
                 dtype_of(datatype)?;
                 check_rank(&c, root, "root")?;
-                let (send, recv, stream) = (sendbuff as usize, recvbuff as usize, stream as usize);
-                forward(c, stringify!($name).into(), move |lib, fc| {
-                    type F = unsafe extern "C" fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t) -> ncclResult_t;
-                    // SAFETY: NCCL's signature.
-                    match unsafe { fallback_fn::<F>(lib, stringify!($name)) } {
-                        // SAFETY: forwarded as given.
-                        Ok(f) => unsafe { f(send as *const c_void, recv as *mut c_void, count, datatype, root, fc, stream as cudaStream_t) },
-                        Err(r) => r,
-                    }
-                })?;
+                forward_rooted(c, stringify!($name), sendbuff as usize, recvbuff as usize, count, datatype, root, stream)?;
                 ok()
             })
         }
@@ -378,25 +421,7 @@ pub extern "C" fn ncclAlltoAll(
     guard("ncclAlltoAll", || {
         let c = comm::lookup(comm)?;
         dtype_of(datatype)?;
-        let (send, recv, stream) = (sendbuff as usize, recvbuff as usize, stream as usize);
-        forward(c, "ncclAlltoAll".into(), move |lib, fc| {
-            type F = unsafe extern "C" fn(
-                *const c_void,
-                *mut c_void,
-                usize,
-                ncclDataType_t,
-                *mut c_void,
-                cudaStream_t,
-            ) -> ncclResult_t;
-            // SAFETY: NCCL's signature.
-            match unsafe { fallback_fn::<F>(lib, "ncclAlltoAll") } {
-                // SAFETY: forwarded as given.
-                Ok(f) => unsafe {
-                    f(send as *const c_void, recv as *mut c_void, count, datatype, fc, stream as cudaStream_t)
-                },
-                Err(r) => r,
-            }
-        })?;
+        forward_movement(c, "ncclAlltoAll", sendbuff as usize, recvbuff as usize, count, datatype, stream)?;
         ok()
     })
 }

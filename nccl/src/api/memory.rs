@@ -3,10 +3,11 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::comm::{self, check, ContextRef, Failure};
+use crate::comm::{self, check, Comm, ContextRef, Failure, Outcome};
 use crate::fallback;
 use crate::group::{self, Op};
 use crate::types::{self, ncclResult_t};
@@ -88,6 +89,28 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     })
 }
 
+/// Registers `[buff, buff + size)` on `c` in one blocking collective step and writes the
+/// registration's handle to `handle`, an out-pointer already checked: what `ncclCommRegister`
+/// and `ncclCommWindowRegister` do once their own arguments are checked.
+fn register(c: Arc<Comm>, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> Outcome {
+    if buff.is_null() || size == 0 {
+        return Err(Failure::new(types::INVALID_ARGUMENT, "buff is NULL or size is 0"));
+    }
+    let (dst, ptr) = (handle as usize, buff as usize);
+    let me = c.clone();
+    group::submit(Op {
+        comm: Some(c),
+        blocking: true,
+        forwarded: false,
+        run: Box::new(move || {
+            let h = me.register(ptr, size)?;
+            // SAFETY: the caller's out-pointer.
+            unsafe { *(dst as *mut *mut c_void) = h as *mut c_void };
+            Ok(())
+        }),
+    })
+}
+
 /// `ncclCommRegister`: binds `[buff, buff + size)` to the team (`mcast_buffer_register`), so
 /// collectives on pointers inside it go zero-copy. Collective: every rank registers its buffer
 /// (in a group, or from its own thread).
@@ -108,22 +131,7 @@ pub extern "C" fn ncclCommRegister(
     guard("ncclCommRegister", || {
         let c = comm::lookup(comm)?;
         out(handle, "handle")?;
-        if buff.is_null() || size == 0 {
-            return Err(Failure::new(types::INVALID_ARGUMENT, "buff is NULL or size is 0"));
-        }
-        let (dst, ptr) = (handle as usize, buff as usize);
-        let me = c.clone();
-        group::submit(Op {
-            comm: Some(c),
-            blocking: true,
-            forwarded: false,
-            run: Box::new(move || {
-                let h = me.register(ptr, size)?;
-                // SAFETY: the caller's out-pointer.
-                unsafe { *(dst as *mut *mut c_void) = h as *mut c_void };
-                Ok(())
-            }),
-        })?;
+        register(c, buff, size, handle)?;
         ok()
     })
 }
@@ -178,22 +186,7 @@ pub extern "C" fn ncclCommWindowRegister(
                 format!("win_flags {win_flags:#x}: only NCCL_WIN_DEFAULT and NCCL_WIN_COLL_SYMMETRIC are known"),
             ));
         }
-        if buff.is_null() || size == 0 {
-            return Err(Failure::new(types::INVALID_ARGUMENT, "buff is NULL or size is 0"));
-        }
-        let (dst, ptr) = (win as usize, buff as usize);
-        let me = c.clone();
-        group::submit(Op {
-            comm: Some(c),
-            blocking: true,
-            forwarded: false,
-            run: Box::new(move || {
-                let h = me.register(ptr, size)?;
-                // SAFETY: the caller's out-pointer.
-                unsafe { *(dst as *mut *mut c_void) = h as *mut c_void };
-                Ok(())
-            }),
-        })?;
+        register(c, buff, size, win)?;
         ok()
     })
 }

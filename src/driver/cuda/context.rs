@@ -27,7 +27,6 @@ impl Drop for CtxGuard<'_> {
         }
     }
 }
-
 impl CudaDriver {
     /// `cuDeviceGet` for ordinal `dev`.
     pub(super) fn cu_device(&self, dev: Device) -> DResult<cu::CUdevice> {
@@ -89,10 +88,4 @@ impl CudaDriver {
         }
         self.enter(0).unwrap_or(CtxGuard { api: &self.api, pushed: false })
     }
-}
-
-pub(super) fn bind_thread(drv: &CudaDriver, dev: Device) -> DResult<()> {
-    let ctx = drv.primary_ctx(dev)?;
-    // SAFETY: `ctx` is a primary context this driver retained and has not released.
-    check("cuCtxSetCurrent", unsafe { (drv.api.cuCtxSetCurrent)(ctx) })
 }

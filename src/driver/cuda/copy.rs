@@ -9,7 +9,7 @@ use cudarc::driver::sys as cu;
 use super::exec::stream_ptr;
 use super::symbols::{check, Api, Raw};
 use super::CudaDriver;
-use crate::driver::{DResult, Device, DevicePtr, Stream};
+use crate::driver::{CopyOps, DResult, Device, DevicePtr, Stream};
 
 impl CudaDriver {
     /// Runs `copy` (named `what`) on a fresh non-blocking stream of `dev`, waits for that
@@ -42,73 +42,75 @@ impl CudaDriver {
     }
 }
 
-/// Copies, then synchronizes the legacy default stream: from pageable memory
-/// `cuMemcpyHtoD` may return before the DMA lands, and non-blocking streams do not wait
-/// for it.
-pub(super) fn memcpy_htod(drv: &CudaDriver, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
-    if src.is_empty() {
-        return Ok(());
+impl CopyOps for CudaDriver {
+    /// Copies, then synchronizes the legacy default stream: from pageable memory
+    /// `cuMemcpyHtoD` may return before the DMA lands, and non-blocking streams do not wait
+    /// for it.
+    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _ctx = self.enter(dev)?;
+        // SAFETY: `src` is readable for `src.len()` bytes for the duration of the call; the
+        // driver validates `dst`.
+        check("cuMemcpyHtoD", unsafe { (self.api.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len()) })?;
+        self.sync_default_stream()
     }
-    let _ctx = drv.enter(dev)?;
-    // SAFETY: `src` is readable for `src.len()` bytes for the duration of the call; the
-    // driver validates `dst`.
-    check("cuMemcpyHtoD", unsafe { (drv.api.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len()) })?;
-    drv.sync_default_stream()
-}
 
-pub(super) fn memcpy_dtoh(drv: &CudaDriver, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
-    if dst.is_empty() {
-        return Ok(());
+    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _ctx = self.enter(dev)?;
+        // SAFETY: `dst` is writable for `dst.len()` bytes and the copy is synchronous (it
+        // returns once the bytes are in `dst`); the driver validates `src`.
+        check("cuMemcpyDtoH", unsafe { (self.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
     }
-    let _ctx = drv.enter(dev)?;
-    // SAFETY: `dst` is writable for `dst.len()` bytes and the copy is synchronous (it
-    // returns once the bytes are in `dst`); the driver validates `src`.
-    check("cuMemcpyDtoH", unsafe { (drv.api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
-}
 
-pub(super) fn poke_u32(drv: &CudaDriver, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
-    let bytes = value.to_ne_bytes();
-    drv.on_private_stream(dev, "cuMemcpyHtoDAsync", |api, stream| {
-        // SAFETY: `bytes` lives until the stream was synchronized (below, in
-        // `on_private_stream`); the driver validates `dst`.
-        unsafe { (api.cuMemcpyHtoDAsync_v2)(dst, bytes.as_ptr().cast(), 4, stream) }
-    })
-}
-
-pub(super) fn peek_u32(drv: &CudaDriver, dev: Device, src: DevicePtr) -> DResult<u32> {
-    let mut bytes = [0u8; 4];
-    drv.on_private_stream(dev, "cuMemcpyDtoHAsync", |api, stream| {
-        // SAFETY: `bytes` is writable and lives until the stream was synchronized; the
-        // driver validates `src`.
-        unsafe { (api.cuMemcpyDtoHAsync_v2)(bytes.as_mut_ptr().cast(), src, 4, stream) }
-    })?;
-    Ok(u32::from_ne_bytes(bytes))
-}
-
-pub(super) fn memcpy_dtod_async(
-    drv: &CudaDriver,
-    dev: Device,
-    dst: DevicePtr,
-    src: DevicePtr,
-    bytes: usize,
-    stream: Stream,
-) -> DResult<()> {
-    if bytes == 0 {
-        return Ok(());
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        let bytes = value.to_ne_bytes();
+        self.on_private_stream(dev, "cuMemcpyHtoDAsync", |api, stream| {
+            // SAFETY: `bytes` lives until the stream was synchronized (below, in
+            // `on_private_stream`); the driver validates `dst`.
+            unsafe { (api.cuMemcpyHtoDAsync_v2)(dst, bytes.as_ptr().cast(), 4, stream) }
+        })
     }
-    let _ctx = drv.enter(dev)?;
-    // SAFETY: plain values; the driver validates both ranges and the stream.
-    check("cuMemcpyDtoDAsync", unsafe { (drv.api.cuMemcpyDtoDAsync_v2)(dst, src, bytes, stream_ptr(stream)) })
-}
 
-/// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for
-/// device memory).
-pub(super) fn memset_d8(drv: &CudaDriver, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
-    if bytes == 0 {
-        return Ok(());
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        let mut bytes = [0u8; 4];
+        self.on_private_stream(dev, "cuMemcpyDtoHAsync", |api, stream| {
+            // SAFETY: `bytes` is writable and lives until the stream was synchronized; the
+            // driver validates `src`.
+            unsafe { (api.cuMemcpyDtoHAsync_v2)(bytes.as_mut_ptr().cast(), src, 4, stream) }
+        })?;
+        Ok(u32::from_ne_bytes(bytes))
     }
-    let _ctx = drv.enter(dev)?;
-    // SAFETY: plain values; the driver validates the range.
-    check("cuMemsetD8", unsafe { (drv.api.cuMemsetD8_v2)(dst, value, bytes) })?;
-    drv.sync_default_stream()
+
+    fn memcpy_dtod_async(
+        &self,
+        dev: Device,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> DResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain values; the driver validates both ranges and the stream.
+        check("cuMemcpyDtoDAsync", unsafe { (self.api.cuMemcpyDtoDAsync_v2)(dst, src, bytes, stream_ptr(stream)) })
+    }
+
+    /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for
+    /// device memory).
+    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain values; the driver validates the range.
+        check("cuMemsetD8", unsafe { (self.api.cuMemsetD8_v2)(dst, value, bytes) })?;
+        self.sync_default_stream()
+    }
 }

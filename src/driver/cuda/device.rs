@@ -1,4 +1,5 @@
-//! Devices: the driver version, device count, properties and attributes, and peer access.
+//! Devices: the driver version, device count, properties and attributes, NVLink fabric info
+//! (from NVML), peer access and binding a thread to a device.
 
 use std::ffi::{c_int, CStr};
 
@@ -6,7 +7,7 @@ use cudarc::driver::sys as cu;
 
 use super::symbols::{check, not_supported};
 use super::CudaDriver;
-use crate::driver::{CuResult, DResult, Device, DeviceProps};
+use crate::driver::{CuResult, DResult, Device, DeviceOps, DeviceProps, FabricInfo};
 
 impl CudaDriver {
     /// `cuDeviceGetAttribute`.
@@ -28,49 +29,73 @@ impl CudaDriver {
     }
 }
 
-pub(super) fn driver_version(drv: &CudaDriver) -> DResult<i32> {
-    let mut version: c_int = 0;
-    // SAFETY: the out-pointer is a local.
-    check("cuDriverGetVersion", unsafe { (drv.api.cuDriverGetVersion)(&mut version) })?;
-    Ok(version)
-}
+impl DeviceOps for CudaDriver {
+    fn driver_version(&self) -> DResult<i32> {
+        let mut version: c_int = 0;
+        // SAFETY: the out-pointer is a local.
+        check("cuDriverGetVersion", unsafe { (self.api.cuDriverGetVersion)(&mut version) })?;
+        Ok(version)
+    }
 
-pub(super) fn device_count(drv: &CudaDriver) -> DResult<i32> {
-    let mut count: c_int = 0;
-    // SAFETY: the out-pointer is a local.
-    check("cuDeviceGetCount", unsafe { (drv.api.cuDeviceGetCount)(&mut count) })?;
-    Ok(count)
-}
+    fn device_count(&self) -> DResult<i32> {
+        let mut count: c_int = 0;
+        // SAFETY: the out-pointer is a local.
+        check("cuDeviceGetCount", unsafe { (self.api.cuDeviceGetCount)(&mut count) })?;
+        Ok(count)
+    }
 
-pub(super) fn device_props(drv: &CudaDriver, dev: Device) -> DResult<DeviceProps> {
-    use cu::CUdevice_attribute as A;
-    let device = drv.cu_device(dev)?;
-    let mut name = [0u8; 256];
-    // SAFETY: the buffer is writable for its full length, which is what we pass.
-    check("cuDeviceGetName", unsafe {
-        (drv.api.cuDeviceGetName)(name.as_mut_ptr().cast(), name.len() as c_int, device)
-    })?;
-    let name = match CStr::from_bytes_until_nul(&name) {
-        Ok(s) => s.to_string_lossy().into_owned(),
-        Err(_) => String::from_utf8_lossy(&name).into_owned(),
-    };
-    let mut total: usize = 0;
-    // SAFETY: the out-pointer is a local; `device` came from `cuDeviceGet`.
-    check("cuDeviceTotalMem", unsafe { (drv.api.cuDeviceTotalMem_v2)(&mut total, device) })?;
-    Ok(DeviceProps {
-        name,
-        cc_major: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-        cc_minor: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        total_memory: total as u64,
-        sm_count: drv.attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-        multicast_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)?,
-        vmm_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
-        posix_fd_supported: drv
-            .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
-        fabric_supported: drv.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
-        uuid: uuid(drv, device)?,
-        pci_bus_id: pci_bus_id(drv, device),
-    })
+    fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
+        use cu::CUdevice_attribute as A;
+        let device = self.cu_device(dev)?;
+        let mut name = [0u8; 256];
+        // SAFETY: the buffer is writable for its full length, which is what we pass.
+        check("cuDeviceGetName", unsafe {
+            (self.api.cuDeviceGetName)(name.as_mut_ptr().cast(), name.len() as c_int, device)
+        })?;
+        let name = match CStr::from_bytes_until_nul(&name) {
+            Ok(s) => s.to_string_lossy().into_owned(),
+            Err(_) => String::from_utf8_lossy(&name).into_owned(),
+        };
+        let mut total: usize = 0;
+        // SAFETY: the out-pointer is a local; `device` came from `cuDeviceGet`.
+        check("cuDeviceTotalMem", unsafe { (self.api.cuDeviceTotalMem_v2)(&mut total, device) })?;
+        Ok(DeviceProps {
+            name,
+            cc_major: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            cc_minor: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            total_memory: total as u64,
+            sm_count: self.attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            multicast_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)?,
+            vmm_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
+            posix_fd_supported: self
+                .attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
+            fabric_supported: self.attribute_flag(device, A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+            uuid: uuid(self, device)?,
+            pci_bus_id: pci_bus_id(self, device),
+        })
+    }
+
+    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
+        Ok(super::nvml::fabric_info(&self.device_props(dev)?.uuid))
+    }
+
+    fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool> {
+        let a = self.cu_device(dev)?;
+        let b = self.cu_device(peer)?;
+        if a == b {
+            return Ok(true);
+        }
+        let mut can: c_int = 0;
+        // SAFETY: the out-pointer is a local; both devices came from `cuDeviceGet`.
+        check("cuDeviceCanAccessPeer", unsafe { (self.api.cuDeviceCanAccessPeer)(&mut can, a, b) })?;
+        Ok(can != 0)
+    }
+
+    fn bind_thread(&self, dev: Device) -> DResult<()> {
+        let ctx = self.primary_ctx(dev)?;
+        // SAFETY: `ctx` is a primary context this driver retained and has not released.
+        check("cuCtxSetCurrent", unsafe { (self.api.cuCtxSetCurrent)(ctx) })
+    }
 }
 
 /// `cuDeviceGetUuid_v2` where the driver has it (CUDA 11.4+: MIG instances get their own
@@ -97,16 +122,4 @@ fn pci_bus_id(drv: &CudaDriver, device: cu::CUdevice) -> String {
         return String::new();
     }
     CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
-}
-
-pub(super) fn can_access_peer(drv: &CudaDriver, dev: Device, peer: Device) -> DResult<bool> {
-    let a = drv.cu_device(dev)?;
-    let b = drv.cu_device(peer)?;
-    if a == b {
-        return Ok(true);
-    }
-    let mut can: c_int = 0;
-    // SAFETY: the out-pointer is a local; both devices came from `cuDeviceGet`.
-    check("cuDeviceCanAccessPeer", unsafe { (drv.api.cuDeviceCanAccessPeer)(&mut can, a, b) })?;
-    Ok(can != 0)
 }

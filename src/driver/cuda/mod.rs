@@ -31,10 +31,12 @@
 //! the ABI-versioned symbol behind it (`cuMemcpyHtoD_v2`, `cuStreamDestroy_v2`); the distinct
 //! `_v2` APIs (`cuMulticastBindMem_v2`, `cuMulticastBindAddr_v2`) keep their suffix.
 //!
-//! Where things live: `symbols.rs` the entry-point table and the `CUresult` checks, `context.rs`
-//! primary contexts, `device.rs` device queries, `memory.rs` allocations and mappings, `copy.rs`
-//! copies, `multicast.rs` multicast objects, `exec.rs` streams, events, graphs and launch; this
-//! file holds the loader and the [`Driver`] table.
+//! Where things live: one file per family of [`Driver`] calls, each implementing its trait:
+//! `device.rs` ([`DeviceOps`]: device queries), `memory.rs` ([`MemoryOps`]: allocations and
+//! mappings), `copy.rs` ([`CopyOps`]: copies), `multicast.rs` ([`MulticastOps`]: multicast
+//! objects), `exec.rs` ([`ExecOps`]: streams, events, graphs and launch); beside them
+//! `symbols.rs` the entry-point table and the `CUresult` checks, `context.rs` primary contexts,
+//! `nvml.rs` NVML's fabric info; this file holds the loader.
 
 mod context;
 mod copy;
@@ -48,8 +50,7 @@ mod symbols;
 #[cfg(test)]
 mod tests;
 
-use std::ffi::{c_void, CStr};
-use std::os::fd::{OwnedFd, RawFd};
+use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys as cu;
@@ -57,11 +58,9 @@ use parking_lot::Mutex;
 
 pub use symbols::{OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS};
 
-use super::{
-    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, FabricInfo,
-    Function, Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp, Stream,
-    FABRIC_HANDLE_BYTES,
-};
+#[cfg(doc)]
+use super::{CopyOps, Device, ExecOps, MemoryOps, MulticastOps};
+use super::{CuResult, DResult, DeviceOps, Driver, DriverError};
 
 use symbols::{check, Api};
 
@@ -154,300 +153,9 @@ impl Drop for CudaDriver {
     }
 }
 
-/// The [`Driver`] table: each call goes to the module of its family.
+/// The families of calls are implemented in their files (see the module documentation).
 impl Driver for CudaDriver {
     fn backend_name(&self) -> &'static str {
         "cuda"
-    }
-
-    fn driver_version(&self) -> DResult<i32> {
-        device::driver_version(self)
-    }
-
-    fn device_count(&self) -> DResult<i32> {
-        device::device_count(self)
-    }
-
-    fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
-        device::device_props(self, dev)
-    }
-
-    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
-        Ok(nvml::fabric_info(&device::device_props(self, dev)?.uuid))
-    }
-
-    fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool> {
-        device::can_access_peer(self, dev, peer)
-    }
-
-    fn has_multicast_api(&self) -> bool {
-        let a = &self.api;
-        a.cuMulticastCreate.is_some()
-            && a.cuMulticastAddDevice.is_some()
-            && a.cuMulticastBindMem.is_some()
-            && a.cuMulticastBindAddr.is_some()
-            && a.cuMulticastUnbind.is_some()
-            && a.cuMulticastGetGranularity.is_some()
-    }
-
-    fn has_multicast_bind_v2(&self) -> bool {
-        self.api.cuMulticastBindMem_v2.is_some() && self.api.cuMulticastBindAddr_v2.is_some()
-    }
-
-    fn mem_granularity(&self, dev: Device, option: Granularity, handle_types: HandleTypes) -> DResult<usize> {
-        memory::mem_granularity(self, dev, option, handle_types)
-    }
-
-    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
-        memory::mem_create(self, dev, size, handle_types)
-    }
-
-    fn mem_release(&self, handle: MemHandle) -> DResult<()> {
-        memory::mem_release(self, handle)
-    }
-
-    fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr> {
-        memory::mem_address_reserve(self, size, alignment)
-    }
-
-    fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
-        memory::mem_address_free(self, ptr, size)
-    }
-
-    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
-        memory::mem_map(self, ptr, size, offset, handle)
-    }
-
-    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
-        memory::mem_retain_allocation_handle(self, ptr)
-    }
-
-    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
-        memory::mem_allocation_props(self, handle)
-    }
-
-    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
-        memory::mem_address_range(self, ptr)
-    }
-
-    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
-        memory::pointer_device(self, ptr)
-    }
-
-    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
-        memory::mem_alloc(self, dev, size)
-    }
-
-    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
-        memory::mem_free(self, dev, ptr)
-    }
-
-    fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
-        memory::mem_unmap(self, ptr, size)
-    }
-
-    fn mem_set_access(&self, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()> {
-        memory::mem_set_access(self, ptr, size, devices)
-    }
-
-    fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
-        memory::mem_export_fd(self, handle)
-    }
-
-    fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle> {
-        memory::mem_import_fd(self, fd)
-    }
-
-    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
-        memory::mem_export_fabric(self, handle)
-    }
-
-    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
-        memory::mem_import_fabric(self, data)
-    }
-
-    fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize> {
-        multicast::multicast_granularity(self, prop, option)
-    }
-
-    fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle> {
-        multicast::multicast_create(self, prop)
-    }
-
-    fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()> {
-        multicast::multicast_add_device(self, mc, dev)
-    }
-
-    fn multicast_bind_mem(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_mem(self, mc, mc_offset, mem, mem_offset, size, flags)
-    }
-
-    fn multicast_bind_mem_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_mem_v2(self, mc, dev, mc_offset, mem, mem_offset, size, flags)
-    }
-
-    fn multicast_bind_addr(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_addr(self, mc, mc_offset, ptr, size, flags)
-    }
-
-    fn multicast_bind_addr_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_addr_v2(self, mc, dev, mc_offset, ptr, size, flags)
-    }
-
-    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()> {
-        multicast::multicast_unbind(self, mc, dev, mc_offset, size)
-    }
-
-    fn stream_create(&self, dev: Device) -> DResult<Stream> {
-        exec::stream_create(self, dev)
-    }
-
-    fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_destroy(self, dev, stream)
-    }
-
-    fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_synchronize(self, dev, stream)
-    }
-
-    fn bind_thread(&self, dev: Device) -> DResult<()> {
-        context::bind_thread(self, dev)
-    }
-
-    fn device_synchronize(&self, dev: Device) -> DResult<()> {
-        exec::device_synchronize(self, dev)
-    }
-
-    fn event_create(&self, dev: Device) -> DResult<Event> {
-        exec::event_create(self, dev)
-    }
-
-    fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
-        exec::event_record(self, dev, event, stream)
-    }
-
-    fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {
-        exec::event_elapsed_ms(self, dev, start, end)
-    }
-
-    fn event_destroy(&self, dev: Device, event: Event) -> DResult<()> {
-        exec::event_destroy(self, dev, event)
-    }
-
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_begin_capture(self, dev, stream)
-    }
-
-    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
-        exec::stream_end_capture(self, dev, stream)
-    }
-
-    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
-        exec::graph_instantiate(self, dev, graph)
-    }
-
-    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
-        exec::graph_launch(self, dev, exec, stream)
-    }
-
-    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
-        exec::graph_exec_destroy(self, dev, exec)
-    }
-
-    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
-        exec::graph_destroy(self, dev, graph)
-    }
-
-    /// Copies, then synchronizes the legacy default stream: from pageable memory
-    /// `cuMemcpyHtoD` may return before the DMA lands, and non-blocking streams do not wait
-    /// for it.
-    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
-        copy::memcpy_htod(self, dev, dst, src)
-    }
-
-    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
-        copy::memcpy_dtoh(self, dev, dst, src)
-    }
-
-    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
-        copy::poke_u32(self, dev, dst, value)
-    }
-
-    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
-        copy::peek_u32(self, dev, src)
-    }
-
-    fn memcpy_dtod_async(
-        &self,
-        dev: Device,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        stream: Stream,
-    ) -> DResult<()> {
-        copy::memcpy_dtod_async(self, dev, dst, src, bytes, stream)
-    }
-
-    /// Sets, then synchronizes the legacy default stream (`cuMemsetD8` is asynchronous for
-    /// device memory).
-    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
-        copy::memset_d8(self, dev, dst, value, bytes)
-    }
-
-    /// A cubin or fatbin is passed as is; PTX text is NUL-terminated first (copied when it is
-    /// not already).
-    fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module> {
-        exec::module_load(self, dev, image)
-    }
-
-    fn module_unload(&self, dev: Device, module: Module) -> DResult<()> {
-        exec::module_unload(self, dev, module)
-    }
-
-    fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
-        exec::module_function(self, dev, module, name)
-    }
-
-    fn launch(
-        &self,
-        dev: Device,
-        func: Function,
-        config: &LaunchConfig,
-        stream: Stream,
-        params: &mut [*mut c_void],
-    ) -> DResult<()> {
-        exec::launch(self, dev, func, config, stream, params)
     }
 }

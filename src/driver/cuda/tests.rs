@@ -9,6 +9,10 @@ use super::memory::{alloc_handle_types, alloc_prop};
 use super::multicast::multicast_prop;
 use super::symbols::not_supported;
 use super::*;
+use crate::driver::{
+    CopyOps, Device, DeviceOps, DevicePtr, ExecOps, Granularity, HandleTypes, LaunchConfig, MemHandle, MemoryOps,
+    MulticastOps, MulticastProp, Stream,
+};
 use std::collections::HashSet;
 
 /// Never called: only its address stands in for driver entry points.

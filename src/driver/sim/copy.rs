@@ -6,90 +6,92 @@ use std::sync::Arc;
 
 use super::state::State;
 use super::{SimDriver, INVALID_VALUE, R};
-use crate::driver::{DResult, Device, DevicePtr, Stream};
+use crate::driver::{CopyOps, DResult, Device, DevicePtr, Stream};
 
-pub(super) fn memcpy_htod(sim: &SimDriver, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
-    sim.call("cuMemcpyHtoD", || {
-        sim.check_dev(dev)?;
-        let st = sim.state.lock();
-        check_access(&st, dev, dst, src.len())?;
-        // SAFETY: the whole range is mapped read-write (checked above, lock held), and `src`
-        // is host memory the caller owns, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-        Ok(())
-    })
-}
+impl CopyOps for SimDriver {
+    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
+        self.call("cuMemcpyHtoD", || {
+            self.check_dev(dev)?;
+            let st = self.state.lock();
+            check_access(&st, dev, dst, src.len())?;
+            // SAFETY: the whole range is mapped read-write (checked above, lock held), and `src`
+            // is host memory the caller owns, so the ranges cannot overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+            Ok(())
+        })
+    }
 
-pub(super) fn memcpy_dtoh(sim: &SimDriver, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
-    sim.call("cuMemcpyDtoH", || {
-        sim.check_dev(dev)?;
-        let st = sim.state.lock();
-        check_access(&st, dev, src, dst.len())?;
-        // SAFETY: the source range is mapped read-write (checked above, lock held); `dst` is
-        // a distinct host buffer borrowed mutably.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
-    })
-}
+    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
+        self.call("cuMemcpyDtoH", || {
+            self.check_dev(dev)?;
+            let st = self.state.lock();
+            check_access(&st, dev, src, dst.len())?;
+            // SAFETY: the source range is mapped read-write (checked above, lock held); `dst` is
+            // a distinct host buffer borrowed mutably.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        })
+    }
 
-pub(super) fn poke_u32(sim: &SimDriver, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
-    sim.call("cuMemcpyHtoDAsync", || {
-        sim.check_dev(dev)?;
-        let st = sim.state.lock();
-        word(&st, dev, dst)?.store(value, Ordering::Release);
-        Ok(())
-    })
-}
+    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
+        self.call("cuMemcpyHtoDAsync", || {
+            self.check_dev(dev)?;
+            let st = self.state.lock();
+            word(&st, dev, dst)?.store(value, Ordering::Release);
+            Ok(())
+        })
+    }
 
-pub(super) fn peek_u32(sim: &SimDriver, dev: Device, src: DevicePtr) -> DResult<u32> {
-    sim.call("cuMemcpyDtoHAsync", || {
-        sim.check_dev(dev)?;
-        let st = sim.state.lock();
-        Ok(word(&st, dev, src)?.load(Ordering::Acquire))
-    })
-}
+    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
+        self.call("cuMemcpyDtoHAsync", || {
+            self.check_dev(dev)?;
+            let st = self.state.lock();
+            Ok(word(&st, dev, src)?.load(Ordering::Acquire))
+        })
+    }
 
-pub(super) fn memcpy_dtod_async(
-    sim: &SimDriver,
-    dev: Device,
-    dst: DevicePtr,
-    src: DevicePtr,
-    bytes: usize,
-    stream: Stream,
-) -> DResult<()> {
-    sim.call("cuMemcpyDtoDAsync", || {
-        sim.check_dev(dev)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        {
-            let st = sim.state.lock();
+    fn memcpy_dtod_async(
+        &self,
+        dev: Device,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> DResult<()> {
+        self.call("cuMemcpyDtoDAsync", || {
+            self.check_dev(dev)?;
+            if bytes == 0 {
+                return Ok(());
+            }
+            {
+                let st = self.state.lock();
+                check_access(&st, dev, dst, bytes)?;
+                check_access(&st, dev, src, bytes)?;
+            }
+            if dst < src.saturating_add(bytes as u64) && src < dst.saturating_add(bytes as u64) {
+                return Err(INVALID_VALUE);
+            }
+            let (d, s) = (dst as usize, src as usize);
+            // SAFETY: both ranges were mapped for `dev` when the copy was enqueued and do not
+            // overlap; the memory outlives work in flight (frees wait for streams), as on a GPU.
+            self.submit(
+                dev,
+                stream,
+                Arc::new(move || unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) }),
+            )
+        })
+    }
+
+    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
+        self.call("cuMemsetD8", || {
+            self.check_dev(dev)?;
+            let st = self.state.lock();
             check_access(&st, dev, dst, bytes)?;
-            check_access(&st, dev, src, bytes)?;
-        }
-        if dst < src.saturating_add(bytes as u64) && src < dst.saturating_add(bytes as u64) {
-            return Err(INVALID_VALUE);
-        }
-        let (d, s) = (dst as usize, src as usize);
-        // SAFETY: both ranges were mapped for `dev` when the copy was enqueued and do not
-        // overlap; the memory outlives work in flight (frees wait for streams), as on a GPU.
-        sim.submit(
-            dev,
-            stream,
-            Arc::new(move || unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, bytes) }),
-        )
-    })
-}
-
-pub(super) fn memset_d8(sim: &SimDriver, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
-    sim.call("cuMemsetD8", || {
-        sim.check_dev(dev)?;
-        let st = sim.state.lock();
-        check_access(&st, dev, dst, bytes)?;
-        // SAFETY: the range is mapped read-write (checked above, lock held).
-        unsafe { std::ptr::write_bytes(dst as *mut u8, value, bytes) };
-        Ok(())
-    })
+            // SAFETY: the range is mapped read-write (checked above, lock held).
+            unsafe { std::ptr::write_bytes(dst as *mut u8, value, bytes) };
+            Ok(())
+        })
+    }
 }
 
 /// `[ptr, ptr + len)` lies in unicast mappings that `dev` may access, with no gap, or in one

@@ -8,7 +8,9 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::{SimDriver, R};
-use crate::driver::{CuResult, DResult, Device, Event, Function, Graph, GraphExec, LaunchConfig, Module, Stream};
+use crate::driver::{
+    CuResult, DResult, Device, Event, ExecOps, Function, Graph, GraphExec, LaunchConfig, Module, Stream,
+};
 
 #[derive(Default)]
 struct EventState {
@@ -80,238 +82,240 @@ impl SimDriver {
     }
 }
 
-pub(super) fn stream_create(sim: &SimDriver, dev: Device) -> DResult<Stream> {
-    sim.call("cuStreamCreate", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        let id = st.fresh_id() as usize;
-        st.streams.insert(id, dev);
-        Ok(Stream(id))
-    })
-}
-
-pub(super) fn stream_destroy(sim: &SimDriver, dev: Device, stream: Stream) -> DResult<()> {
-    sim.call("cuStreamDestroy", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        if st.streams.get(&stream.0) != Some(&dev) {
-            return Err(CuResult::ERROR_INVALID_HANDLE);
-        }
-        st.streams.remove(&stream.0);
-        // A capture still open on it ends with the stream.
-        st.captures.remove(&(dev, stream.0));
-        drop(st);
-        // Work already queued still runs, as on hardware.
-        sim.workers.retire((dev, stream.0));
-        Ok(())
-    })
-}
-
-pub(super) fn stream_synchronize(sim: &SimDriver, dev: Device, stream: Stream) -> DResult<()> {
-    sim.call("cuStreamSynchronize", || {
-        sim.check_dev(dev)?;
-        if sim.invalidate_capture(dev, stream) {
-            return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
-        sim.workers.synchronize((dev, stream.0));
-        Ok(())
-    })
-}
-
-pub(super) fn device_synchronize(sim: &SimDriver, dev: Device) -> DResult<()> {
-    sim.call("cuCtxSynchronize", || {
-        sim.check_dev(dev)?;
-        sim.workers.synchronize_device(dev);
-        Ok(())
-    })
-}
-
-pub(super) fn event_create(sim: &SimDriver, dev: Device) -> DResult<Event> {
-    sim.call("cuEventCreate", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        let id = st.fresh_id() as usize;
-        st.events.insert(id, (dev, Arc::default()));
-        Ok(Event(id))
-    })
-}
-
-pub(super) fn event_record(sim: &SimDriver, dev: Device, event: Event, stream: Stream) -> DResult<()> {
-    sim.call("cuEventRecord", || {
-        sim.check_dev(dev)?;
-        let cell = {
-            let st = sim.state.lock();
-            let cell = st.events.get(&event.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE)?;
-            if st.captures.contains_key(&(dev, stream.0)) {
-                // In a capture an event only orders the captured work: no node, no time.
-                return Ok(());
-            }
-            cell
-        };
-        cell.state.lock().recorded += 1;
-        let reach = cell.clone();
-        let work: Box<dyn FnOnce() + Send> = Box::new(move || {
-            let mut st = reach.state.lock();
-            st.reached += 1;
-            st.time = Some(Instant::now());
-            reach.reached.notify_all();
-        });
-        sim.workers.enqueue((dev, stream.0), work).map_err(|_| {
-            cell.state.lock().recorded -= 1;
-            CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES
+impl ExecOps for SimDriver {
+    fn stream_create(&self, dev: Device) -> DResult<Stream> {
+        self.call("cuStreamCreate", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let id = st.fresh_id() as usize;
+            st.streams.insert(id, dev);
+            Ok(Stream(id))
         })
-    })
-}
+    }
 
-pub(super) fn event_elapsed_ms(sim: &SimDriver, dev: Device, start: Event, end: Event) -> DResult<f32> {
-    sim.call("cuEventElapsedTime", || {
-        sim.check_dev(dev)?;
-        let (a, b) = {
-            let st = sim.state.lock();
-            let get = |e: Event| st.events.get(&e.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE);
-            (get(start)?, get(end)?)
-        };
-        let (Some(t0), Some(t1)) = (a.synchronize(), b.synchronize()) else {
-            return Err(CuResult::ERROR_INVALID_HANDLE);
-        };
-        let ms = if t1 >= t0 {
-            t1.duration_since(t0).as_secs_f64() * 1e3
-        } else {
-            -(t0.duration_since(t1).as_secs_f64() * 1e3)
-        };
-        Ok(ms as f32)
-    })
-}
+    fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.call("cuStreamDestroy", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            if st.streams.get(&stream.0) != Some(&dev) {
+                return Err(CuResult::ERROR_INVALID_HANDLE);
+            }
+            st.streams.remove(&stream.0);
+            // A capture still open on it ends with the stream.
+            st.captures.remove(&(dev, stream.0));
+            drop(st);
+            // Work already queued still runs, as on hardware.
+            self.workers.retire((dev, stream.0));
+            Ok(())
+        })
+    }
 
-pub(super) fn event_destroy(sim: &SimDriver, dev: Device, event: Event) -> DResult<()> {
-    sim.call("cuEventDestroy", || {
-        sim.check_dev(dev)?;
-        sim.state.lock().events.remove(&event.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
-    })
-}
+    fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.call("cuStreamSynchronize", || {
+            self.check_dev(dev)?;
+            if self.invalidate_capture(dev, stream) {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            self.workers.synchronize((dev, stream.0));
+            Ok(())
+        })
+    }
 
-pub(super) fn stream_begin_capture(sim: &SimDriver, dev: Device, stream: Stream) -> DResult<()> {
-    sim.call("cuStreamBeginCapture", || {
-        sim.check_dev(dev)?;
-        if stream == Stream::DEFAULT {
-            // The legacy default stream cannot be captured.
-            return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        }
-        let mut st = sim.state.lock();
-        if st.captures.contains_key(&(dev, stream.0)) {
-            return Err(CuResult::ERROR_ILLEGAL_STATE);
-        }
-        st.captures.insert((dev, stream.0), Capture::default());
-        Ok(())
-    })
-}
+    fn device_synchronize(&self, dev: Device) -> DResult<()> {
+        self.call("cuCtxSynchronize", || {
+            self.check_dev(dev)?;
+            self.workers.synchronize_device(dev);
+            Ok(())
+        })
+    }
 
-pub(super) fn stream_end_capture(sim: &SimDriver, dev: Device, stream: Stream) -> DResult<Graph> {
-    sim.call("cuStreamEndCapture", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        let capture = st.captures.remove(&(dev, stream.0)).ok_or(CuResult::ERROR_ILLEGAL_STATE)?;
-        if capture.invalidated {
-            return Err(CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
-        }
-        let id = st.fresh_id() as usize;
-        st.graphs.insert(id, Arc::new(capture.nodes));
-        Ok(Graph(id))
-    })
-}
+    fn event_create(&self, dev: Device) -> DResult<Event> {
+        self.call("cuEventCreate", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let id = st.fresh_id() as usize;
+            st.events.insert(id, (dev, Arc::default()));
+            Ok(Event(id))
+        })
+    }
 
-pub(super) fn graph_instantiate(sim: &SimDriver, dev: Device, graph: Graph) -> DResult<GraphExec> {
-    sim.call("cuGraphInstantiateWithFlags", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        let nodes = st.graphs.get(&graph.0).cloned().ok_or(CuResult::ERROR_INVALID_VALUE)?;
-        let id = st.fresh_id() as usize;
-        st.graph_execs.insert(id, (dev, nodes));
-        Ok(GraphExec(id))
-    })
-}
+    fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
+        self.call("cuEventRecord", || {
+            self.check_dev(dev)?;
+            let cell = {
+                let st = self.state.lock();
+                let cell = st.events.get(&event.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+                if st.captures.contains_key(&(dev, stream.0)) {
+                    // In a capture an event only orders the captured work: no node, no time.
+                    return Ok(());
+                }
+                cell
+            };
+            cell.state.lock().recorded += 1;
+            let reach = cell.clone();
+            let work: Box<dyn FnOnce() + Send> = Box::new(move || {
+                let mut st = reach.state.lock();
+                st.reached += 1;
+                st.time = Some(Instant::now());
+                reach.reached.notify_all();
+            });
+            self.workers.enqueue((dev, stream.0), work).map_err(|_| {
+                cell.state.lock().recorded -= 1;
+                CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES
+            })
+        })
+    }
 
-pub(super) fn graph_launch(sim: &SimDriver, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
-    sim.call("cuGraphLaunch", || {
-        sim.check_dev(dev)?;
-        let nodes = match sim.state.lock().graph_execs.get(&exec.0) {
-            Some((on, nodes)) if *on == dev => nodes.clone(),
-            Some(_) => return Err(CuResult::ERROR_INVALID_VALUE),
-            None => return Err(CuResult::ERROR_INVALID_HANDLE),
-        };
-        // One stream item runs the graph's work in the captured order; on a capturing
-        // stream it becomes one node (a child graph).
-        sim.submit(dev, stream, Arc::new(move || nodes.iter().for_each(|node| node())))
-    })
-}
+    fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {
+        self.call("cuEventElapsedTime", || {
+            self.check_dev(dev)?;
+            let (a, b) = {
+                let st = self.state.lock();
+                let get = |e: Event| st.events.get(&e.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE);
+                (get(start)?, get(end)?)
+            };
+            let (Some(t0), Some(t1)) = (a.synchronize(), b.synchronize()) else {
+                return Err(CuResult::ERROR_INVALID_HANDLE);
+            };
+            let ms = if t1 >= t0 {
+                t1.duration_since(t0).as_secs_f64() * 1e3
+            } else {
+                -(t0.duration_since(t1).as_secs_f64() * 1e3)
+            };
+            Ok(ms as f32)
+        })
+    }
 
-pub(super) fn graph_exec_destroy(sim: &SimDriver, dev: Device, exec: GraphExec) -> DResult<()> {
-    sim.call("cuGraphExecDestroy", || {
-        sim.check_dev(dev)?;
-        // Replays already queued keep their work alive until they have run.
-        sim.state.lock().graph_execs.remove(&exec.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
-    })
-}
+    fn event_destroy(&self, dev: Device, event: Event) -> DResult<()> {
+        self.call("cuEventDestroy", || {
+            self.check_dev(dev)?;
+            self.state.lock().events.remove(&event.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
+        })
+    }
 
-pub(super) fn graph_destroy(sim: &SimDriver, dev: Device, graph: Graph) -> DResult<()> {
-    sim.call("cuGraphDestroy", || {
-        sim.check_dev(dev)?;
-        sim.state.lock().graphs.remove(&graph.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
-    })
-}
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.call("cuStreamBeginCapture", || {
+            self.check_dev(dev)?;
+            if stream == Stream::DEFAULT {
+                // The legacy default stream cannot be captured.
+                return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            let mut st = self.state.lock();
+            if st.captures.contains_key(&(dev, stream.0)) {
+                return Err(CuResult::ERROR_ILLEGAL_STATE);
+            }
+            st.captures.insert((dev, stream.0), Capture::default());
+            Ok(())
+        })
+    }
 
-/// `cuModuleLoadData` returns only once every kernel running on the device is done (see
-/// [`SimDriver::load_kernel_module`]).
-pub(super) fn module_load(sim: &SimDriver, dev: Device, image: &[u8]) -> DResult<Module> {
-    sim.call("cuModuleLoadData", || {
-        sim.check_dev(dev)?;
-        if image.is_empty() {
-            return Err(CuResult::ERROR_INVALID_IMAGE);
-        }
-        sim.workers.synchronize_device(dev);
-        let mut st = sim.state.lock();
-        let id = st.fresh_id() as usize;
-        st.modules.insert(id, (dev, Vec::new()));
-        Ok(Module(id))
-    })
-}
+    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
+        self.call("cuStreamEndCapture", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let capture = st.captures.remove(&(dev, stream.0)).ok_or(CuResult::ERROR_ILLEGAL_STATE)?;
+            if capture.invalidated {
+                return Err(CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+            }
+            let id = st.fresh_id() as usize;
+            st.graphs.insert(id, Arc::new(capture.nodes));
+            Ok(Graph(id))
+        })
+    }
 
-pub(super) fn module_unload(sim: &SimDriver, dev: Device, module: Module) -> DResult<()> {
-    sim.call("cuModuleUnload", || {
-        sim.check_dev(dev)?;
-        sim.state.lock().modules.remove(&module.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
-    })
-}
+    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
+        self.call("cuGraphInstantiateWithFlags", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let nodes = st.graphs.get(&graph.0).cloned().ok_or(CuResult::ERROR_INVALID_VALUE)?;
+            let id = st.fresh_id() as usize;
+            st.graph_execs.insert(id, (dev, nodes));
+            Ok(GraphExec(id))
+        })
+    }
 
-pub(super) fn module_function(sim: &SimDriver, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
-    sim.call("cuModuleGetFunction", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        if !st.modules.contains_key(&module.0) {
-            return Err(CuResult::ERROR_INVALID_HANDLE);
-        }
-        if name.is_empty() {
-            return Err(CuResult::ERROR_NOT_FOUND);
-        }
-        let id = st.fresh_id() as usize;
-        if let Some((_, functions)) = st.modules.get_mut(&module.0) {
-            functions.push(id);
-        }
-        Ok(Function(id))
-    })
-}
+    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
+        self.call("cuGraphLaunch", || {
+            self.check_dev(dev)?;
+            let nodes = match self.state.lock().graph_execs.get(&exec.0) {
+                Some((on, nodes)) if *on == dev => nodes.clone(),
+                Some(_) => return Err(CuResult::ERROR_INVALID_VALUE),
+                None => return Err(CuResult::ERROR_INVALID_HANDLE),
+            };
+            // One stream item runs the graph's work in the captured order; on a capturing
+            // stream it becomes one node (a child graph).
+            self.submit(dev, stream, Arc::new(move || nodes.iter().for_each(|node| node())))
+        })
+    }
 
-pub(super) fn launch(
-    sim: &SimDriver,
-    dev: Device,
-    _func: Function,
-    _config: &LaunchConfig,
-    _stream: Stream,
-    _params: &mut [*mut c_void],
-) -> DResult<()> {
-    sim.call("cuLaunchKernel", || {
-        sim.check_dev(dev)?;
-        // The simulator cannot run cubins; the kernels layer runs host code through `enqueue`.
-        Err(CuResult::ERROR_NOT_SUPPORTED)
-    })
+    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
+        self.call("cuGraphExecDestroy", || {
+            self.check_dev(dev)?;
+            // Replays already queued keep their work alive until they have run.
+            self.state.lock().graph_execs.remove(&exec.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
+        })
+    }
+
+    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
+        self.call("cuGraphDestroy", || {
+            self.check_dev(dev)?;
+            self.state.lock().graphs.remove(&graph.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_VALUE)
+        })
+    }
+
+    /// `cuModuleLoadData` returns only once every kernel running on the device is done (see
+    /// [`SimDriver::load_kernel_module`]).
+    fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module> {
+        self.call("cuModuleLoadData", || {
+            self.check_dev(dev)?;
+            if image.is_empty() {
+                return Err(CuResult::ERROR_INVALID_IMAGE);
+            }
+            self.workers.synchronize_device(dev);
+            let mut st = self.state.lock();
+            let id = st.fresh_id() as usize;
+            st.modules.insert(id, (dev, Vec::new()));
+            Ok(Module(id))
+        })
+    }
+
+    fn module_unload(&self, dev: Device, module: Module) -> DResult<()> {
+        self.call("cuModuleUnload", || {
+            self.check_dev(dev)?;
+            self.state.lock().modules.remove(&module.0).map(|_| ()).ok_or(CuResult::ERROR_INVALID_HANDLE)
+        })
+    }
+
+    fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
+        self.call("cuModuleGetFunction", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            if !st.modules.contains_key(&module.0) {
+                return Err(CuResult::ERROR_INVALID_HANDLE);
+            }
+            if name.is_empty() {
+                return Err(CuResult::ERROR_NOT_FOUND);
+            }
+            let id = st.fresh_id() as usize;
+            if let Some((_, functions)) = st.modules.get_mut(&module.0) {
+                functions.push(id);
+            }
+            Ok(Function(id))
+        })
+    }
+
+    fn launch(
+        &self,
+        dev: Device,
+        _func: Function,
+        _config: &LaunchConfig,
+        _stream: Stream,
+        _params: &mut [*mut c_void],
+    ) -> DResult<()> {
+        self.call("cuLaunchKernel", || {
+            self.check_dev(dev)?;
+            // The simulator cannot run cubins; the kernels layer runs host code through `enqueue`.
+            Err(CuResult::ERROR_NOT_SUPPORTED)
+        })
+    }
 }

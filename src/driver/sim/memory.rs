@@ -9,7 +9,8 @@ use super::shared::SharedMc;
 use super::state::{Alloc, Exceeds, Mapping, Mc, Phys, State};
 use super::{fabric, SimDriver, INVALID_VALUE, R};
 use crate::driver::{
-    AllocationProps, CuResult, DResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, FABRIC_HANDLE_BYTES,
+    AllocationProps, CuResult, DResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, MemoryOps,
+    FABRIC_HANDLE_BYTES,
 };
 
 /// Alignment of simulated `cuMemAlloc` memory (the driver guarantees at least 256 bytes).
@@ -104,312 +105,308 @@ impl SimDriver {
     }
 }
 
-pub(super) fn mem_granularity(
-    sim: &SimDriver,
-    dev: Device,
-    _option: Granularity,
-    _handle_types: HandleTypes,
-) -> DResult<usize> {
-    sim.call("cuMemGetAllocationGranularity", || {
-        sim.check_dev(dev)?;
-        Ok(sim.config.mem_granularity)
-    })
-}
+impl MemoryOps for SimDriver {
+    fn mem_granularity(&self, dev: Device, _option: Granularity, _handle_types: HandleTypes) -> DResult<usize> {
+        self.call("cuMemGetAllocationGranularity", || {
+            self.check_dev(dev)?;
+            Ok(self.config.mem_granularity)
+        })
+    }
 
-pub(super) fn mem_create(sim: &SimDriver, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
-    sim.call("cuMemCreate", || {
-        sim.check_dev(dev)?;
-        if size == 0 || size % sim.config.mem_granularity != 0 {
-            return Err(INVALID_VALUE);
-        }
-        if handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        if handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
-            return Err(CuResult::ERROR_NOT_PERMITTED);
-        }
-        let mut st = sim.state.lock();
-        if st.used_bytes(dev).saturating_add(size as u64) > sim.config.device_memory {
-            return Err(CuResult::ERROR_OUT_OF_MEMORY);
-        }
-        let tag = format!("mem:gpu={:x}:types={}", sim.gpu_key(dev), handle_types.0);
-        let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
-        let id = st.fresh_id();
-        st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
-        let handle = MemHandle(st.fresh_id());
-        st.allocs.insert(handle, Alloc { phys: id, imported: false, released: false, maps: 0 });
-        Ok(handle)
-    })
-}
-
-pub(super) fn mem_release(sim: &SimDriver, handle: MemHandle) -> DResult<()> {
-    sim.call("cuMemRelease", || {
-        let mut st = sim.state.lock();
-        if let Some(a) = st.allocs.get_mut(&handle).filter(|a| !a.released) {
-            a.released = true;
-            if a.maps == 0 {
-                st.free_alloc(handle);
-            }
-            return Ok(());
-        }
-        let obj = st.mcs.get_mut(&handle).filter(|m| !m.released).ok_or(INVALID_VALUE)?;
-        obj.released = true;
-        if obj.maps == 0 {
-            st.free_mc(handle);
-        }
-        // Wake binds and maps waiting on this object: they now fail.
-        sim.team_changed.notify_all();
-        Ok(())
-    })
-}
-
-pub(super) fn mem_address_reserve(sim: &SimDriver, size: usize, alignment: usize) -> DResult<DevicePtr> {
-    sim.call("cuMemAddressReserve", || {
-        let g = sim.config.mem_granularity;
-        if size == 0 || size % g != 0 || (alignment != 0 && !alignment.is_power_of_two()) {
-            return Err(INVALID_VALUE);
-        }
-        let align = alignment.max(g).next_power_of_two();
-        let ptr = host::reserve(size, align).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
-        sim.state.lock().reservations.insert(ptr, size);
-        Ok(ptr)
-    })
-}
-
-pub(super) fn mem_address_free(sim: &SimDriver, ptr: DevicePtr, size: usize) -> DResult<()> {
-    sim.call("cuMemAddressFree", || {
-        let mut st = sim.state.lock();
-        if st.reservations.get(&ptr) != Some(&size) {
-            return Err(INVALID_VALUE);
-        }
-        if st.mappings.range(ptr..ptr + size as u64).next().is_some() {
-            return Err(INVALID_VALUE);
-        }
-        st.reservations.remove(&ptr);
-        host::unreserve(ptr, size);
-        Ok(())
-    })
-}
-
-pub(super) fn mem_map(sim: &SimDriver, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
-    sim.call("cuMemMap", || {
-        let mut st = sim.state.lock();
-        let multicast = sim.map_check(&st, ptr, size, offset, handle)?;
-        if multicast {
-            sim.wait_for_team(&mut st, handle, "cuMemMap")?;
-            sim.map_check(&st, ptr, size, offset, handle)?;
-            // The range stays PROT_NONE: multimem goes through the translation table.
-            if let Some(obj) = st.mcs.get_mut(&handle) {
-                obj.maps += 1;
-            }
-        } else {
-            let alloc = st.live_alloc(handle)?;
-            let fd = st.phys_of(alloc)?.memfd.raw_fd();
-            host::map_fixed(ptr, size, fd, offset).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
-            if let Some(a) = st.allocs.get_mut(&handle) {
-                a.maps += 1;
-            }
-        }
-        let mapping = Mapping { size, handle, offset, multicast, access: BTreeSet::new() };
-        st.mappings.insert(ptr, mapping);
-        Ok(())
-    })
-}
-
-pub(super) fn mem_unmap(sim: &SimDriver, ptr: DevicePtr, size: usize) -> DResult<()> {
-    sim.call("cuMemUnmap", || {
-        let mut st = sim.state.lock();
-        let starts = st.whole_mappings(ptr, size)?;
-        for start in starts {
-            let Some(m) = st.mappings.remove(&start) else {
-                continue;
-            };
-            if m.multicast {
-                if let Some(obj) = st.mcs.get_mut(&m.handle) {
-                    obj.maps -= 1;
-                    if obj.maps == 0 && obj.released {
-                        st.free_mc(m.handle);
-                    }
-                }
-            } else {
-                host::protect_none(start, m.size).map_err(|_| CuResult::ERROR_UNKNOWN)?;
-                if let Some(a) = st.allocs.get_mut(&m.handle) {
-                    a.maps -= 1;
-                    if a.maps == 0 && a.released {
-                        st.free_alloc(m.handle);
-                    }
-                }
-            }
-        }
-        Ok(())
-    })
-}
-
-pub(super) fn mem_set_access(sim: &SimDriver, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()> {
-    sim.call("cuMemSetAccess", || {
-        if devices.is_empty() || size == 0 {
-            return Err(INVALID_VALUE);
-        }
-        for &dev in devices {
-            sim.check_dev(dev)?;
-        }
-        let mut st = sim.state.lock();
-        let starts = st.whole_mappings(ptr, size)?;
-        for start in starts {
-            if let Some(m) = st.mappings.get_mut(&start) {
-                m.access.extend(devices.iter().copied());
-            }
-        }
-        Ok(())
-    })
-}
-
-pub(super) fn mem_export_fd(sim: &SimDriver, handle: MemHandle) -> DResult<OwnedFd> {
-    sim.call("cuMemExportToShareableHandle", || {
-        let st = sim.state.lock();
-        let (fd, _) = st.exportable(handle, HandleTypes::POSIX_FD)?;
-        host_dup(fd)
-    })
-}
-
-pub(super) fn mem_import_fd(sim: &SimDriver, fd: RawFd) -> DResult<MemHandle> {
-    sim.call("cuMemImportFromShareableHandle", || {
-        // Descriptors cannot cross hosts: a simulated host is a host identity, and a
-        // descriptor made under another one means the runtime routed a handle wrongly.
-        if let Some(theirs) = host::memfd_host(fd) {
-            let ours = crate::bootstrap::host::host_tag();
-            if theirs != ours {
-                tracing::error!(
-                    "simulator: a POSIX descriptor made on host {theirs} imported on host {ours}: descriptors \
-                     only travel between processes of one host"
-                );
+    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
+        self.call("cuMemCreate", || {
+            self.check_dev(dev)?;
+            if size == 0 || size % self.config.mem_granularity != 0 {
                 return Err(INVALID_VALUE);
             }
-        }
-        sim.import_fd(fd, HandleTypes::POSIX_FD)
-    })
+            if handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            if handle_types.contains(HandleTypes::FABRIC) && !self.config.imex {
+                return Err(CuResult::ERROR_NOT_PERMITTED);
+            }
+            let mut st = self.state.lock();
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            let tag = format!("mem:gpu={:x}:types={}", self.gpu_key(dev), handle_types.0);
+            let memfd = Memfd::create(size, &tag).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+            let id = st.fresh_id();
+            st.phys.insert(id, Phys { memfd, dev, size, handle_types, refs: 1 });
+            let handle = MemHandle(st.fresh_id());
+            st.allocs.insert(handle, Alloc { phys: id, imported: false, released: false, maps: 0 });
+            Ok(handle)
+        })
+    }
+
+    fn mem_release(&self, handle: MemHandle) -> DResult<()> {
+        self.call("cuMemRelease", || {
+            let mut st = self.state.lock();
+            if let Some(a) = st.allocs.get_mut(&handle).filter(|a| !a.released) {
+                a.released = true;
+                if a.maps == 0 {
+                    st.free_alloc(handle);
+                }
+                return Ok(());
+            }
+            let obj = st.mcs.get_mut(&handle).filter(|m| !m.released).ok_or(INVALID_VALUE)?;
+            obj.released = true;
+            if obj.maps == 0 {
+                st.free_mc(handle);
+            }
+            // Wake binds and maps waiting on this object: they now fail.
+            self.team_changed.notify_all();
+            Ok(())
+        })
+    }
+
+    fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr> {
+        self.call("cuMemAddressReserve", || {
+            let g = self.config.mem_granularity;
+            if size == 0 || size % g != 0 || (alignment != 0 && !alignment.is_power_of_two()) {
+                return Err(INVALID_VALUE);
+            }
+            let align = alignment.max(g).next_power_of_two();
+            let ptr = host::reserve(size, align).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+            self.state.lock().reservations.insert(ptr, size);
+            Ok(ptr)
+        })
+    }
+
+    fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
+        self.call("cuMemAddressFree", || {
+            let mut st = self.state.lock();
+            if st.reservations.get(&ptr) != Some(&size) {
+                return Err(INVALID_VALUE);
+            }
+            if st.mappings.range(ptr..ptr + size as u64).next().is_some() {
+                return Err(INVALID_VALUE);
+            }
+            st.reservations.remove(&ptr);
+            host::unreserve(ptr, size);
+            Ok(())
+        })
+    }
+
+    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
+        self.call("cuMemMap", || {
+            let mut st = self.state.lock();
+            let multicast = self.map_check(&st, ptr, size, offset, handle)?;
+            if multicast {
+                self.wait_for_team(&mut st, handle, "cuMemMap")?;
+                self.map_check(&st, ptr, size, offset, handle)?;
+                // The range stays PROT_NONE: multimem goes through the translation table.
+                if let Some(obj) = st.mcs.get_mut(&handle) {
+                    obj.maps += 1;
+                }
+            } else {
+                let alloc = st.live_alloc(handle)?;
+                let fd = st.phys_of(alloc)?.memfd.raw_fd();
+                host::map_fixed(ptr, size, fd, offset).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?;
+                if let Some(a) = st.allocs.get_mut(&handle) {
+                    a.maps += 1;
+                }
+            }
+            let mapping = Mapping { size, handle, offset, multicast, access: BTreeSet::new() };
+            st.mappings.insert(ptr, mapping);
+            Ok(())
+        })
+    }
+
+    fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
+        self.call("cuMemUnmap", || {
+            let mut st = self.state.lock();
+            let starts = st.whole_mappings(ptr, size)?;
+            for start in starts {
+                let Some(m) = st.mappings.remove(&start) else {
+                    continue;
+                };
+                if m.multicast {
+                    if let Some(obj) = st.mcs.get_mut(&m.handle) {
+                        obj.maps -= 1;
+                        if obj.maps == 0 && obj.released {
+                            st.free_mc(m.handle);
+                        }
+                    }
+                } else {
+                    host::protect_none(start, m.size).map_err(|_| CuResult::ERROR_UNKNOWN)?;
+                    if let Some(a) = st.allocs.get_mut(&m.handle) {
+                        a.maps -= 1;
+                        if a.maps == 0 && a.released {
+                            st.free_alloc(m.handle);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn mem_set_access(&self, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()> {
+        self.call("cuMemSetAccess", || {
+            if devices.is_empty() || size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            for &dev in devices {
+                self.check_dev(dev)?;
+            }
+            let mut st = self.state.lock();
+            let starts = st.whole_mappings(ptr, size)?;
+            for start in starts {
+                if let Some(m) = st.mappings.get_mut(&start) {
+                    m.access.extend(devices.iter().copied());
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
+        self.call("cuMemExportToShareableHandle", || {
+            let st = self.state.lock();
+            let (fd, _) = st.exportable(handle, HandleTypes::POSIX_FD)?;
+            host_dup(fd)
+        })
+    }
+
+    fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle> {
+        self.call("cuMemImportFromShareableHandle", || {
+            // Descriptors cannot cross hosts: a simulated host is a host identity, and a
+            // descriptor made under another one means the runtime routed a handle wrongly.
+            if let Some(theirs) = host::memfd_host(fd) {
+                let ours = crate::bootstrap::host::host_tag();
+                if theirs != ours {
+                    tracing::error!(
+                        "simulator: a POSIX descriptor made on host {theirs} imported on host {ours}: descriptors \
+                     only travel between processes of one host"
+                    );
+                    return Err(INVALID_VALUE);
+                }
+            }
+            self.import_fd(fd, HandleTypes::POSIX_FD)
+        })
+    }
+
+    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
+        self.call("cuMemExportToShareableHandle", || {
+            if !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            let st = self.state.lock();
+            let (fd, identity) = st.exportable(handle, HandleTypes::FABRIC)?;
+            if !self.config.imex {
+                return Err(CuResult::ERROR_NOT_PERMITTED);
+            }
+            Ok(fabric::encode(std::process::id(), fd, identity, fabric::fabric_id(&self.config.fabric)))
+        })
+    }
+
+    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
+        self.call("cuMemImportFromShareableHandle", || {
+            if !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            // Memory of another NVLink fabric is out of reach: the handle names nothing here.
+            if fabric::fabric_of(data).is_some_and(|f| f != fabric::fabric_id(&self.config.fabric)) {
+                return Err(CuResult::ERROR_INVALID_HANDLE);
+            }
+            if !self.config.imex {
+                return Err(CuResult::ERROR_NOT_PERMITTED);
+            }
+            let fd = fabric::open(data)?;
+            self.import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd), HandleTypes::FABRIC)
+        })
+    }
+
+    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
+        self.call("cuMemRetainAllocationHandle", || {
+            let mut st = self.state.lock();
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            let (phys, imported) = (alloc.phys, alloc.imported);
+            st.phys.get_mut(&phys).ok_or(CuResult::ERROR_UNKNOWN)?.refs += 1;
+            let handle = MemHandle(st.fresh_id());
+            st.allocs.insert(handle, Alloc { phys, imported, released: false, maps: 0 });
+            Ok(handle)
+        })
+    }
+
+    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
+        self.call("cuMemGetAllocationPropertiesFromHandle", || {
+            let st = self.state.lock();
+            let phys = st.phys_of(st.live_alloc(handle)?)?;
+            Ok(AllocationProps { dev: phys.dev, handle_types: phys.handle_types })
+        })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
+        self.call("cuMemGetAddressRange", || {
+            let st = self.state.lock();
+            if let Some((start, _, size)) = st.plain_at(ptr) {
+                return Ok((start, size));
+            }
+            let (start, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            Ok((start, m.size))
+        })
+    }
+
+    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
+        self.call("cuPointerGetAttribute", || {
+            let st = self.state.lock();
+            if let Some((_, dev, _)) = st.plain_at(ptr) {
+                return Ok(dev);
+            }
+            let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
+            if m.multicast {
+                return Err(INVALID_VALUE);
+            }
+            let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
+            Ok(st.phys_of(alloc)?.dev)
+        })
+    }
+
+    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        self.call("cuMemAlloc", || {
+            self.check_dev(dev)?;
+            if size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let mut st = self.state.lock();
+            if st.used_bytes(dev).saturating_add(size as u64) > self.config.device_memory {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(plain_layout(size)) };
+            if ptr.is_null() {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            st.plain.insert(ptr as u64, (dev, size));
+            Ok(ptr as u64)
+        })
+    }
+
+    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        self.call("cuMemFree", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let size = match st.plain.get(&ptr) {
+                Some(&(_, size)) => size,
+                None => return Err(INVALID_VALUE),
+            };
+            st.plain.remove(&ptr);
+            // SAFETY: allocated by `mem_alloc` with this layout; removed from the table first,
+            // so it is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+            Ok(())
+        })
+    }
 }
 
-pub(super) fn mem_export_fabric(sim: &SimDriver, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
-    sim.call("cuMemExportToShareableHandle", || {
-        if !sim.config.fabric_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        let st = sim.state.lock();
-        let (fd, identity) = st.exportable(handle, HandleTypes::FABRIC)?;
-        if !sim.config.imex {
-            return Err(CuResult::ERROR_NOT_PERMITTED);
-        }
-        Ok(fabric::encode(std::process::id(), fd, identity, fabric::fabric_id(&sim.config.fabric)))
-    })
-}
-
-pub(super) fn mem_import_fabric(sim: &SimDriver, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
-    sim.call("cuMemImportFromShareableHandle", || {
-        if !sim.config.fabric_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        // Memory of another NVLink fabric is out of reach: the handle names nothing here.
-        if fabric::fabric_of(data).is_some_and(|f| f != fabric::fabric_id(&sim.config.fabric)) {
-            return Err(CuResult::ERROR_INVALID_HANDLE);
-        }
-        if !sim.config.imex {
-            return Err(CuResult::ERROR_NOT_PERMITTED);
-        }
-        let fd = fabric::open(data)?;
-        sim.import_fd(std::os::fd::AsRawFd::as_raw_fd(&fd), HandleTypes::FABRIC)
-    })
-}
-
-pub(super) fn mem_retain_allocation_handle(sim: &SimDriver, ptr: DevicePtr) -> DResult<MemHandle> {
-    sim.call("cuMemRetainAllocationHandle", || {
-        let mut st = sim.state.lock();
-        let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
-        if m.multicast {
-            return Err(INVALID_VALUE);
-        }
-        let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
-        let (phys, imported) = (alloc.phys, alloc.imported);
-        st.phys.get_mut(&phys).ok_or(CuResult::ERROR_UNKNOWN)?.refs += 1;
-        let handle = MemHandle(st.fresh_id());
-        st.allocs.insert(handle, Alloc { phys, imported, released: false, maps: 0 });
-        Ok(handle)
-    })
-}
-
-pub(super) fn mem_allocation_props(sim: &SimDriver, handle: MemHandle) -> DResult<AllocationProps> {
-    sim.call("cuMemGetAllocationPropertiesFromHandle", || {
-        let st = sim.state.lock();
-        let phys = st.phys_of(st.live_alloc(handle)?)?;
-        Ok(AllocationProps { dev: phys.dev, handle_types: phys.handle_types })
-    })
-}
-
-pub(super) fn mem_address_range(sim: &SimDriver, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
-    sim.call("cuMemGetAddressRange", || {
-        let st = sim.state.lock();
-        if let Some((start, _, size)) = st.plain_at(ptr) {
-            return Ok((start, size));
-        }
-        let (start, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
-        Ok((start, m.size))
-    })
-}
-
-pub(super) fn pointer_device(sim: &SimDriver, ptr: DevicePtr) -> DResult<Device> {
-    sim.call("cuPointerGetAttribute", || {
-        let st = sim.state.lock();
-        if let Some((_, dev, _)) = st.plain_at(ptr) {
-            return Ok(dev);
-        }
-        let (_, m) = st.mapping_at(ptr).ok_or(INVALID_VALUE)?;
-        if m.multicast {
-            return Err(INVALID_VALUE);
-        }
-        let alloc = st.allocs.get(&m.handle).ok_or(INVALID_VALUE)?;
-        Ok(st.phys_of(alloc)?.dev)
-    })
-}
-
-pub(super) fn mem_alloc(sim: &SimDriver, dev: Device, size: usize) -> DResult<DevicePtr> {
-    sim.call("cuMemAlloc", || {
-        sim.check_dev(dev)?;
-        if size == 0 {
-            return Err(INVALID_VALUE);
-        }
-        let mut st = sim.state.lock();
-        if st.used_bytes(dev).saturating_add(size as u64) > sim.config.device_memory {
-            return Err(CuResult::ERROR_OUT_OF_MEMORY);
-        }
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(plain_layout(size)) };
-        if ptr.is_null() {
-            return Err(CuResult::ERROR_OUT_OF_MEMORY);
-        }
-        st.plain.insert(ptr as u64, (dev, size));
-        Ok(ptr as u64)
-    })
-}
-
-pub(super) fn mem_free(sim: &SimDriver, dev: Device, ptr: DevicePtr) -> DResult<()> {
-    sim.call("cuMemFree", || {
-        sim.check_dev(dev)?;
-        let mut st = sim.state.lock();
-        let size = match st.plain.get(&ptr) {
-            Some(&(_, size)) => size,
-            None => return Err(INVALID_VALUE),
-        };
-        st.plain.remove(&ptr);
-        // SAFETY: allocated by `mem_alloc` with this layout; removed from the table first,
-        // so it is freed once.
-        unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
-        Ok(())
-    })
-}
-
-/// Device, handle types and size of a memory memfd made by a simulator (any process).
-/// The GPU key (see `identity::key`), handle types and size of memory made by [`mem_create`]
-/// in any process.
+/// The GPU key (see `identity::key`), handle types and size of memory made by
+/// [`MemoryOps::mem_create`] in any process.
 fn parse_mem_tag(fd: RawFd) -> Option<(u64, HandleTypes, usize)> {
     let (tag, size) = host::memfd_tag(fd)?;
     let rest = tag.strip_prefix("mem:gpu=")?;

@@ -3,8 +3,8 @@
 //! per-(device, stream) worker threads, memory and multicast-slot budgets, fault injection and a
 //! ledger of live resources.
 //!
-//! Stream capture and CUDA graphs: a stream between [`Driver::stream_begin_capture`] and
-//! [`Driver::stream_end_capture`] records its launches (and graph launches) instead of running
+//! Stream capture and CUDA graphs: a stream between [`ExecOps::stream_begin_capture`] and
+//! [`ExecOps::stream_end_capture`] records its launches (and graph launches) instead of running
 //! them; an executable graph replays the recorded work in order on the stream it is launched
 //! on, after the work queued there before, as often as it is launched. A synchronization of a
 //! capturing stream fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
@@ -22,12 +22,16 @@
 //! - a `cuMulticastUnbind` that matches no earlier bind (undefined behaviour on hardware) returns
 //!   `CUDA_ERROR_INVALID_VALUE` and is logged with `tracing::error!`.
 //!
-//! Where things live: `state.rs` the bookkeeping, `memory.rs` allocations and mappings, `copy.rs`
-//! copies, `multicast.rs` multicast objects and binds, `exec.rs` streams, events, graphs and
-//! launch, `faults.rs` fault injection and the call log, `ledger.rs` the count of live resources;
-//! this file holds the configuration, the call glue and the [`Driver`] table.
+//! Where things live: one file per family of [`Driver`] calls, each implementing its trait and
+//! holding its rules: `device.rs` ([`DeviceOps`]: devices and their properties), `memory.rs`
+//! ([`MemoryOps`]: allocations and mappings), `copy.rs` ([`CopyOps`]: copies), `multicast.rs`
+//! ([`MulticastOps`]: multicast objects and binds), `exec.rs` ([`ExecOps`]: streams, events,
+//! graphs and launch); beside them `state.rs` the bookkeeping, `faults.rs` fault injection and
+//! the call log, `ledger.rs` the count of live resources, `identity.rs` which GPUs this process
+//! sees; this file holds the configuration and the call glue.
 
 mod copy;
+mod device;
 mod device_work;
 mod exec;
 mod fabric;
@@ -45,8 +49,6 @@ mod workers;
 mod tests;
 
 use std::collections::HashSet;
-use std::ffi::{c_void, CStr};
-use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
@@ -55,11 +57,9 @@ pub use device_work::{device_allocations, in_device, library_allocations, Counti
 pub use faults::{parse_faults, FaultAction, FaultPlan, FaultRule, FUNCTION_NAMES};
 pub use ledger::Ledger;
 
-use super::{
-    AllocationProps, CuResult, DResult, Device, DeviceProps, DevicePtr, Driver, DriverError, Event, FabricInfo,
-    FabricState, Function, Granularity, Graph, GraphExec, HandleTypes, LaunchConfig, MemHandle, Module, MulticastProp,
-    Stream, FABRIC_HANDLE_BYTES,
-};
+#[cfg(doc)]
+use super::{CopyOps, DeviceOps, ExecOps, HandleTypes, MemoryOps, MulticastOps};
+use super::{CuResult, DResult, Device, Driver, DriverError};
 use faults::Calls;
 use memory::plain_layout;
 use state::State;
@@ -275,317 +275,10 @@ impl Drop for SimDriver {
     }
 }
 
-/// The [`Driver`] table: each call goes to the module of its family, which holds its rules.
+/// The families of calls are implemented in their files (see the module documentation).
 impl Driver for SimDriver {
     fn backend_name(&self) -> &'static str {
         "sim"
-    }
-
-    fn driver_version(&self) -> DResult<i32> {
-        self.call("cuDriverGetVersion", || Ok(13000))
-    }
-
-    fn device_count(&self) -> DResult<i32> {
-        self.call("cuDeviceGetCount", || i32::try_from(self.gpus.len()).map_err(|_| INVALID_VALUE))
-    }
-
-    fn device_props(&self, dev: Device) -> DResult<DeviceProps> {
-        self.call("cuDeviceGetAttribute", || {
-            self.check_dev(dev)?;
-            Ok(DeviceProps {
-                name: "mcast simulated GPU".to_string(),
-                cc_major: 9,
-                cc_minor: 0,
-                total_memory: self.config.device_memory,
-                sm_count: 132,
-                multicast_supported: self.config.multicast_supported,
-                vmm_supported: true,
-                posix_fd_supported: true,
-                fabric_supported: self.config.fabric_supported,
-                uuid: self.gpus[dev as usize].1,
-                pci_bus_id: identity::pci_bus_id(self.gpus[dev as usize].0),
-            })
-        })
-    }
-
-    fn fabric_info(&self, dev: Device) -> DResult<FabricInfo> {
-        self.call("nvmlDeviceGetGpuFabricInfoV", || {
-            self.check_dev(dev)?;
-            if !self.config.fabric_supported {
-                return Ok(FabricInfo::default());
-            }
-            Ok(FabricInfo {
-                cluster_uuid: fabric::cluster_uuid(&self.config.fabric.0),
-                clique_id: self.config.fabric.1,
-                state: FabricState::Completed,
-            })
-        })
-    }
-
-    fn can_access_peer(&self, dev: Device, peer: Device) -> DResult<bool> {
-        self.call("cuDeviceCanAccessPeer", || {
-            self.check_dev(dev)?;
-            self.check_dev(peer)?;
-            Ok(true)
-        })
-    }
-
-    fn has_multicast_api(&self) -> bool {
-        true
-    }
-
-    fn has_multicast_bind_v2(&self) -> bool {
-        true
-    }
-
-    fn mem_granularity(&self, dev: Device, _option: Granularity, _handle_types: HandleTypes) -> DResult<usize> {
-        memory::mem_granularity(self, dev, _option, _handle_types)
-    }
-
-    fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
-        memory::mem_create(self, dev, size, handle_types)
-    }
-
-    fn mem_release(&self, handle: MemHandle) -> DResult<()> {
-        memory::mem_release(self, handle)
-    }
-
-    fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr> {
-        memory::mem_address_reserve(self, size, alignment)
-    }
-
-    fn mem_address_free(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
-        memory::mem_address_free(self, ptr, size)
-    }
-
-    fn mem_map(&self, ptr: DevicePtr, size: usize, offset: usize, handle: MemHandle) -> DResult<()> {
-        memory::mem_map(self, ptr, size, offset, handle)
-    }
-
-    fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
-        memory::mem_unmap(self, ptr, size)
-    }
-
-    fn mem_set_access(&self, ptr: DevicePtr, size: usize, devices: &[Device]) -> DResult<()> {
-        memory::mem_set_access(self, ptr, size, devices)
-    }
-
-    fn mem_export_fd(&self, handle: MemHandle) -> DResult<OwnedFd> {
-        memory::mem_export_fd(self, handle)
-    }
-
-    fn mem_import_fd(&self, fd: RawFd) -> DResult<MemHandle> {
-        memory::mem_import_fd(self, fd)
-    }
-
-    fn mem_export_fabric(&self, handle: MemHandle) -> DResult<[u8; FABRIC_HANDLE_BYTES]> {
-        memory::mem_export_fabric(self, handle)
-    }
-
-    fn mem_import_fabric(&self, data: &[u8; FABRIC_HANDLE_BYTES]) -> DResult<MemHandle> {
-        memory::mem_import_fabric(self, data)
-    }
-
-    fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize> {
-        multicast::multicast_granularity(self, prop, option)
-    }
-
-    fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle> {
-        multicast::multicast_create(self, prop)
-    }
-
-    fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()> {
-        multicast::multicast_add_device(self, mc, dev)
-    }
-
-    fn multicast_bind_mem(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_mem(self, mc, mc_offset, mem, mem_offset, size, flags)
-    }
-
-    fn multicast_bind_mem_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        mem: MemHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_mem_v2(self, mc, dev, mc_offset, mem, mem_offset, size, flags)
-    }
-
-    fn multicast_bind_addr(
-        &self,
-        mc: MemHandle,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_addr(self, mc, mc_offset, ptr, size, flags)
-    }
-
-    fn multicast_bind_addr_v2(
-        &self,
-        mc: MemHandle,
-        dev: Device,
-        mc_offset: usize,
-        ptr: DevicePtr,
-        size: usize,
-        flags: u64,
-    ) -> DResult<()> {
-        multicast::multicast_bind_addr_v2(self, mc, dev, mc_offset, ptr, size, flags)
-    }
-
-    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()> {
-        multicast::multicast_unbind(self, mc, dev, mc_offset, size)
-    }
-
-    fn mem_retain_allocation_handle(&self, ptr: DevicePtr) -> DResult<MemHandle> {
-        memory::mem_retain_allocation_handle(self, ptr)
-    }
-
-    fn mem_allocation_props(&self, handle: MemHandle) -> DResult<AllocationProps> {
-        memory::mem_allocation_props(self, handle)
-    }
-
-    fn mem_address_range(&self, ptr: DevicePtr) -> DResult<(DevicePtr, usize)> {
-        memory::mem_address_range(self, ptr)
-    }
-
-    fn pointer_device(&self, ptr: DevicePtr) -> DResult<Device> {
-        memory::pointer_device(self, ptr)
-    }
-
-    fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
-        memory::mem_alloc(self, dev, size)
-    }
-
-    fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
-        memory::mem_free(self, dev, ptr)
-    }
-
-    fn stream_create(&self, dev: Device) -> DResult<Stream> {
-        exec::stream_create(self, dev)
-    }
-
-    fn stream_destroy(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_destroy(self, dev, stream)
-    }
-
-    fn stream_synchronize(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_synchronize(self, dev, stream)
-    }
-
-    fn bind_thread(&self, dev: Device) -> DResult<()> {
-        self.call("cuCtxSetCurrent", || self.check_dev(dev))
-    }
-
-    fn device_synchronize(&self, dev: Device) -> DResult<()> {
-        exec::device_synchronize(self, dev)
-    }
-
-    fn event_create(&self, dev: Device) -> DResult<Event> {
-        exec::event_create(self, dev)
-    }
-
-    fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
-        exec::event_record(self, dev, event, stream)
-    }
-
-    fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {
-        exec::event_elapsed_ms(self, dev, start, end)
-    }
-
-    fn event_destroy(&self, dev: Device, event: Event) -> DResult<()> {
-        exec::event_destroy(self, dev, event)
-    }
-
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
-        exec::stream_begin_capture(self, dev, stream)
-    }
-
-    fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
-        exec::stream_end_capture(self, dev, stream)
-    }
-
-    fn graph_instantiate(&self, dev: Device, graph: Graph) -> DResult<GraphExec> {
-        exec::graph_instantiate(self, dev, graph)
-    }
-
-    fn graph_launch(&self, dev: Device, exec: GraphExec, stream: Stream) -> DResult<()> {
-        exec::graph_launch(self, dev, exec, stream)
-    }
-
-    fn graph_exec_destroy(&self, dev: Device, exec: GraphExec) -> DResult<()> {
-        exec::graph_exec_destroy(self, dev, exec)
-    }
-
-    fn graph_destroy(&self, dev: Device, graph: Graph) -> DResult<()> {
-        exec::graph_destroy(self, dev, graph)
-    }
-
-    fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
-        copy::memcpy_htod(self, dev, dst, src)
-    }
-
-    fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
-        copy::memcpy_dtoh(self, dev, dst, src)
-    }
-
-    fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
-        copy::poke_u32(self, dev, dst, value)
-    }
-
-    fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
-        copy::peek_u32(self, dev, src)
-    }
-
-    fn memcpy_dtod_async(
-        &self,
-        dev: Device,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        stream: Stream,
-    ) -> DResult<()> {
-        copy::memcpy_dtod_async(self, dev, dst, src, bytes, stream)
-    }
-
-    fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
-        copy::memset_d8(self, dev, dst, value, bytes)
-    }
-
-    fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module> {
-        exec::module_load(self, dev, image)
-    }
-
-    fn module_unload(&self, dev: Device, module: Module) -> DResult<()> {
-        exec::module_unload(self, dev, module)
-    }
-
-    fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function> {
-        exec::module_function(self, dev, module, name)
-    }
-
-    fn launch(
-        &self,
-        dev: Device,
-        _func: Function,
-        _config: &LaunchConfig,
-        _stream: Stream,
-        _params: &mut [*mut c_void],
-    ) -> DResult<()> {
-        exec::launch(self, dev, _func, _config, _stream, _params)
     }
 
     fn as_sim(&self) -> Option<&SimDriver> {

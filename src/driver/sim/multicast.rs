@@ -8,7 +8,9 @@ use parking_lot::MutexGuard;
 use super::shared::{SharedBinding, SharedMc};
 use super::state::{Binding, Exceeds, Mc, State};
 use super::{SimDriver, INVALID_VALUE, R};
-use crate::driver::{CuResult, DResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, MulticastProp};
+use crate::driver::{
+    CuResult, DResult, Device, DevicePtr, Granularity, HandleTypes, MemHandle, MulticastOps, MulticastProp,
+};
 
 /// A resolved bind target.
 struct BindSource {
@@ -210,168 +212,172 @@ impl SimDriver {
     }
 }
 
-pub(super) fn multicast_granularity(sim: &SimDriver, prop: &MulticastProp, option: Granularity) -> DResult<usize> {
-    sim.call("cuMulticastGetGranularity", || {
-        if !sim.config.multicast_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        if prop.num_devices == 0 {
-            return Err(INVALID_VALUE);
-        }
-        Ok(match option {
-            Granularity::Minimum => sim.config.multicast_granularity_min,
-            Granularity::Recommended => sim.config.multicast_granularity_recommended,
+impl MulticastOps for SimDriver {
+    fn has_multicast_api(&self) -> bool {
+        true
+    }
+
+    fn has_multicast_bind_v2(&self) -> bool {
+        true
+    }
+
+    fn multicast_granularity(&self, prop: &MulticastProp, option: Granularity) -> DResult<usize> {
+        self.call("cuMulticastGetGranularity", || {
+            if !self.config.multicast_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            if prop.num_devices == 0 {
+                return Err(INVALID_VALUE);
+            }
+            Ok(match option {
+                Granularity::Minimum => self.config.multicast_granularity_min,
+                Granularity::Recommended => self.config.multicast_granularity_recommended,
+            })
         })
-    })
-}
+    }
 
-pub(super) fn multicast_create(sim: &SimDriver, prop: &MulticastProp) -> DResult<MemHandle> {
-    sim.call("cuMulticastCreate", || {
-        if !sim.config.multicast_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        let g = sim.mc_gran();
-        if prop.num_devices == 0 || prop.flags != 0 || prop.size == 0 || prop.size % g != 0 {
-            return Err(INVALID_VALUE);
-        }
-        if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.fabric_supported {
-            return Err(CuResult::ERROR_NOT_SUPPORTED);
-        }
-        if prop.handle_types.contains(HandleTypes::FABRIC) && !sim.config.imex {
-            return Err(CuResult::ERROR_NOT_PERMITTED);
-        }
-        let mut st = sim.state.lock();
-        if st.mcs.len() >= sim.config.multicast_slots as usize {
-            return Err(CuResult::ERROR_OUT_OF_MEMORY);
-        }
-        let shared = if prop.handle_types.is_shareable() {
-            Some(SharedMc::create(prop).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?)
-        } else {
-            None
-        };
-        let handle = MemHandle(st.fresh_id());
-        let obj = Mc {
-            prop: *prop,
-            devices: Vec::new(),
-            imported: false,
-            bindings: Vec::new(),
-            released: false,
-            maps: 0,
-            shared,
-        };
-        st.mcs.insert(handle, obj);
-        Ok(handle)
-    })
-}
+    fn multicast_create(&self, prop: &MulticastProp) -> DResult<MemHandle> {
+        self.call("cuMulticastCreate", || {
+            if !self.config.multicast_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            let g = self.mc_gran();
+            if prop.num_devices == 0 || prop.flags != 0 || prop.size == 0 || prop.size % g != 0 {
+                return Err(INVALID_VALUE);
+            }
+            if prop.handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
+                return Err(CuResult::ERROR_NOT_SUPPORTED);
+            }
+            if prop.handle_types.contains(HandleTypes::FABRIC) && !self.config.imex {
+                return Err(CuResult::ERROR_NOT_PERMITTED);
+            }
+            let mut st = self.state.lock();
+            if st.mcs.len() >= self.config.multicast_slots as usize {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            let shared = if prop.handle_types.is_shareable() {
+                Some(SharedMc::create(prop).map_err(|_| CuResult::ERROR_OUT_OF_MEMORY)?)
+            } else {
+                None
+            };
+            let handle = MemHandle(st.fresh_id());
+            let obj = Mc {
+                prop: *prop,
+                devices: Vec::new(),
+                imported: false,
+                bindings: Vec::new(),
+                released: false,
+                maps: 0,
+                shared,
+            };
+            st.mcs.insert(handle, obj);
+            Ok(handle)
+        })
+    }
 
-pub(super) fn multicast_add_device(sim: &SimDriver, mc: MemHandle, dev: Device) -> DResult<()> {
-    sim.call("cuMulticastAddDevice", || {
-        let mut st = sim.state.lock();
-        st.live_mc(mc)?;
-        sim.check_dev(dev)?;
-        let obj = st.mcs.get_mut(&mc).ok_or(INVALID_VALUE)?;
-        match &obj.shared {
-            Some(sh) => {
-                if !sh.add(sim.gpu_key(dev)) {
-                    return Err(INVALID_VALUE);
+    fn multicast_add_device(&self, mc: MemHandle, dev: Device) -> DResult<()> {
+        self.call("cuMulticastAddDevice", || {
+            let mut st = self.state.lock();
+            st.live_mc(mc)?;
+            self.check_dev(dev)?;
+            let obj = st.mcs.get_mut(&mc).ok_or(INVALID_VALUE)?;
+            match &obj.shared {
+                Some(sh) => {
+                    if !sh.add(self.gpu_key(dev)) {
+                        return Err(INVALID_VALUE);
+                    }
+                }
+                None => {
+                    if obj.devices.contains(&dev) || obj.devices.len() >= obj.prop.num_devices as usize {
+                        return Err(INVALID_VALUE);
+                    }
                 }
             }
-            None => {
-                if obj.devices.contains(&dev) || obj.devices.len() >= obj.prop.num_devices as usize {
-                    return Err(INVALID_VALUE);
-                }
+            obj.devices.push(dev);
+            self.team_changed.notify_all();
+            Ok(())
+        })
+    }
+
+    fn multicast_bind_mem(
+        &self,
+        mc: MemHandle,
+        mc_offset: usize,
+        mem: MemHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()> {
+        let f = "cuMulticastBindMem";
+        self.call(f, || self.bind(f, mc, None, mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn multicast_bind_mem_v2(
+        &self,
+        mc: MemHandle,
+        dev: Device,
+        mc_offset: usize,
+        mem: MemHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()> {
+        let f = "cuMulticastBindMem_v2";
+        self.call(f, || self.bind(f, mc, Some(dev), mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
+    }
+
+    fn multicast_bind_addr(
+        &self,
+        mc: MemHandle,
+        mc_offset: usize,
+        ptr: DevicePtr,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()> {
+        let f = "cuMulticastBindAddr";
+        self.call(f, || self.bind(f, mc, None, mc_offset, BindMemory::Address(ptr), size, flags))
+    }
+
+    fn multicast_bind_addr_v2(
+        &self,
+        mc: MemHandle,
+        dev: Device,
+        mc_offset: usize,
+        ptr: DevicePtr,
+        size: usize,
+        flags: u64,
+    ) -> DResult<()> {
+        let f = "cuMulticastBindAddr_v2";
+        self.call(f, || self.bind(f, mc, Some(dev), mc_offset, BindMemory::Address(ptr), size, flags))
+    }
+
+    fn multicast_unbind(&self, mc: MemHandle, dev: Device, mc_offset: usize, size: usize) -> DResult<()> {
+        self.call("cuMulticastUnbind", || {
+            let mut st = self.state.lock();
+            let obj = st.live_mc(mc)?;
+            self.check_dev(dev)?;
+            let g = self.mc_gran();
+            if size == 0 || size % g != 0 || mc_offset % g != 0 || mc_offset.checked_add(size).exceeds(obj.prop.size) {
+                return Err(INVALID_VALUE);
             }
-        }
-        obj.devices.push(dev);
-        sim.team_changed.notify_all();
-        Ok(())
-    })
-}
-
-pub(super) fn multicast_bind_mem(
-    sim: &SimDriver,
-    mc: MemHandle,
-    mc_offset: usize,
-    mem: MemHandle,
-    mem_offset: usize,
-    size: usize,
-    flags: u64,
-) -> DResult<()> {
-    let f = "cuMulticastBindMem";
-    sim.call(f, || sim.bind(f, mc, None, mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn multicast_bind_mem_v2(
-    sim: &SimDriver,
-    mc: MemHandle,
-    dev: Device,
-    mc_offset: usize,
-    mem: MemHandle,
-    mem_offset: usize,
-    size: usize,
-    flags: u64,
-) -> DResult<()> {
-    let f = "cuMulticastBindMem_v2";
-    sim.call(f, || sim.bind(f, mc, Some(dev), mc_offset, BindMemory::Handle(mem, mem_offset), size, flags))
-}
-
-pub(super) fn multicast_bind_addr(
-    sim: &SimDriver,
-    mc: MemHandle,
-    mc_offset: usize,
-    ptr: DevicePtr,
-    size: usize,
-    flags: u64,
-) -> DResult<()> {
-    let f = "cuMulticastBindAddr";
-    sim.call(f, || sim.bind(f, mc, None, mc_offset, BindMemory::Address(ptr), size, flags))
-}
-
-pub(super) fn multicast_bind_addr_v2(
-    sim: &SimDriver,
-    mc: MemHandle,
-    dev: Device,
-    mc_offset: usize,
-    ptr: DevicePtr,
-    size: usize,
-    flags: u64,
-) -> DResult<()> {
-    let f = "cuMulticastBindAddr_v2";
-    sim.call(f, || sim.bind(f, mc, Some(dev), mc_offset, BindMemory::Address(ptr), size, flags))
-}
-
-pub(super) fn multicast_unbind(
-    sim: &SimDriver,
-    mc: MemHandle,
-    dev: Device,
-    mc_offset: usize,
-    size: usize,
-) -> DResult<()> {
-    sim.call("cuMulticastUnbind", || {
-        let mut st = sim.state.lock();
-        let obj = st.live_mc(mc)?;
-        sim.check_dev(dev)?;
-        let g = sim.mc_gran();
-        if size == 0 || size % g != 0 || mc_offset % g != 0 || mc_offset.checked_add(size).exceeds(obj.prop.size) {
-            return Err(INVALID_VALUE);
-        }
-        let Some(i) = obj.bindings.iter().position(|b| b.dev == dev && b.mc_offset == mc_offset && b.size == size)
-        else {
-            tracing::error!(
-                "mcast sim: cuMulticastUnbind(mc {:#x}, dev {dev}, offset {mc_offset}, size {size}) matches no \
+            let Some(i) = obj.bindings.iter().position(|b| b.dev == dev && b.mc_offset == mc_offset && b.size == size)
+            else {
+                tracing::error!(
+                    "mcast self: cuMulticastUnbind(mc {:#x}, dev {dev}, offset {mc_offset}, size {size}) matches no \
                  earlier bind; undefined behaviour on real hardware",
-                mc.0
-            );
-            return Err(INVALID_VALUE);
-        };
-        if let Some(sh) = &obj.shared {
-            sh.unbind(sim.gpu_key(dev), mc_offset, size);
-        }
-        let phys = st.mcs.get_mut(&mc).map(|obj| obj.bindings.remove(i).phys);
-        if let Some(phys) = phys {
-            st.unref_phys(phys);
-        }
-        Ok(())
-    })
+                    mc.0
+                );
+                return Err(INVALID_VALUE);
+            };
+            if let Some(sh) = &obj.shared {
+                sh.unbind(self.gpu_key(dev), mc_offset, size);
+            }
+            let phys = st.mcs.get_mut(&mc).map(|obj| obj.bindings.remove(i).phys);
+            if let Some(phys) = phys {
+                st.unref_phys(phys);
+            }
+            Ok(())
+        })
+    }
 }

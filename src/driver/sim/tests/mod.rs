@@ -14,6 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::driver::{
+    AllocationProps, CopyOps, DeviceOps, DevicePtr, ExecOps, FabricInfo, FabricState, Granularity, HandleTypes,
+    LaunchConfig, MemHandle, MemoryOps, MulticastOps, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+};
 
 const G: usize = 2 * MIB;
 const IV: CuResult = CuResult::ERROR_INVALID_VALUE;
