@@ -98,7 +98,8 @@ static_assert(MCAST_ERROR_OFFSET == MCAST_DEV_ERROR_OFFSET && MCAST_ERROR_INFO_O
                   MCAST_STATE_OFFSET == MCAST_DEV_STATE_OFFSET,
               "sync region words shared with mcast/device.h");
 static_assert(MCAST_ERR_NONE == MCAST_DEV_ERR_NONE && MCAST_ERR_TIMEOUT == MCAST_DEV_ERR_TIMEOUT &&
-                  MCAST_ERR_ABORTED == MCAST_DEV_ERR_ABORTED,
+                  MCAST_ERR_ABORTED == MCAST_DEV_ERR_ABORTED && MCAST_ERR_MISMATCH == MCAST_DEV_ERR_MISMATCH &&
+                  MCAST_STATE_MISMATCH == MCAST_DEV_STATE_MISMATCH,
               "error codes shared with mcast/device.h");
 
 typedef unsigned long long u64;

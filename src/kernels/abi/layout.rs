@@ -194,7 +194,8 @@ pub const STATE_ABORTED: u32 = 2;
 
 /// State word value: this rank found a mismatch ([`ERR_MISMATCH`]); written in its own state
 /// word only (every rank compares every peer's signature), it ends this rank's other waits
-/// (blocks of a larger grid than a peer's), which record an abort behind the mismatch.
+/// (blocks of a larger grid than a peer's; the device API's waits, which then return
+/// `MCAST_DEV_ERROR_INVALID_ARGUMENT`).
 pub const STATE_MISMATCH: u32 = 3;
 
 /// The state word a rank that timed out writes: [`STATE_TIMEOUT`] and its rank.
@@ -208,10 +209,13 @@ pub fn timed_out_rank(state: u32) -> Option<usize> {
 }
 
 /// The error a wait records when it finds `state` (not [`STATE_OK`]): a rank's timeout is a
-/// timeout here too, anything else an abort (`state_error` in `kernels/sync.cuh`).
+/// timeout here too, a mismatch a mismatch, anything else an abort (`state_error` in
+/// `kernels/sync.cuh`).
 pub fn state_error(state: u32) -> u32 {
     if timed_out_rank(state).is_some() {
         ERR_TIMEOUT
+    } else if state == STATE_MISMATCH {
+        ERR_MISMATCH
     } else {
         ERR_ABORTED
     }
