@@ -111,6 +111,14 @@ fn disagree(ctx: &Arc<Context>, calls: &[Call], says: &str, untouched: bool) {
     for (r, &(c, count, offset)) in calls.iter().enumerate() {
         run(&buf, r as i32, offset, count, c, Stream::DEFAULT).unwrap();
     }
+    // mcast_team_get_error finds it on the device, before any mcast_synchronize.
+    for (r, &dev) in team.devices().iter().enumerate() {
+        ctx.driver().stream_synchronize(dev, Stream::DEFAULT).unwrap();
+        assert!(team.error().is_none(), "{what}: rank {r}");
+    }
+    assert_eq!(team.async_error(), Some(ErrorKind::InvalidArgument), "{what}");
+    let e = team.error().unwrap();
+    assert!(e.message.contains(says), "{what}: {e}");
     assert_caught(&team, &buf, says, started, &what);
     if untouched {
         for r in 0..n {
