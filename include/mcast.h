@@ -1022,10 +1022,12 @@ mcast_status_t mcast_team_all_gather(struct mcast_team_t team,
 /**
  * Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
  * team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms` (in a one-process
- * team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when another
- * rank's call of a collective this rank had issued was refused (one-process teams: the wait
- * ended at once). After either every later collective and synchronize of the team returns it
- * until the team is destroyed.
+ * team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when the ranks
+ * disagreed on a collective's count, dtype, op, root, collective or buffer offsets (found by
+ * the kernels at their entry, before any data was written; the message names the field, the
+ * values and the ranks) or when another rank's call of a collective this rank had issued was
+ * refused (one-process teams: the wait ended at once). After any of these every later
+ * collective and synchronize of the team returns it until the team is destroyed.
  * Thread-safe.
  */
 mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_stream_t stream);
@@ -1275,8 +1277,10 @@ mcast_status_t mcast_team_abort(struct mcast_team_t team);
  * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
  * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
  * waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
- * process) or, in a one-process team, `MCAST_ERROR_INVALID_ARGUMENT` (a rank's call was
- * refused after other ranks had issued theirs: their waits were ended). A timeout is every
+ * process) or `MCAST_ERROR_INVALID_ARGUMENT` (the ranks disagreed on a collective's count,
+ * dtype, op, root, collective or buffer offsets, found by the kernels at their entry and read
+ * from the device without waiting; or, in a one-process team, a rank's call was refused after
+ * other ranks had issued theirs: their waits were ended). A timeout is every
  * rank's: the rank that timed out tells the others (through their state words and over the
  * connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
  * or slow one within a second of running again. Once set it stays set until the team is

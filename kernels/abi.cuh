@@ -43,13 +43,18 @@
 //                            arrive in a wait of this rank that timed out;
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
 //   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b;
-//   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh).
+//   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh);
+//   MCAST_MISMATCH_OFFSET    4 u64: after MCAST_ERR_MISMATCH (error detail: the peer's rank), the
+//                            peer's call signature, then this rank's (record_mismatch).
 // [8192, 8256): team state: MCAST_STATE_OFFSET u32, read by every wait: anything but
 //   MCAST_STATE_OK ends it within microseconds. MCAST_STATE_TIMEOUT | (t << 8) once rank t timed
 //   out (its kernel writes it in every rank's region, its own included, first failure wins:
 //   record_timeout), MCAST_STATE_ABORTED once the team was aborted (the host: mcast_team_abort,
-//   in every rank's region, peers' included).
-// [8256, 65536): reserved.
+//   in every rank's region, peers' included), MCAST_STATE_MISMATCH once this rank found a
+//   mismatch (its own region only: every rank compares every peer).
+// [8448, 36864): call signatures, written by peers (sync.cuh): MCAST_SIG_OFFSET + 16w (entry
+//   barriers), MCAST_LL_SIG_OFFSET (LL lines, ll.cuh), MCAST_PUSH_SIG_OFFSET (push all-reduce).
+// [36864, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
 #define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
@@ -58,6 +63,12 @@
 #define MCAST_MISSING_OFFSET 4104
 #define MCAST_MISSING_WORDS 3
 #define MCAST_EPOCH_OFFSET 4352
+#define MCAST_MISMATCH_OFFSET 5120
+#define MCAST_SIG_OFFSET 8448
+#define MCAST_LL_SIG_OFFSET 9728
+#define MCAST_PUSH_SIG_OFFSET 24576
+#define MCAST_ERR_MISMATCH 4
+#define MCAST_STATE_MISMATCH 3
 #define MCAST_ERR_NONE 0
 #define MCAST_ERR_TIMEOUT 1
 #define MCAST_ERR_ABORTED 2
@@ -87,7 +98,8 @@ static_assert(MCAST_ERROR_OFFSET == MCAST_DEV_ERROR_OFFSET && MCAST_ERROR_INFO_O
                   MCAST_STATE_OFFSET == MCAST_DEV_STATE_OFFSET,
               "sync region words shared with mcast/device.h");
 static_assert(MCAST_ERR_NONE == MCAST_DEV_ERR_NONE && MCAST_ERR_TIMEOUT == MCAST_DEV_ERR_TIMEOUT &&
-                  MCAST_ERR_ABORTED == MCAST_DEV_ERR_ABORTED,
+                  MCAST_ERR_ABORTED == MCAST_DEV_ERR_ABORTED && MCAST_ERR_MISMATCH == MCAST_DEV_ERR_MISMATCH &&
+                  MCAST_STATE_MISMATCH == MCAST_DEV_STATE_MISMATCH,
               "error codes shared with mcast/device.h");
 
 typedef unsigned long long u64;
@@ -95,7 +107,7 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-// The kernel argument, passed by value: 56 + 24 * MCAST_MAX_RANKS = 1784 bytes, within the 4 KiB
+// The kernel argument, passed by value: 80 + 24 * MCAST_MAX_RANKS = 1808 bytes, within the 4 KiB
 // kernel parameter limit. Mirrors `KernelArgs`.
 struct McastArgs {
   u64 data[MCAST_MAX_RANKS];  // 0
@@ -110,5 +122,8 @@ struct McastArgs {
   u32 push_row;               // 1196: push all-reduce: bytes per block and step (<= the row)
   u64 out[MCAST_MAX_RANKS];   // 48 + 16 * MCAST_MAX_RANKS (1200): results, the layout of data (in place: out == data)
   u64 out_mc;                 // 48 + 24 * MCAST_MAX_RANKS (1776): multicast address of out (emulated: out[rank])
+  u64 sig[2];                 // 1784: this rank's call signature (src/kernels/abi/signature.rs)
+  u32 check;                  // 1800: 1: publish sig at the entry and compare every peer's (sync.cuh)
+  u32 pad;                    // 1804
 };
-static_assert(sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS, "McastArgs layout");
+static_assert(sizeof(McastArgs) == 80 + 24 * MCAST_MAX_RANKS, "McastArgs layout");

@@ -148,6 +148,14 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     if (threadIdx.x < a.nranks && threadIdx.x != me) st_release_sys(push_flag(a, threadIdx.x, slot, me), seq0 + j + 1);
   };
   push(0);
+  // The call's signature beside its first step, in the scratch slot of that step (reused with
+  // it): stored before the first publish (its release orders it), compared after its wait.
+  const u32 sig_slot = (seq0 + 1) % MCAST_PUSH_SLOTS;
+  const bool peer = threadIdx.x < a.nranks && threadIdx.x != me;
+  auto push_sig = [&](u32 p, u32 writer) {
+    return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 16ull * ((slot * MCAST_PUSH_SLOTS + sig_slot) * MCAST_PUSH_MAX_RANKS + writer);
+  };
+  if (a.check != 0 && peer) sig_store(a, push_sig(threadIdx.x, me));
   publish(0);
   for (u32 j = 0; j < steps; ++j) {
     // Step j + 1's stores drain while step j is awaited and reduced; they are published after.
@@ -161,6 +169,11 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     }
     __syncthreads();
     if (!s_ok) return;
+    if (j == 0 && a.check != 0) {
+      u64 s0 = 0, s1 = 0;
+      if (peer) sig_load(push_sig(me, threadIdx.x), &s0, &s1);
+      if (!sig_agree(a, false, peer, s0, s1)) return;
+    }
     u64 lo, hi;
     push_part(S, a.push_row, j, &lo, &hi);
     const u64 nv = vec ? (hi - lo) / 16 : 0;

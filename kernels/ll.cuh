@@ -140,6 +140,41 @@ __device__ LlPart ll_begin(const McastArgs& a, u64 S) {
   return p;
 }
 
+// The signature lines of `writer` in rank p's region, block slot b, parity s (LL_SIG_OFFSET in
+// layout.rs): two LL lines carrying the writer's call signature with the call's flag.
+__device__ __forceinline__ u64 ll_sig(const McastArgs& a, u32 p, u32 b, u32 s, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;
+  return a.sync[p] + MCAST_LL_SIG_OFFSET + 32ull * ((b * 2 + s) * (MCAST_LL_MAX_RANKS - 1) + w);
+}
+
+// With a.check, thread t (< nranks, not this rank) stores this rank's signature into rank t's
+// signature lines; the call's first stores, so they land before its data lines.
+__device__ __forceinline__ void ll_sig_send(const McastArgs& a, const LlPart& p) {
+  const u32 t = threadIdx.x;
+  if (a.check == 0 || t >= a.nranks || t == a.rank) return;
+  const u64 at = ll_sig(a, t, blockIdx.x, p.parity, a.rank);
+  ll_store(at, a.sig[0], p.flag);
+  ll_store(at + 16, a.sig[1], p.flag);
+}
+
+// With a.check, thread t waits for rank t's signature lines and the block compares them with
+// this rank's (sig_agree): false, on every thread, on a mismatch (recorded) or a failed wait;
+// the block must then return before it writes anything of out. Called after the call's data
+// lines are stored, so the wait overlaps theirs; the signature lines are reused with the
+// landing's parities, by the same argument.
+__device__ bool ll_sig_agree(const McastArgs& a, const LlPart& p) {
+  if (a.check == 0) return true;
+  const u32 t = threadIdx.x;
+  const bool have = t < a.nranks && t != a.rank;
+  u64 s0 = 0, s1 = 0, start = 0;
+  bool failed = false;
+  if (have) {
+    const u64 at = ll_sig(a, a.rank, blockIdx.x, p.parity, t);
+    failed = !ll_wait(a, at, p.flag, &s0, &start, t) || !ll_wait(a, at + 16, p.flag, &s1, &start, t);
+  }
+  return sig_agree(a, failed, have, s0, s1);
+}
+
 // Payload bytes of line i of part p (8 but for the last line of the message).
 __device__ __forceinline__ u32 ll_line_bytes(const LlPart& p, u64 i) {
   const u64 left = p.hi - p.lo - i * 8;
@@ -189,6 +224,7 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
   if (!p.live) return;
   const u32 me = a.rank, b = blockIdx.x;
   const u64 src = a.data[me], nl = ll_lines(p);
+  ll_sig_send(a, p);
   u64 mine[MCAST_LL_LINES];
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
@@ -200,6 +236,7 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     for (u32 q = 0; q < a.nranks; ++q)
       if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
   }
+  if (!ll_sig_agree(a, p)) return;
   u64 start = 0;
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
@@ -231,17 +268,25 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
   const u64 nl = ll_lines(p);
   const bool sends = gather || me == a.root;
   const u64 blk = gather ? (u64)me * S : 0;
+  ll_sig_send(a, p);
   if (!sends && t < a.nranks && t != me) ll_store(ll_row(a, t, b, p.parity, me), 0, p.flag);
+  u64 mine[MCAST_LL_LINES];
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = t + (u64)k * blockDim.x;
     if (i >= nl || !sends) break;
     const u64 off = blk + p.lo + i * 8;
-    const u32 n = ll_line_bytes(p, i);
-    const u64 v = ld_payload(a.data[me] + off, n);
+    mine[k] = ld_payload(a.data[me] + off, ll_line_bytes(p, i));
     for (u32 q = 0; q < a.nranks; ++q)
-      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, v, p.flag);
-    if (a.out[me] != a.data[me]) st_payload(a.out[me] + off, v, n);
+      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, mine[k], p.flag);
+  }
+  if (!ll_sig_agree(a, p)) return;
+  // A sender out of place copies its own part, once the call is known to agree.
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = t + (u64)k * blockDim.x;
+    if (i >= nl || !sends || a.out[me] == a.data[me]) break;
+    st_payload(a.out[me] + blk + p.lo + i * 8, mine[k], ll_line_bytes(p, i));
   }
   u64 start = 0, v;
   if (!gather && t < a.nranks && t != me && t != a.root &&

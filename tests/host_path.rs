@@ -278,6 +278,7 @@ fn launch(collective: Collective, path: Path, out_of_place: bool) -> Launch {
         max_blocks: GRID_MAX_BLOCKS,
         local_only: false,
         ll: false,
+        signature: Some([1, 2]),
     }
 }
 

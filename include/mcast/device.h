@@ -59,15 +59,20 @@
 #define MCAST_DEV_MISSING_WORDS 3
 #define MCAST_DEV_STATE_OFFSET 8192
 /* Values of the state word: OK; STATE_TIMEOUT | (t << 8) once rank t timed out (its kernel writes
- * it in every rank's region, first failure wins); STATE_ABORTED once the team was aborted. */
+ * it in every rank's region, first failure wins); STATE_ABORTED once the team was aborted;
+ * STATE_MISMATCH once this rank's library kernel found that the ranks disagreed on a collective
+ * (ERR_MISMATCH: its own region only). */
 #define MCAST_DEV_STATE_OK 0
 #define MCAST_DEV_STATE_TIMEOUT 1
 #define MCAST_DEV_STATE_ABORTED 2
-/* Codes of the error word. */
+#define MCAST_DEV_STATE_MISMATCH 3
+/* Codes of the error word. ERR_MISMATCH (a library collective's ranks disagreed) reads as
+ * MCAST_DEV_ERROR_INVALID_ARGUMENT, like ERR_INVALID. */
 #define MCAST_DEV_ERR_NONE 0
 #define MCAST_DEV_ERR_TIMEOUT 1
 #define MCAST_DEV_ERR_ABORTED 2
 #define MCAST_DEV_ERR_INVALID 3
+#define MCAST_DEV_ERR_MISMATCH 4
 /* Detail word of an error recorded by this header: MCAST_DEV_INFO_DEVICE_API | what << 24 |
  * (value & 0xffffff), `what` one of MCAST_DEV_INFO_* below, value the slot, peer or offset. */
 #define MCAST_DEV_INFO_DEVICE_API 0x80000000u
@@ -371,7 +376,7 @@ MCAST_DEV__FN unsigned long long mcast_dev__own(const mcast_dev_team_t *t) { ret
 MCAST_DEV__FN int mcast_dev__status_of(unsigned int code) {
   return code == MCAST_DEV_ERR_NONE      ? MCAST_DEV_SUCCESS
          : code == MCAST_DEV_ERR_ABORTED ? MCAST_DEV_ERROR_ABORTED
-         : code == MCAST_DEV_ERR_INVALID ? MCAST_DEV_ERROR_INVALID_ARGUMENT
+         : code == MCAST_DEV_ERR_INVALID || code == MCAST_DEV_ERR_MISMATCH ? MCAST_DEV_ERROR_INVALID_ARGUMENT
                                          : MCAST_DEV_ERROR_TIMEOUT;
 }
 /* Records `code` with its detail in the error word at `sync` (this rank's sync region) unless an
@@ -384,9 +389,11 @@ MCAST_DEV__FN unsigned int mcast_dev__info(unsigned int what, unsigned long long
   return MCAST_DEV_INFO_DEVICE_API | (what << 24) | (unsigned int)(value & 0xffffffu);
 }
 /* The error a wait records when the team's state word is not OK: a rank's timeout is a timeout
- * here too, anything else an abort. */
+ * here too, a mismatch a mismatch, anything else an abort. */
 MCAST_DEV__FN unsigned int mcast_dev__state_error(unsigned int state) {
-  return (state & 0xffu) == MCAST_DEV_STATE_TIMEOUT ? MCAST_DEV_ERR_TIMEOUT : MCAST_DEV_ERR_ABORTED;
+  return (state & 0xffu) == MCAST_DEV_STATE_TIMEOUT ? MCAST_DEV_ERR_TIMEOUT
+         : state == MCAST_DEV_STATE_MISMATCH        ? MCAST_DEV_ERR_MISMATCH
+                                                    : MCAST_DEV_ERR_ABORTED;
 }
 
 /* A wait of rank `rank` timed out (its error already recorded at `own`): marks the ranks that did

@@ -402,10 +402,12 @@ pub extern "C" fn mcast_team_all_gather(
 
 /// Waits for rank `rank`'s work on `stream`, then returns the first device-side error of the
 /// team: `MCAST_ERROR_TIMEOUT` when a peer did not arrive within `timeout_ms` (in a one-process
-/// team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when another
-/// rank's call of a collective this rank had issued was refused (one-process teams: the wait
-/// ended at once). After either every later collective and synchronize of the team returns it
-/// until the team is destroyed.
+/// team the message names the ranks that did not), `MCAST_ERROR_INVALID_ARGUMENT` when the ranks
+/// disagreed on a collective's count, dtype, op, root, collective or buffer offsets (found by
+/// the kernels at their entry, before any data was written; the message names the field, the
+/// values and the ranks) or when another rank's call of a collective this rank had issued was
+/// refused (one-process teams: the wait ended at once). After any of these every later
+/// collective and synchronize of the team returns it until the team is destroyed.
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {

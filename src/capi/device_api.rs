@@ -240,8 +240,9 @@ mod tests {
     #[test]
     fn header_constants_match_the_library() {
         use crate::kernels::abi::{
-            DEVICE_INFO, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_NONE, ERR_TIMEOUT,
-            MISSING_OFFSET, MISSING_WORDS, STATE_ABORTED, STATE_OFFSET, STATE_OK, STATE_TIMEOUT,
+            DEVICE_INFO, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_MISMATCH, ERR_NONE,
+            ERR_TIMEOUT, MISSING_OFFSET, MISSING_WORDS, STATE_ABORTED, STATE_MISMATCH, STATE_OFFSET, STATE_OK,
+            STATE_TIMEOUT,
         };
         use crate::runtime::config::DEFAULT_DEVICE_SLOTS;
         use crate::runtime::ErrorKind;
@@ -269,6 +270,8 @@ mod tests {
         assert_eq!(define("MCAST_DEV_ERR_TIMEOUT"), u64::from(ERR_TIMEOUT));
         assert_eq!(define("MCAST_DEV_ERR_ABORTED"), u64::from(ERR_ABORTED));
         assert_eq!(define("MCAST_DEV_ERR_INVALID"), u64::from(ERR_INVALID));
+        assert_eq!(define("MCAST_DEV_ERR_MISMATCH"), u64::from(ERR_MISMATCH));
+        assert_eq!(define("MCAST_DEV_STATE_MISMATCH"), u64::from(STATE_MISMATCH));
         assert_eq!(define("MCAST_DEV_INFO_DEVICE_API"), u64::from(DEVICE_INFO));
         for (name, kind) in [
             ("MCAST_DEV_SUCCESS", None),

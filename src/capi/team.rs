@@ -137,8 +137,10 @@ pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
 /// `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
 /// within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
 /// waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
-/// process) or, in a one-process team, `MCAST_ERROR_INVALID_ARGUMENT` (a rank's call was
-/// refused after other ranks had issued theirs: their waits were ended). A timeout is every
+/// process) or `MCAST_ERROR_INVALID_ARGUMENT` (the ranks disagreed on a collective's count,
+/// dtype, op, root, collective or buffer offsets, found by the kernels at their entry and read
+/// from the device without waiting; or, in a one-process team, a rank's call was refused after
+/// other ranks had issued theirs: their waits were ended). A timeout is every
 /// rank's: the rank that timed out tells the others (through their state words and over the
 /// connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
 /// or slow one within a second of running again. Once set it stays set until the team is

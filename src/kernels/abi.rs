@@ -7,6 +7,7 @@ pub mod args;
 pub mod entry;
 pub mod layout;
 pub mod plan;
+pub mod signature;
 
 pub use super::source::{SOURCE, SOURCE_NAME};
 pub use args::*;
@@ -35,5 +36,6 @@ pub(crate) fn test_launch(collective: super::Collective, path: super::Path, coun
         max_blocks: GRID_MAX_BLOCKS,
         local_only: false,
         ll: false,
+        signature: None,
     }
 }

@@ -246,4 +246,7 @@ pub struct Launch {
     /// The team keeps an LL landing area and runs the LL kernels where they serve
     /// ([`abi::ll_serves`]). The same on every rank.
     pub ll: bool,
+    /// The call's signature ([`abi::signature`]), published and compared with every peer's at
+    /// the kernel's entry; `None` skips the check (the copy-engine forms' exit barrier).
+    pub signature: Option<[u64; 2]>,
 }

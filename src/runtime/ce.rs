@@ -97,6 +97,10 @@ pub fn wanted(team: &Team, collective: Collective, count: usize) -> bool {
 /// Rank `r`'s part of `collective` in its copy-engine form (see the module doc). `data` and
 /// `out` are the [`Launch`] addresses (per rank, valid on this rank's device; `out` empty in
 /// place; all-gather `data` bases shifted back by each rank's block, as the kernels take them).
+/// `sig` is the call's signature: the entry barrier kernel (all-gather, broadcast) or the tail
+/// and reduce-scatter kernels (all-reduce) compare it across ranks; the exit barrier kernel does
+/// not (a writer's next signature must not land before every rank read this one).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     team: &Arc<Team>,
     r: usize,
@@ -105,6 +109,7 @@ pub fn run(
     stream: Stream,
     data: &[DevicePtr],
     out: &[DevicePtr],
+    sig: [u64; 2],
 ) -> Result<()> {
     let n = team.size();
     tracing::debug!("rank {r}: {collective:?} of count {count} runs its copy-engine form (MCAST_CE_MIN_BYTES)");
@@ -118,7 +123,7 @@ pub fn run(
                 .map(|p| PeerCopy { dst: out_of(p).wrapping_add(r as u64 * block), src: mine, len: count, to: p })
                 .filter(|c| c.dst != c.src)
                 .collect();
-            fenced(team, r, stream, true, &copies, collective)
+            fenced(team, r, stream, Some(sig), &copies, collective)
         }
         Collective::Broadcast { root } => {
             let root = root as usize;
@@ -130,7 +135,7 @@ pub fn run(
             } else {
                 vec![]
             };
-            fenced(team, r, stream, true, &copies, collective)
+            fenced(team, r, stream, Some(sig), &copies, collective)
         }
         Collective::AllReduce { dtype, op } => {
             let es = dtype.size();
@@ -143,13 +148,25 @@ pub fn run(
                 let shift = (main * es) as u64;
                 let tail_data: RankPtrs = data.iter().map(|a| a + shift).collect();
                 let tail_out = (!out.is_empty()).then(|| (out.iter().map(|a| a + shift).collect(), None));
-                launch_kernel(team, r, count - main, collective, stream, tail_data, None, tail_out, false, None)?;
+                launch_kernel(
+                    team,
+                    r,
+                    count - main,
+                    collective,
+                    stream,
+                    tail_data,
+                    None,
+                    tail_out,
+                    false,
+                    None,
+                    Some(sig),
+                )?;
             }
             // Reduce-scatter in the SM kernel: the reduction of block q lands in rank q's out at
             // q * per elements (the all-reduce layout), between the kernel's own barriers.
             let rs = Collective::ReduceScatter { dtype, op };
             let rs_out = (!out.is_empty()).then(|| (RankPtrs::from_slice(out), None));
-            launch_kernel(team, r, per, rs, stream, RankPtrs::from_slice(data), None, rs_out, false, None)?;
+            launch_kernel(team, r, per, rs, stream, RankPtrs::from_slice(data), None, rs_out, false, None, Some(sig))?;
             // The reduce-scatter kernel ended with a barrier: every rank has finished reading
             // every copy, so the push needs no entry barrier.
             let block = (per * es) as u64;
@@ -158,7 +175,7 @@ pub fn run(
                 .filter(|&p| p != r)
                 .map(|p| PeerCopy { dst: out_of(p).wrapping_add(r as u64 * block), src: mine, len: per * es, to: p })
                 .collect();
-            fenced(team, r, stream, false, &copies, collective)
+            fenced(team, r, stream, None, &copies, collective)
         }
         Collective::ReduceScatter { .. } => {
             Err(Error::internal(format!("{collective:?} has no copy-engine form (wanted() refuses it)")))
@@ -201,22 +218,22 @@ struct PeerCopy {
     to: usize,
 }
 
-/// Enqueues on `stream`: the entry barrier kernel (when `entry`), the copies, the exit barrier
-/// kernel. Once the entry barrier is enqueued the exit barrier is always enqueued, even after a
+/// Enqueues on `stream`: the entry barrier kernel (when `entry`, the call's signature it
+/// compares across ranks), the copies, the exit barrier kernel. Once the entry barrier is enqueued the exit barrier is always enqueued, even after a
 /// copy failed to enqueue, so no peer waits for this rank until its timeout; the first error is
 /// returned.
 fn fenced(
     team: &Arc<Team>,
     r: usize,
     stream: Stream,
-    entry: bool,
+    entry: Option<[u64; 2]>,
     copies: &[PeerCopy],
     collective: Collective,
 ) -> Result<()> {
     let dev = team.devices()[r];
     let driver = team.context().driver().clone();
-    if entry {
-        barrier(team, r, stream, collective)?;
+    if let Some(sig) = entry {
+        barrier(team, r, stream, collective, Some(sig))?;
     }
     let mut first = None;
     for c in copies {
@@ -231,15 +248,16 @@ fn fenced(
             break;
         }
     }
-    let exit = barrier(team, r, stream, collective);
+    let exit = barrier(team, r, stream, collective, None);
     match (first, exit) {
         (Some(e), _) => Err(e),
         (None, res) => res,
     }
 }
 
-/// Enqueues rank `r`'s barrier kernel on `stream` (one round of the one-stream check).
-fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective) -> Result<()> {
+/// Enqueues rank `r`'s barrier kernel on `stream` (one round of the one-stream check); with
+/// `sig`, the kernel compares the call's signature across ranks.
+fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective, sig: Option<[u64; 2]>) -> Result<()> {
     let n = team.size();
     let sync = RankPtrs::from_slice(team.sync_bases(r));
     let launch = Launch {
@@ -260,6 +278,7 @@ fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective) -
         max_blocks: team.max_blocks(),
         local_only: false,
         ll: team.ll(),
+        signature: sig,
     };
     let round = admit(team, r, stream)?;
     let driver = team.context().driver();

@@ -10,7 +10,8 @@ use super::error::{Error, ErrorKind, Result};
 use super::launch::{launch_kernel, ADMIT_REFUSED};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
-use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_NONE, ERR_TIMEOUT};
+use crate::kernels::abi::signature::{signature, Offsets};
+use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT};
 use crate::kernels::{Collective, RankPtrs};
 
 /// Element size, offset alignment and number of per-rank blocks of the symmetric range of
@@ -197,7 +198,9 @@ fn into(
         Transport::Multicast => Some((send.multicast_ptr(rank)? + send_base).wrapping_sub(shift_in(r))),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), false, None)
+    let offsets = Offsets::Into { send: send_offset as u64, recv: recv_offset as u64 };
+    let sig = signature(collective, count as u64, offsets);
+    launch_with(team, r, count, collective, stream, data, data_mc, Some((out, out_mc)), false, None, sig)
 }
 
 /// The pointer form (`mcast_team_*`): rank `rank`'s part of `collective` from the device
@@ -335,7 +338,9 @@ fn ptr_checked(
     let mut out = RankPtrs::zeroed(n);
     data[r] = me_data;
     out[r] = me_out;
-    launch_with(team, r, count, collective, stream, data, None, Some((out, None)), true, None)
+    // Each rank's own memory: only the collective and count must agree.
+    let sig = signature(collective, count as u64, Offsets::Free);
+    launch_with(team, r, count, collective, stream, data, None, Some((out, None)), true, None, sig)
 }
 
 /// The pointer form through the team's staging area (see [`crate::kernels::abi::STAGE_BYTES`]):
@@ -398,7 +403,8 @@ fn run_staged(
                     .try_for_each(|q| copy(me + (q * len) as u64, send + (q * block + o) as u64, len, "send block")),
             }
         };
-        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, None, false, Some(&copy_in))?;
+        let sig = signature(collective, (block / esize) as u64, Offsets::Free);
+        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, None, false, Some(&copy_in), sig)?;
         match collective {
             Collective::AllReduce { .. } => copy(recv + o as u64, me, len, "result")?,
             Collective::Broadcast { root } if root as usize == r && in_place => {}
@@ -431,12 +437,14 @@ fn launch(
         Transport::Multicast => Some(buf.multicast_ptr(rank)? + offset as u64),
         Transport::P2P => None,
     };
-    launch_with(team, r, count, collective, stream, data, data_mc, None, false, None)
+    let sig = signature(collective, count as u64, Offsets::InPlace(offset as u64));
+    launch_with(team, r, count, collective, stream, data, data_mc, None, false, None, sig)
 }
 
 /// Launches rank `r`'s part: with the copy engines ([`ce`]) when the team, the collective and
 /// its size ask for them and every rank's memory is addressable (not the pointer form's push
-/// all-reduce or staging area), else the kernel ([`launch_kernel`]).
+/// all-reduce or staging area), else the kernel ([`launch_kernel`]). `sig` is the call's
+/// signature, compared across ranks at the kernels' entry.
 #[allow(clippy::too_many_arguments)]
 fn launch_with(
     team: &Arc<Team>,
@@ -449,12 +457,13 @@ fn launch_with(
     out: Option<(RankPtrs, Option<DevicePtr>)>,
     local_only: bool,
     before: Option<&dyn Fn() -> Result<()>>,
+    sig: [u64; 2],
 ) -> Result<()> {
     if !local_only && before.is_none() && ce::wanted(team, collective, count) {
         let out = out.map(|(o, _)| o).unwrap_or_default();
-        return ce::run(team, r, count, collective, stream, &data, &out);
+        return ce::run(team, r, count, collective, stream, &data, &out, sig);
     }
-    launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before)
+    launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before, Some(sig))
 }
 
 /// Waits for rank `rank`'s work on `stream`, then reports the first device-side error of the
@@ -486,6 +495,10 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
     let info = u32::from_ne_bytes(words[4..].try_into().expect("4 bytes"));
     if code != ERR_NONE {
         let timeout_ms = team.context().config().timeout_ms;
+        if code == ERR_MISMATCH {
+            // A peer's call differed from this rank's (kernels/sync.cuh): every rank finds it.
+            return Err(team.mismatched(r));
+        }
         if code == ERR_ABORTED {
             team.set_error(Error::aborted(format!(
                 "rank {rank}: a collective ended in barrier {} because the team was aborted (by mcast_team_abort here \

@@ -11,7 +11,8 @@ use crate::driver::{Device, DevicePtr, Stream};
 use crate::kernels::{self, Collective, KernelError, Launch, Path, RankPtrs};
 
 /// Launches rank `r`'s part of `collective` as one kernel (the [`Launch`] descriptor; `out`
-/// `None` in place), after the work `before` enqueues.
+/// `None` in place), after the work `before` enqueues; `sig` the call's signature, compared
+/// across ranks at the kernel's entry (`None`: not).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_kernel(
     team: &Arc<Team>,
@@ -24,6 +25,7 @@ pub(super) fn launch_kernel(
     out: Option<(RankPtrs, Option<DevicePtr>)>,
     local_only: bool,
     before: Option<&dyn Fn() -> Result<()>>,
+    sig: Option<[u64; 2]>,
 ) -> Result<()> {
     let n = team.size();
     // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
@@ -55,6 +57,7 @@ pub(super) fn launch_kernel(
         max_blocks: team.max_blocks(),
         local_only,
         ll: team.ll(),
+        signature: sig,
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued

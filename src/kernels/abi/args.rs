@@ -32,10 +32,18 @@ pub struct KernelArgs {
     pub out: [u64; MAX_RANKS],
     /// Multicast address of `out` (emulated build: `out[rank]`; P2P: 0).
     pub out_mc: u64,
+    /// This rank's call signature ([`signature`](super::signature)), compared with every
+    /// peer's at the kernel's entry when `check` is 1.
+    pub sig: [u64; 2],
+    /// 1: publish and compare `sig` at the entry (barrier, LL lines, push flags); 0: not (the
+    /// copy-engine forms' exit barrier kernel).
+    pub check: u32,
+    /// Padding (0).
+    pub pad: u32,
 }
 
 /// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
-pub const KERNEL_ARGS_SIZE: usize = 56 + 24 * MAX_RANKS;
+pub const KERNEL_ARGS_SIZE: usize = 80 + 24 * MAX_RANKS;
 const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
 const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 
@@ -87,6 +95,9 @@ pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
         push_row: 0,
         out: [0; MAX_RANKS],
         out_mc: 0,
+        sig: l.signature.unwrap_or_default(),
+        check: u32::from(l.signature.is_some()),
+        pad: 0,
     };
     for (i, (d, s)) in l.data.iter().zip(&l.sync).take(MAX_RANKS).enumerate() {
         a.data[i] = *d;
@@ -119,8 +130,8 @@ mod tests {
 
     #[test]
     fn kernel_args_layout() {
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 56 + 24 * MAX_RANKS);
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 1784);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 80 + 24 * MAX_RANKS);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 1808);
         assert_eq!(offset_of!(KernelArgs, data), 0);
         assert_eq!(offset_of!(KernelArgs, sync), 576);
         assert_eq!(offset_of!(KernelArgs, data_mc), 1152);
@@ -133,10 +144,12 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, push_row), 1196);
         assert_eq!(offset_of!(KernelArgs, out), 48 + 16 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, out_mc), 48 + 24 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, sig), 56 + 24 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, check), 72 + 24 * MAX_RANKS);
         // CUDA's kernel parameter limit (4 KiB before 12.1's large-argument support).
         assert!(std::mem::size_of::<KernelArgs>() <= 4096);
         // The C struct states the same offsets in comments; check they are there.
-        for (field, off) in [("data_mc", 1152), ("count", 1168), ("rank", 1184), ("root", 1192)] {
+        for (field, off) in [("data_mc", 1152), ("count", 1168), ("rank", 1184), ("root", 1192), ("check", 1800)] {
             assert!(
                 SOURCE.lines().any(|l| l.contains(&format!("u64 {field};"))
                     || l.contains(&format!("u32 {field};")) && l.contains(&format!("// {off}"))),

@@ -37,14 +37,33 @@ pub const MISSING_WORDS: usize = 3;
 /// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
 /// `b` (the target of slot `b`'s counter is that number times `nranks`).
 pub const EPOCH_OFFSET: usize = 4352;
+/// Local state: the record of a call whose signatures disagreed ([`ERR_MISMATCH`]): the peer's
+/// signature (two `u64`), then this rank's; the error detail word holds the peer's rank
+/// (`MCAST_MISMATCH_OFFSET`).
+pub const MISMATCH_OFFSET: usize = 5120;
 /// `u32` team state word, read by every device wait: anything but [`STATE_OK`] ends it within
 /// microseconds. [`state_timeout`]`(t)` once rank `t` timed out (its kernel writes it in every
 /// rank's sync region, its own first; the first failure stays), [`STATE_ABORTED`] once the team
 /// was aborted (the host writes it in every rank's region, through the peer mappings for ranks
 /// of other processes). Outside the local state: peers write it.
 pub const STATE_OFFSET: usize = 8192;
+/// 16 bytes per writer `w` at `SIG_OFFSET + 16 * w`: the call signature
+/// ([`signature`](super::signature)) rank `w` stored before its entry barrier, read after it.
+/// Written by peers; a writer stores the next only after every rank passed the exit barrier
+/// of the kernel that read it (`MCAST_SIG_OFFSET`).
+pub const SIG_OFFSET: usize = 8448;
+/// The LL kernels' signature lines: per LL block slot `b`, parity `s` and writer row `w` (the
+/// writers other than the rank, as in the landing), two LL lines (32 bytes) at
+/// `LL_SIG_OFFSET + 32 * ((b * 2 + s) * (LL_MAX_RANKS - 1) + w)`, reused like the landing rows
+/// (`MCAST_LL_SIG_OFFSET`).
+pub const LL_SIG_OFFSET: usize = 9728;
+/// The push all-reduce's signatures: per block slot `b`, scratch slot `s` and writer `w`, 16
+/// bytes at `PUSH_SIG_OFFSET + 16 * ((b * PUSH_SLOTS + s) * PUSH_MAX_RANKS + w)`, stored with the
+/// first step of a call into the scratch slot of that step (reused like the scratch rows)
+/// (`MCAST_PUSH_SIG_OFFSET`).
+pub const PUSH_SIG_OFFSET: usize = 24576;
 /// End of the used part of the sync region; the rest is reserved.
-pub const SYNC_USED_BYTES: usize = 8256;
+pub const SYNC_USED_BYTES: usize = 36864;
 /// Start of the push all-reduce scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
@@ -159,6 +178,10 @@ pub const ERR_ABORTED: u32 = 2;
 /// Error word value: a device-API call with `MCAST_DEV_DEBUG` was given a bad argument (maps to
 /// `MCAST_ERROR_INVALID_ARGUMENT`; the detail word says which, see [`DEVICE_INFO`]).
 pub const ERR_INVALID: u32 = 3;
+/// Error word value: the ranks' call signatures disagreed at a kernel's entry (maps to
+/// `MCAST_ERROR_INVALID_ARGUMENT`; the detail word is the peer that disagreed, the record at
+/// [`MISMATCH_OFFSET`] both signatures). No data was written by the kernel that found it.
+pub const ERR_MISMATCH: u32 = 4;
 /// Detail word bit of an error recorded by the device API (`MCAST_DEV_INFO_DEVICE_API`): the
 /// rest is `what << 24 | value` (`MCAST_DEV_INFO_*` of `mcast/device.h`).
 pub const DEVICE_INFO: u32 = 0x8000_0000;
@@ -169,6 +192,12 @@ pub const STATE_OK: u32 = 0;
 pub const STATE_TIMEOUT: u32 = 1;
 /// State word value: the team was aborted; every wait ends at once, recording [`ERR_ABORTED`].
 pub const STATE_ABORTED: u32 = 2;
+
+/// State word value: this rank found a mismatch ([`ERR_MISMATCH`]); written in its own state
+/// word only (every rank compares every peer's signature), it ends this rank's other waits
+/// (blocks of a larger grid than a peer's; the device API's waits, which then return
+/// `MCAST_DEV_ERROR_INVALID_ARGUMENT`).
+pub const STATE_MISMATCH: u32 = 3;
 
 /// The state word a rank that timed out writes: [`STATE_TIMEOUT`] and its rank.
 pub const fn state_timeout(rank: u32) -> u32 {
@@ -181,10 +210,13 @@ pub fn timed_out_rank(state: u32) -> Option<usize> {
 }
 
 /// The error a wait records when it finds `state` (not [`STATE_OK`]): a rank's timeout is a
-/// timeout here too, anything else an abort (`state_error` in `kernels/sync.cuh`).
+/// timeout here too, a mismatch a mismatch, anything else an abort (`state_error` in
+/// `kernels/sync.cuh`).
 pub fn state_error(state: u32) -> u32 {
     if timed_out_rank(state).is_some() {
         ERR_TIMEOUT
+    } else if state == STATE_MISMATCH {
+        ERR_MISMATCH
     } else {
         ERR_ABORTED
     }
@@ -198,7 +230,13 @@ const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= LL_SEQ_OFFSET
 const _: () = assert!(LL_SEQ_OFFSET + 4 * LL_MAX_BLOCKS as usize <= STATE_OFFSET);
 const _: () = assert!(LL_MAX_BLOCKS <= MAX_BLOCKS);
 const _: () = assert!(PUSH_FLAG_OFFSET >= 4 && PUSH_FLAG_OFFSET + 4 * PUSH_MAX_RANKS as usize <= SIGNAL_STRIDE);
-const _: () = assert!(STATE_OFFSET + 4 <= SYNC_USED_BYTES);
+const _: () = assert!(LL_SEQ_OFFSET + 4 * LL_MAX_BLOCKS as usize <= MISMATCH_OFFSET);
+const _: () = assert!(MISMATCH_OFFSET + 32 <= STATE_OFFSET);
+const _: () = assert!(STATE_OFFSET + 64 <= SIG_OFFSET);
+const _: () = assert!(SIG_OFFSET + 16 * crate::kernels::MAX_RANKS <= LL_SIG_OFFSET);
+const _: () = assert!(LL_SIG_OFFSET + 32 * 2 * LL_MAX_BLOCKS as usize * (LL_MAX_RANKS as usize - 1) <= PUSH_SIG_OFFSET);
+const _: () =
+    assert!(PUSH_SIG_OFFSET + 16 * PUSH_SLOTS * MAX_BLOCKS as usize * PUSH_MAX_RANKS as usize <= SYNC_USED_BYTES);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
 const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
@@ -250,6 +288,12 @@ mod tests {
         assert_eq!(define("MCAST_STATE_ABORTED"), STATE_ABORTED as u64);
         assert_eq!(define("MCAST_MISSING_OFFSET"), MISSING_OFFSET as u64);
         assert_eq!(define("MCAST_MISSING_WORDS"), MISSING_WORDS as u64);
-        assert!(SOURCE.contains("sizeof(McastArgs) == 56 + 24 * MCAST_MAX_RANKS"));
+        assert_eq!(define("MCAST_MISMATCH_OFFSET"), MISMATCH_OFFSET as u64);
+        assert_eq!(define("MCAST_ERR_MISMATCH"), ERR_MISMATCH as u64);
+        assert_eq!(define("MCAST_STATE_MISMATCH"), STATE_MISMATCH as u64);
+        assert_eq!(define("MCAST_SIG_OFFSET"), SIG_OFFSET as u64);
+        assert_eq!(define("MCAST_LL_SIG_OFFSET"), LL_SIG_OFFSET as u64);
+        assert_eq!(define("MCAST_PUSH_SIG_OFFSET"), PUSH_SIG_OFFSET as u64);
+        assert!(SOURCE.contains("sizeof(McastArgs) == 80 + 24 * MCAST_MAX_RANKS"));
     }
 }

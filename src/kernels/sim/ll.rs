@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{copy, word, write, Awaited, Job};
-use crate::kernels::abi::{ll_offset, LL_ROW, LL_SEQ_OFFSET};
+use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
 
 impl Job {
@@ -44,24 +44,42 @@ impl Job {
             // lines are 16-byte aligned and only accessed atomically.
             unsafe { [&*(at as *const AtomicU64), &*(at.add(8) as *const AtomicU64)] }
         };
+        // Rank p's signature line i (0, 1) from `writer` on block slot b (kernels/ll.cuh, ll_sig).
+        let sig_line = |p: usize, b: usize, writer: usize, i: usize| -> [&AtomicU64; 2] {
+            let w = if writer < p { writer } else { writer - 1 };
+            let at = LL_SIG_OFFSET + 32 * ((b * 2 + (flags[b] & 1) as usize) * (LL_MAX_RANKS as usize - 1) + w);
+            let at = self.sync.0[p].wrapping_add(at + 16 * i);
+            // SAFETY: the signature lines lie in the sync region; 16-byte aligned, accessed
+            // atomically.
+            unsafe { [&*(at as *const AtomicU64), &*(at.add(8) as *const AtomicU64)] }
+        };
         // What this rank sends receiver q: its data from this byte offset.
         let source = |q: usize| match self.collective {
             Collective::ReduceScatter { .. } => q * block,
             _ => r * block,
         };
-        let store = |p: usize, b: usize, i: usize, v: u64| {
-            let [x, y] = line(p, b, r, i);
+        let put = |[x, y]: [&AtomicU64; 2], b: usize, v: u64| {
             x.store((v & 0xffff_ffff) | u64::from(flags[b]) << 32, Ordering::Relaxed);
             y.store((v >> 32) | u64::from(flags[b]) << 32, Ordering::Relaxed);
         };
-        // Waits until line i of `writer`'s row carries the flag; its payload, or None (an abort
-        // or a timeout, recorded).
-        let fetch = |b: usize, writer: usize, i: usize| -> Option<u64> {
-            let [x, y] = line(r, b, writer, i);
+        let store = |p: usize, b: usize, i: usize, v: u64| put(line(p, b, r, i), b, v);
+        // Waits until the line carries block slot b's flag; its payload, or None (an abort or a
+        // timeout, recorded).
+        let take = |[x, y]: [&AtomicU64; 2], b: usize, writer: usize| -> Option<u64> {
             let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flags[b];
             self.wait_until(1, Awaited::Rank(writer), || carries(x) && carries(y))
                 .then(|| (x.load(Ordering::Relaxed) & 0xffff_ffff) | y.load(Ordering::Relaxed) << 32)
         };
+        let fetch = |b: usize, writer: usize, i: usize| take(line(r, b, writer, i), b, writer);
+        // The call's signature, first, as two lines to every peer on every block slot.
+        if let Some(sig) = self.sig {
+            for b in 0..g {
+                for q in (0..n).filter(|&q| q != r) {
+                    put(sig_line(q, b, r, 0), b, sig[0]);
+                    put(sig_line(q, b, r, 1), b, sig[1]);
+                }
+            }
+        }
         // Broadcast: the other ranks acknowledge the call to every peer (one line, payload 0).
         if root.is_some_and(|root| root != r) {
             for b in 0..g {
@@ -82,9 +100,26 @@ impl Job {
                         store(q, b, i, u64::from_le_bytes(v));
                     }
                 }
-                if (gather || root.is_some()) && out[r] != data[r] {
-                    copy(data[r], out[r], r * block + lo, hi - lo);
+            }
+        }
+        // Every peer's signature, compared before anything of out is written.
+        if let Some(sig) = self.sig {
+            for b in 0..g {
+                for q in (0..n).filter(|&q| q != r) {
+                    let (Some(s0), Some(s1)) = (take(sig_line(r, b, q, 0), b, q), take(sig_line(r, b, q, 1), b, q))
+                    else {
+                        return;
+                    };
+                    if !self.agrees(q, sig, [s0, s1]) {
+                        return;
+                    }
                 }
+            }
+        }
+        if (gather || root == Some(r)) && out[r] != data[r] {
+            for b in 0..g {
+                let (lo, hi) = part(b);
+                copy(data[r], out[r], r * block + lo, hi - lo);
             }
         }
         for b in 0..g {

@@ -5,15 +5,16 @@
 //! Multicast addresses are read and written through the simulator's translation, so the
 //! MULTICAST path runs end to end without a GPU.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 
 use super::abi::{
     plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, EPOCH_OFFSET,
-    ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, MISSING_OFFSET, PUSH_SEQ_OFFSET, PUSH_SLOTS,
-    SCRATCH_OFFSET, SIGNAL_OFFSET, STATE_OFFSET, STATE_OK,
+    ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT, MISMATCH_OFFSET, MISSING_OFFSET,
+    PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, SIG_OFFSET,
+    STATE_MISMATCH, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -67,6 +68,8 @@ struct Job {
     mc_out: Option<Targets>,
     /// Each rank's barrier counter behind the multicast sync address (multicast kernels).
     mc_signal: Option<Targets>,
+    /// The call's signature, compared with every peer's at the entry ([`Launch::signature`]).
+    sig: Option<[u64; 2]>,
 }
 
 /// Enqueues rank `l.rank`'s part of a collective on the simulated device's worker for
@@ -127,6 +130,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         mc_data,
         mc_out,
         mc_signal,
+        sig: l.signature,
     };
     // `run` takes `&self`: a launch captured in a CUDA graph replays the same job.
     sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
@@ -172,6 +176,7 @@ pub fn launch_barrier(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         mc_data: None,
         mc_out: None,
         mc_signal: None,
+        sig: l.signature,
     };
     sim.enqueue(l.dev, l.stream, move || job.run()).map_err(KernelError::Driver)
 }
@@ -196,6 +201,12 @@ fn out_span(l: &Launch) -> usize {
     }
 }
 
+fn dword(base: *mut u8, offset: usize) -> &'static AtomicU64 {
+    // SAFETY: `base` is a rank's sync region (8-byte aligned, mapped for the team's lifetime);
+    // `offset` is a multiple of 8 within it; the words are only accessed atomically.
+    unsafe { &*(base.add(offset) as *const AtomicU64) }
+}
+
 fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
     // SAFETY: `base` is a rank's sync region (at least SYNC_BYTES, 4-byte aligned, mapped for the
     // team's lifetime); the words are only accessed atomically.
@@ -215,10 +226,19 @@ impl Job {
         }
         let esize = self.red.map_or(1, |(d, _)| d.size());
         let (n, r, count) = (self.nranks, self.rank, self.count);
+        // Where the signatures of the entry barrier land (kernels/sync.cuh): the push all-reduce's
+        // beside its first step's scratch slot (block slot 0 here), the others' per writer.
+        let sig_at = match self.kind {
+            KernelKind::AllReduceP2pPush => {
+                let s = (word(me, PUSH_SEQ_OFFSET).load(Ordering::Relaxed) as usize + 1) % PUSH_SLOTS;
+                PUSH_SIG_OFFSET + 16 * s * PUSH_MAX_RANKS as usize
+            }
+            _ => SIG_OFFSET,
+        };
         let mut barrier = 0u32;
         let mut sync = || -> bool {
             barrier += 1;
-            self.barrier(barrier)
+            self.barrier(barrier, (barrier == 1).then_some(sig_at))
         };
         let data = &self.data.0;
         let out = &self.out.0;
@@ -381,9 +401,19 @@ impl Job {
     }
 
     /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
-    /// False after a timeout, which is recorded in this rank's error word.
-    fn barrier(&self, index: u32) -> bool {
+    /// False after a timeout, which is recorded in this rank's error word. With `sig_at` and a
+    /// signature (the entry barrier), this rank's signature is stored first at `sig_at + 16 *
+    /// rank` of every peer's sync region, and every peer's is compared with it after the wait
+    /// (false on a difference, recorded by [`Job::mismatch`]).
+    fn barrier(&self, index: u32, sig_at: Option<usize>) -> bool {
         let me = self.sync.0[self.rank];
+        let sig = sig_at.zip(self.sig);
+        if let Some((at, s)) = sig {
+            for &p in self.sync.0.iter().enumerate().filter(|&(q, _)| q != self.rank).map(|(_, p)| p) {
+                dword(p, at + 16 * self.rank).store(s[0], Ordering::Relaxed);
+                dword(p, at + 16 * self.rank + 8).store(s[1], Ordering::Relaxed);
+            }
+        }
         let epoch = word(me, EPOCH_OFFSET);
         let k = epoch.load(Ordering::Relaxed).wrapping_add(1);
         epoch.store(k, Ordering::Relaxed);
@@ -397,7 +427,39 @@ impl Job {
         }
         let target = k.wrapping_mul(self.nranks as u32);
         let counter = word(me, SIGNAL_OFFSET);
-        self.wait_until(index, Awaited::Barrier, || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0)
+        if !self
+            .wait_until(index, Awaited::Barrier, || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0)
+        {
+            return false;
+        }
+        let Some((at, s)) = sig else { return true };
+        (0..self.nranks).filter(|&q| q != self.rank).all(|q| {
+            let theirs =
+                [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)];
+            self.agrees(q, s, theirs)
+        })
+    }
+
+    /// Compares rank `peer`'s signature `theirs` with this rank's `mine`: false on a difference,
+    /// recorded as the kernels' `record_mismatch` does (kernels/sync.cuh): [`ERR_MISMATCH`]
+    /// (first error wins) with the peer as detail and both signatures at [`MISMATCH_OFFSET`],
+    /// then [`STATE_MISMATCH`] in this rank's state word.
+    fn agrees(&self, peer: usize, mine: [u64; 2], theirs: [u64; 2]) -> bool {
+        if mine == theirs {
+            return true;
+        }
+        let me = self.sync.0[self.rank];
+        if word(me, ERROR_WORD_OFFSET)
+            .compare_exchange(ERR_NONE, ERR_MISMATCH, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            for (i, w) in [theirs[0], theirs[1], mine[0], mine[1]].into_iter().enumerate() {
+                dword(me, MISMATCH_OFFSET + 8 * i).store(w, Ordering::Relaxed);
+            }
+            word(me, ERROR_INFO_OFFSET).store(peer as u32, Ordering::Release);
+        }
+        let _ = word(me, STATE_OFFSET).compare_exchange(STATE_OK, STATE_MISMATCH, Ordering::AcqRel, Ordering::Acquire);
+        false
     }
 
     /// Spins (then yields, then sleeps) until `done`; false once the team failed (the state

@@ -12,9 +12,10 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use super::Team;
+use crate::kernels::abi::signature::{describe_record, MISMATCH_BYTES};
 use crate::kernels::abi::{
-    timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_TIMEOUT, MISSING_OFFSET,
-    MISSING_WORDS, STATE_ABORTED, STATE_OFFSET,
+    timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_MISMATCH, ERR_TIMEOUT,
+    MISMATCH_OFFSET, MISSING_OFFSET, MISSING_WORDS, STATE_ABORTED, STATE_OFFSET,
 };
 use crate::runtime::error::{Error, ErrorKind, Result};
 
@@ -100,6 +101,34 @@ impl Team {
             h.global.timed_out(&what);
         }
         self.error().expect("a timed-out team has its error")
+    }
+
+    /// Rank `r`'s kernel found a peer whose call signature differs from its own
+    /// ([`ERR_MISMATCH`]: every rank compares every peer, so every rank finds it, in every
+    /// process): records the team's sticky `InvalidArgument`, naming the field, the values and
+    /// the ranks from `r`'s mismatch record. Sticky like a timeout: ranks that disagreed may have
+    /// run different kernels or grids, whose barrier counts and LL flags no longer agree.
+    /// Returns the team's error (the first one recorded).
+    pub(crate) fn mismatched(&self, r: usize) -> Error {
+        let what = {
+            let live = self.sync_live.read();
+            let driver = self.env.driver();
+            let peek = |offset: usize| {
+                (*live).then(|| driver.peek_u32(self.devices[r], self.sync[r][r] + offset as u64).ok()).flatten()
+            };
+            let mut record = [0u8; MISMATCH_BYTES];
+            for (i, w) in record.chunks_mut(4).enumerate() {
+                w.copy_from_slice(&peek(MISMATCH_OFFSET + 4 * i).unwrap_or(0).to_ne_bytes());
+            }
+            describe_record(r, peek(ERROR_INFO_OFFSET).unwrap_or(0), &record)
+        };
+        self.set_error(Error::invalid_argument(format!(
+            "rank {r}: {what}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; \
+             its kernels found it at their entry and wrote no data; every rank of the team reports this error until \
+             it is destroyed (ranks that disagree may have run different kernels, whose barrier counts no longer \
+             agree): destroy it and make a new one"
+        )));
+        self.error().expect("a mismatched team has its error")
     }
 
     /// Records the first device error; later calls report it until the team is destroyed.
@@ -232,6 +261,10 @@ impl Team {
                         self.set_error(e);
                         return Some(kind);
                     }
+                }
+                Ok(ERR_MISMATCH) => {
+                    drop(live);
+                    return Some(self.mismatched(r).kind);
                 }
                 Ok(ERR_ABORTED) => {
                     drop(live);
