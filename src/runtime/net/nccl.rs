@@ -158,7 +158,7 @@ fn load_as(
 
 /// The error text: the variables passed over, then the library that failed.
 fn tried(passed: &[String], failed: &str) -> String {
-    let mut text = String::from("NCCL as the engine between NVLink domains: ");
+    let mut text = String::new();
     for why in passed {
         text.push_str(why);
         text.push_str("; ");
