@@ -489,6 +489,159 @@ typedef struct mcast_device_info_t {
 } mcast_device_info_t;
 
 /**
+ * The application's out-of-band allgather: gathers `bytes` bytes at `send` from every rank
+ * into `recv` (`nranks * bytes`, in rank order). Returns 0 on success.
+ */
+typedef int (*mcast_oob_allgather_fn)(const void *send, void *recv, size_t bytes, void *user);
+
+/**
+ * The application's allgather, for `mcast_team_init_oob`.
+ */
+typedef struct mcast_oob_t {
+  /**
+   * `sizeof(mcast_oob_t)`.
+   */
+  uint32_t struct_size;
+  /**
+   * The allgather (`MPI_Allgather`, a PMIx fence, a key-value store).
+   */
+  mcast_oob_allgather_fn allgather;
+  /**
+   * Passed to `allgather`.
+   */
+  void *user;
+  /**
+   * This process's rank.
+   */
+  int32_t rank;
+  /**
+   * The team size.
+   */
+  int32_t nranks;
+} mcast_oob_t;
+
+/**
+ * Makes a communicator over one rail.
+ */
+typedef int (*mcast_net_comm_create_fn)(void *user,
+                                        int rail,
+                                        int domain,
+                                        int ndomains,
+                                        const struct mcast_oob_t *oob,
+                                        void **comm);
+
+/**
+ * All-reduce on a rail.
+ */
+typedef int (*mcast_net_all_reduce_fn)(void *comm,
+                                       const void *send,
+                                       void *recv,
+                                       size_t count,
+                                       mcast_dtype_t dtype,
+                                       mcast_op_t op,
+                                       mcast_stream_t stream);
+
+/**
+ * Reduce-scatter on a rail.
+ */
+typedef int (*mcast_net_reduce_scatter_fn)(void *comm,
+                                           const void *send,
+                                           void *recv,
+                                           size_t recv_count,
+                                           mcast_dtype_t dtype,
+                                           mcast_op_t op,
+                                           mcast_stream_t stream);
+
+/**
+ * All-gather on a rail.
+ */
+typedef int (*mcast_net_all_gather_fn)(void *comm,
+                                       const void *send,
+                                       void *recv,
+                                       size_t send_count,
+                                       mcast_dtype_t dtype,
+                                       mcast_stream_t stream);
+
+/**
+ * Broadcast on a rail.
+ */
+typedef int (*mcast_net_broadcast_fn)(void *comm,
+                                      const void *send,
+                                      void *recv,
+                                      size_t count,
+                                      mcast_dtype_t dtype,
+                                      int root,
+                                      mcast_stream_t stream);
+
+/**
+ * Aborts or destroys a rail communicator.
+ */
+typedef int (*mcast_net_comm_fn)(void *comm);
+
+/**
+ * Releases the engine's `user`.
+ */
+typedef void (*mcast_net_release_fn)(void *user);
+
+/**
+ * The engine between NVLink domains (API.md, "Teams across NVLink domains"). Each call moves
+ * device memory of the calling rank's device; positions on a rail (`domain`, `root`, block
+ * order) are domain indices. Every function returns 0 on success; any other value fails the
+ * collective on every rank of the team with `MCAST_ERROR_DRIVER`, naming the engine, the
+ * function and the value.
+ */
+typedef struct mcast_net_ops_t {
+  /**
+   * `sizeof(mcast_net_ops_t)` (a table of an earlier version, up to `destroy`, is accepted).
+   */
+  uint32_t struct_size;
+  /**
+   * Shown in `mcast_team_info_t.net_engine` and in messages; copied at registration.
+   */
+  const char *name;
+  /**
+   * `MCAST_NET_STREAM_ORDERED`, or 0.
+   */
+  uint32_t flags;
+  /**
+   * A communicator over one rail: the ranks with local index `rail`, this one at position
+   * `domain` of `ndomains`; `oob` is an allgather over exactly those ranks, provided by mcast,
+   * valid during this call only.
+   */
+  mcast_net_comm_create_fn comm_create;
+  /**
+   * Element-wise reduction of every member's `send`, left in every member's `recv`.
+   */
+  mcast_net_all_reduce_fn all_reduce;
+  /**
+   * `send` holds `ndomains` blocks of `recv_count`; member d receives the reduction of block d.
+   */
+  mcast_net_reduce_scatter_fn reduce_scatter;
+  /**
+   * Member d's `send_count` elements land at block d of every member's `recv`.
+   */
+  mcast_net_all_gather_fn all_gather;
+  /**
+   * `root`'s `send` lands in every member's `recv`.
+   */
+  mcast_net_broadcast_fn broadcast;
+  /**
+   * Ends the communicator's pending and future calls (`mcast_team_abort`).
+   */
+  mcast_net_comm_fn abort;
+  /**
+   * Releases the communicator (team destroy).
+   */
+  mcast_net_comm_fn destroy;
+  /**
+   * Optional (NULL: nothing to release): called once with `user` when the context no longer
+   * uses the engine (the context and every team made with it destroyed, or another engine
+   * registered). Appended after `destroy`.
+   */
+  mcast_net_release_fn release;
+} mcast_net_ops_t;
+
+/**
  * What a team is.
  */
 typedef struct mcast_team_info_t {
@@ -546,38 +699,6 @@ typedef struct mcast_unique_id_t {
    */
   char internal[128];
 } mcast_unique_id_t;
-
-/**
- * The application's out-of-band allgather: gathers `bytes` bytes at `send` from every rank
- * into `recv` (`nranks * bytes`, in rank order). Returns 0 on success.
- */
-typedef int (*mcast_oob_allgather_fn)(const void *send, void *recv, size_t bytes, void *user);
-
-/**
- * The application's allgather, for `mcast_team_init_oob`.
- */
-typedef struct mcast_oob_t {
-  /**
-   * `sizeof(mcast_oob_t)`.
-   */
-  uint32_t struct_size;
-  /**
-   * The allgather (`MPI_Allgather`, a PMIx fence, a key-value store).
-   */
-  mcast_oob_allgather_fn allgather;
-  /**
-   * Passed to `allgather`.
-   */
-  void *user;
-  /**
-   * This process's rank.
-   */
-  int32_t rank;
-  /**
-   * The team size.
-   */
-  int32_t nranks;
-} mcast_oob_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1065,6 +1186,23 @@ mcast_status_t mcast_mem_alloc(struct mcast_context_t ctx, int device, size_t by
  * freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
  */
 mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
+
+/**
+ * Makes `ops` the engine between NVLink domains of the teams made in `ctx` from now on (teams
+ * already made keep theirs); NULL goes back to `MCAST_NET`. The table is copied (its `name`
+ * too); `user` is passed to `comm_create` and, when the context no longer needs it, to
+ * `release`. `MCAST_ERROR_INVALID_ARGUMENT`: `struct_size` below the table's first version, a
+ * NULL `name` or function (other than `release`), unknown `flags` bits.
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. On failure nothing changes (and `release` is
+ * not called). Thread-safe.
+ *
+ * # Safety
+ * `ops` must be NULL or point to a table of `ops->struct_size` readable bytes whose functions
+ * honour their contracts; `name` a NUL-terminated string.
+ */
+mcast_status_t mcast_context_set_net(struct mcast_context_t ctx,
+                                     const struct mcast_net_ops_t *ops,
+                                     void *user);
 
 /**
  * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value

@@ -17,6 +17,7 @@ pub mod context;
 pub mod device;
 pub mod device_api;
 pub mod memory;
+pub mod net;
 pub mod status;
 pub mod team;
 pub mod version;

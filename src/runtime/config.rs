@@ -48,6 +48,18 @@ pub enum LlMode {
     Off,
 }
 
+/// Which engine teams across NVLink domains use between them when the application registered
+/// none (`MCAST_NET`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetMode {
+    /// NCCL where it loads (the default).
+    Auto,
+    /// NCCL; a team across domains fails where it does not load.
+    Nccl,
+    /// No engine: a team across domains is refused.
+    None,
+}
+
 /// Most GPUs the simulator models in one process: the 72 of an NVL72 rack, so the largest teams
 /// are tested without hardware.
 pub const MAX_SIM_DEVICES: u32 = 72;
@@ -176,6 +188,15 @@ pub struct Config {
     /// context without touching the process. Ignored on CUDA: there the process environment
     /// always decides, so a site's switches stay honoured on real GPUs.
     pub sim_host_env: Option<Vec<(String, String)>>,
+    /// The engine between NVLink domains when the application registered none (`MCAST_NET`:
+    /// `auto`, `nccl`, `none`; not in the C config struct).
+    pub net: NetMode,
+    /// The NCCL library the NCCL engine loads (`MCAST_NET_NCCL`, an absolute path; not in the C
+    /// config struct). `None`: `MCAST_NCCL_FALLBACK`'s, else `libnccl.so.2`.
+    pub net_nccl: Option<String>,
+    /// The NCCL library `libmcast_nccl` forwards to (`MCAST_NCCL_FALLBACK`), the NCCL engine's
+    /// second choice (not in the C config struct).
+    pub nccl_fallback: Option<String>,
 }
 
 impl Default for Config {
@@ -200,6 +221,9 @@ impl Default for Config {
             ce_min_bytes: None,
             device_slots: DEFAULT_DEVICE_SLOTS,
             sim_host_env: None,
+            net: NetMode::Auto,
+            net_nccl: None,
+            nccl_fallback: None,
         }
     }
 }
@@ -294,6 +318,16 @@ impl Config {
                 None => warn_malformed("MCAST_MNNVL", &v, "on or off"),
             }
         }
+        if let Some(v) = get("MCAST_NET") {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => self.net = NetMode::Auto,
+                "nccl" => self.net = NetMode::Nccl,
+                "none" | "off" => self.net = NetMode::None,
+                _ => warn_malformed("MCAST_NET", &v, "auto, nccl or none"),
+            }
+        }
+        self.net_nccl = get("MCAST_NET_NCCL");
+        self.nccl_fallback = get("MCAST_NCCL_FALLBACK");
         if let Some(v) = get("MCAST_LL") {
             match v.to_ascii_lowercase().as_str() {
                 "auto" => self.ll = LlMode::Auto,
@@ -412,6 +446,11 @@ mod tests {
         assert_eq!(f.domain.as_deref(), Some("A"));
         assert!(!with(&[("MCAST_SIM_FABRIC", "none")]).sim_fabric_supported);
         assert!(!with(&[("MCAST_MNNVL", "off")]).mnnvl);
+        assert_eq!(c.net, NetMode::Auto);
+        let n = with(&[("MCAST_NET", "NCCL"), ("MCAST_NET_NCCL", "/opt/nccl/libnccl.so.2")]);
+        assert_eq!((n.net, n.net_nccl.as_deref()), (NetMode::Nccl, Some("/opt/nccl/libnccl.so.2")));
+        assert_eq!(with(&[("MCAST_NET", "none")]).net, NetMode::None);
+        assert_eq!(with(&[("MCAST_NET", "mpi")]).net, NetMode::Auto, "malformed: the default stays");
         assert_eq!(c.backend, Backend::Sim);
         assert_eq!(c.multicast, MulticastMode::Off);
         assert_eq!(c.oom_retries, 5);

@@ -186,6 +186,8 @@ impl Context {
     /// Destroys every team still alive (their buffers first) and returns what was left, as a
     /// report (empty when nothing was).
     pub fn shutdown(&self) -> String {
+        // The registered engine is released once no team holds it (`mcast_net_ops_t.release`).
+        self.env.set_net(None);
         let teams = self.env.take_members();
         let mut report = String::new();
         for team in &teams {

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use super::config::{Config, LlMode};
 use super::error::{Error, Result};
 use super::memory::UserMemory;
+use super::net::Engine;
 use super::policy;
 use super::registry::Resources;
 use crate::driver::{
@@ -49,6 +50,8 @@ pub struct Env {
     members: Mutex<Vec<Arc<dyn Member>>>,
     /// Releases that failed part-way; retried at shutdown.
     leftovers: Mutex<Vec<Arc<dyn Leftover>>>,
+    /// The engine between NVLink domains the application registered (`mcast_context_set_net`).
+    net: Mutex<Option<Arc<dyn Engine>>>,
 }
 
 impl Env {
@@ -62,7 +65,19 @@ impl Env {
             props: (0..devices).map(|_| OnceLock::new()).collect(),
             members: Mutex::new(Vec::new()),
             leftovers: Mutex::new(Vec::new()),
+            net: Mutex::new(None),
         }
+    }
+
+    /// Registers the engine between NVLink domains for teams made from now on (`None`: back to
+    /// `MCAST_NET`). Teams already made keep theirs.
+    pub fn set_net(&self, engine: Option<Arc<dyn Engine>>) {
+        *self.net.lock() = engine;
+    }
+
+    /// The engine the application registered, if any.
+    pub fn registered_net(&self) -> Option<Arc<dyn Engine>> {
+        self.net.lock().clone()
     }
 
     /// The configuration.

@@ -86,3 +86,7 @@ pub trait RailComm: Send + Sync {
     /// Releases the communicator.
     fn destroy(self: Box<Self>) -> Result<()>;
 }
+
+mod choose;
+
+pub use choose::choose;
