@@ -16,7 +16,8 @@
  * processes each sit on one rail). The program initialises MPI (MPI_THREAD_MULTIPLE where several
  * threads may call).
  *
- * ncclGetVersion says 2.27.7; ncclCommInitRankConfig records the config's maxCTAs, and
+ * ncclCommFinalize and ncclGroupStart/End have nothing to wait for (libmcast_nccl forwards them to
+ * its fallback). ncclGetVersion says 2.27.7; ncclCommInitRankConfig records the config's maxCTAs, and
  * standinNcclStats() tells a test how many communicators and collectives there were. */
 #include <math.h>
 #include <stddef.h>
@@ -170,12 +171,31 @@ API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+/* Collectives complete before they return: nothing is left to finalize. */
+API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return live(comm) ? ncclSuccess : fail(ncclInvalidArgument, "ncclCommFinalize: not a live communicator");
+}
+
 /* Open MPI frees a communicator locally; an abort never waits for the other members. */
 API ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
 API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
   if (!live(comm) || async_error == NULL) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: bad arguments");
   *async_error = ncclSuccess;
+  return ncclSuccess;
+}
+
+/* Groups: every call runs when it is made, so a group only has to be balanced. */
+static _Thread_local int group_depth;
+
+API ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+API ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  group_depth--;
   return ncclSuccess;
 }
 
