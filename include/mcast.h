@@ -1126,7 +1126,8 @@ mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
  * sets `out->struct_size` to `sizeof(mcast_dev_team_t)`. The handle is valid until the team is
  * destroyed, on rank `rank`'s device only. On error `*out` is untouched.
  * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `struct_size` too small, `rank` out of range or
- * held by another process; `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
+ * held by another process; `MCAST_ERROR_INVALID_HANDLE`: `team` not live;
+ * `MCAST_ERROR_NOT_SUPPORTED`: a team across NVLink domains (no NVLink between them). Thread-safe.
  *
  * # Safety
  * `out` must be NULL or valid for reading and writing `out->struct_size` bytes.
@@ -1142,7 +1143,7 @@ mcast_status_t mcast_team_device_handle(struct mcast_team_t team, int rank, mcas
  * `struct_size` too small, `rank` out of range or held by another process;
  * `MCAST_ERROR_INVALID_HANDLE`: `buf` not live; `MCAST_ERROR_NOT_SUPPORTED`: registered memory
  * whose ranks' copies are not evenly spaced in the peer mapping (registered at different
- * offsets of their allocations). Thread-safe.
+ * offsets of their allocations), or a buffer of a team across NVLink domains. Thread-safe.
  *
  * # Safety
  * `out` must be NULL or valid for reading and writing `out->struct_size` bytes.

@@ -126,7 +126,8 @@ pub unsafe extern "C" fn mcast_buffer_local_ptr(
     guard("mcast_buffer_local_ptr", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
-        *out = handles::buffer(buf.id)?.local_ptr(rank)? as *mut c_void;
+        let b = handles::buffer(buf.id)?;
+        *out = b.local_ptr(b.team().own_index(rank)?)? as *mut c_void;
         Ok(())
     })
 }
@@ -146,7 +147,8 @@ pub unsafe extern "C" fn mcast_buffer_peer_ptr(
     guard("mcast_buffer_peer_ptr", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
-        *out = handles::buffer(buf.id)?.peer_ptr(rank, peer)? as *mut c_void;
+        let b = handles::buffer(buf.id)?;
+        *out = b.peer_ptr(b.team().own_index(rank)?, b.team().peer_index(peer)?)? as *mut c_void;
         Ok(())
     })
 }
@@ -166,7 +168,8 @@ pub unsafe extern "C" fn mcast_buffer_multicast_ptr(
     guard("mcast_buffer_multicast_ptr", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
-        *out = handles::buffer(buf.id)?.multicast_ptr(rank)? as *mut c_void;
+        let b = handles::buffer(buf.id)?;
+        *out = b.multicast_ptr(b.team().own_index(rank)?)? as *mut c_void;
         Ok(())
     })
 }
@@ -196,7 +199,7 @@ pub unsafe extern "C" fn mcast_buffer_write(
             // SAFETY: the caller guarantees `bytes` readable bytes at `src`.
             unsafe { std::slice::from_raw_parts(src.cast::<u8>(), bytes) }
         };
-        b.write(rank, offset, data)
+        b.write(b.team().own_index(rank)?, offset, data)
     })
 }
 
@@ -225,6 +228,6 @@ pub unsafe extern "C" fn mcast_buffer_read(
             // SAFETY: the caller guarantees `bytes` writable bytes at `dst`.
             unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), bytes) }
         };
-        b.read(rank, offset, data)
+        b.read(b.team().own_index(rank)?, offset, data)
     })
 }

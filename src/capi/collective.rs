@@ -10,6 +10,7 @@ use super::team::mcast_team_t;
 use super::{guard, mcast_status_t};
 use crate::driver::Stream;
 use crate::kernels::{Collective, DType, RedOp};
+use crate::runtime::hier::collective as hier;
 use crate::runtime::{collective, handles, Error};
 
 /// The CUDA stream type (`cudaStream_t` and `CUstream` are the same type); declared, never
@@ -84,6 +85,9 @@ fn run(
     stream: mcast_stream_t,
 ) -> Result<(), Error> {
     let b = handles::buffer(buf.id)?;
+    if b.team().hier().is_some() {
+        return hier::run(&b, rank, offset, count, c, Stream(stream as usize));
+    }
     collective::run(&b, rank, offset, count, c, Stream(stream as usize))
 }
 
@@ -100,6 +104,9 @@ fn run_into(
 ) -> Result<(), Error> {
     let s = handles::buffer(send.id)?;
     let r = handles::buffer(recv.id)?;
+    if s.team().hier().is_some() {
+        return hier::run_into(&s, send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize));
+    }
     collective::run_into(&s, send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize))
 }
 
@@ -283,6 +290,9 @@ fn run_ptr(
     stream: mcast_stream_t,
 ) -> Result<(), Error> {
     let t = handles::team(team.id)?;
+    if t.hier().is_some() {
+        return hier::run_ptr(&t, rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize));
+    }
     collective::run_ptr(&t, rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize))
 }
 
@@ -397,6 +407,6 @@ pub extern "C" fn mcast_team_all_gather(
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {
     guard("mcast_synchronize", || {
         let t = handles::team(team.id)?;
-        collective::synchronize(&t, rank, Stream(stream as usize))
+        collective::synchronize(&t, t.own_index(rank)?, Stream(stream as usize))
     })
 }

@@ -381,7 +381,7 @@ impl Buffer {
     pub fn write(&self, rank: i32, offset: usize, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len())?;
         let dst = self.local_ptr(rank)? + offset as u64;
-        let dev = self.team.devices()[rank as usize];
+        let dev = self.team.devices()[self.team.check_own_rank(rank, "rank")?];
         if src.is_empty() {
             return Ok(());
         }
@@ -396,7 +396,7 @@ impl Buffer {
     pub fn read(&self, rank: i32, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check_range(offset, dst.len())?;
         let src = self.local_ptr(rank)? + offset as u64;
-        let dev = self.team.devices()[rank as usize];
+        let dev = self.team.devices()[self.team.check_own_rank(rank, "rank")?];
         if dst.is_empty() {
             return Ok(());
         }

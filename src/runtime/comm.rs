@@ -106,6 +106,14 @@ impl Comm {
         self.boot.fail(Kind::Timeout, reason);
     }
 
+    /// Tells every peer process (through rank 0) that the team failed with `kind` (`reason`:
+    /// where and why, e.g. an engine's error between NVLink domains): their waits on the
+    /// connections end, and [`Comm::failure`] reports it there with that kind. Only the first
+    /// failure travels.
+    pub fn failed(&self, kind: ErrorKind, reason: &str) {
+        self.boot.fail(Kind::Failed(code_of(kind)), reason);
+    }
+
     /// The team's failure told here or by a peer process ([`Comm::abort`],
     /// [`Comm::timed_out`]): its kind and reason; `None` while healthy. Never blocks; one atomic
     /// load while healthy.

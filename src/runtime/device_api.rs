@@ -71,6 +71,7 @@ fn flat(addrs: &[DevicePtr], what: &str) -> Result<(DevicePtr, u64)> {
 
 /// The device view of `team` for rank `rank` (a rank this process holds).
 pub fn team_view(team: &Team, rank: i32) -> Result<TeamView> {
+    refuse_across_domains(team)?;
     let r = team.check_own_rank(rank, "rank")?;
     let n = team.size();
     let (sync_peer0, sync_stride) = flat(team.sync_bases(r), "the team's sync regions")?;
@@ -90,6 +91,7 @@ pub fn team_view(team: &Team, rank: i32) -> Result<TeamView> {
 
 /// The device view of `buf` for rank `rank` (a rank this process holds).
 pub fn buffer_view(buf: &Buffer, rank: i32) -> Result<BufferView> {
+    refuse_across_domains(buf.team())?;
     let team = buf.team();
     let r = team.check_own_rank(rank, "rank")?;
     let n = team.size();
@@ -106,6 +108,20 @@ pub fn buffer_view(buf: &Buffer, rank: i32) -> Result<BufferView> {
         mc,
         sync: team.sync_base(r, r),
     })
+}
+
+/// The device API reaches a team's memory by NVLink: a team across NVLink domains has none
+/// between its domains, so its handles are refused (`NotSupported`).
+fn refuse_across_domains(team: &Team) -> Result<()> {
+    match team.hier() {
+        Some(h) => Err(Error::not_supported(format!(
+            "the team spans {} NVLink domains (engine \"{}\" between them): the device API needs every rank's memory \
+             over NVLink; use a team over one domain (e.g. mcast_team_split by domain) for device-side work",
+            h.layout.domains(),
+            h.engine_name()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The error a device-API call recorded in rank `rank`'s error word (`code`, detail `info`), or

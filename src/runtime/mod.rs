@@ -11,6 +11,7 @@ pub mod device_api;
 pub mod env;
 pub mod error;
 pub mod handles;
+pub mod hier;
 pub mod launch;
 pub mod logging;
 pub mod memory;

@@ -34,7 +34,9 @@ impl Team {
             return Some(self.aborted_error());
         }
         if !self.failed.load(Ordering::Acquire) {
-            let (kind, why) = self.comm.as_ref()?.failure()?;
+            // A team across NVLink domains also hears of ranks of other domains.
+            let told = self.comm.as_ref().and_then(|c| c.failure());
+            let (kind, why) = told.or_else(|| self.hier().and_then(|h| h.global.failure()))?;
             self.told(kind, &why);
             return self.error();
         }
@@ -93,6 +95,9 @@ impl Team {
         self.set_error(Error::new(ErrorKind::Timeout, format!("rank {r}: {what}{hint}; {STICKY}")));
         if let Some(c) = &self.comm {
             c.timed_out(&what);
+        }
+        if let Some(h) = self.hier() {
+            h.global.timed_out(&what);
         }
         self.error().expect("a timed-out team has its error")
     }
@@ -160,6 +165,9 @@ impl Team {
         self.mark_aborted(&who);
         if let Some(c) = &self.comm {
             c.abort(&who);
+        }
+        if let Some(h) = self.hier() {
+            h.abort(&who);
         }
         self.stop_device_waits(true);
     }

@@ -4,7 +4,7 @@
 //! team the same way.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -21,6 +21,7 @@ use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
 use crate::runtime::config::{MulticastMode, MAX_DEVICE_SLOTS};
 use crate::runtime::env::{lcm, Env};
 use crate::runtime::error::{Error, ErrorKind, Result};
+use crate::runtime::hier::Hier;
 use crate::runtime::policy;
 use crate::runtime::segment::{Segment, Shape};
 
@@ -93,27 +94,30 @@ impl Team {
     /// [`Team::handle_type`]), and build the first segment together. Every step ends with a
     /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
     /// `timeout_ms`.
+    /// Ranks in several NVLink domains make a team across them (see [`crate::runtime::hier`]),
+    /// or fail with `NotSupported` on every rank where no engine between them can be used.
     pub fn init_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Arc<Team>> {
-        match Self::join_rank(env, id, nranks, rank, device)? {
-            Joined::Team(team) => Ok(team),
-            Joined::AcrossDomains { refusal, .. } => Err(refusal),
-        }
+        let comm = Arc::new(Comm::new(Self::boot_rank(env, id, nranks, rank)?));
+        Self::init_with(env, comm, device, true)
     }
 
-    /// [`Team::init_rank`], but a team whose ranks span several NVLink domains (which no team
-    /// serves yet) gives back the formed connections with the refusal, the same on every rank,
-    /// for a caller that serves such a team another way (`libmcast_nccl` hands it to NCCL).
-    pub fn join_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Joined> {
-        let boot = Bootstrap::init_id(
+    fn boot_rank(env: &Env, id: &[u8; ID_BYTES], nranks: i32, rank: i32) -> Result<Bootstrap> {
+        Ok(Bootstrap::init_id(
             id,
             i64::from(nranks),
             i64::from(rank),
             MAX_RANKS,
             env.config().timeout_ms,
             host::host_id(),
-        )?;
-        let comm = Arc::new(Comm::new(boot));
-        match Self::init_with(env, comm.clone(), device) {
+        )?)
+    }
+
+    /// [`Team::init_rank`], but a team whose ranks span several NVLink domains gives back the
+    /// formed connections with a refusal, the same on every rank, for a caller that serves such
+    /// a team another way (`libmcast_nccl` hands it to NCCL).
+    pub fn join_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Joined> {
+        let comm = Arc::new(Comm::new(Self::boot_rank(env, id, nranks, rank)?));
+        match Self::init_with(env, comm.clone(), device, false) {
             Ok(team) => Ok(Joined::Team(team)),
             Err(e) if domains::spans_domains(&e.message) => Ok(Joined::AcrossDomains { comm, refusal: e }),
             Err(e) => Err(e),
@@ -142,16 +146,23 @@ impl Team {
             host::host_id(),
             problem,
         )?;
-        Self::init_with(env, Arc::new(Comm::new(boot)), device)
+        Self::init_with(env, Arc::new(Comm::new(boot)), device, true)
     }
 
-    /// The rest of [`Team::init_rank`] once the ranks are connected.
-    fn init_with(env: &Arc<Env>, comm: Arc<Comm>, device: i32) -> Result<Arc<Team>> {
+    /// The rest of [`Team::init_rank`] once the ranks are connected; `across`: ranks in several
+    /// NVLink domains make a team across them (else the refusal of [`Team::join_rank`]).
+    fn init_with(env: &Arc<Env>, comm: Arc<Comm>, device: i32, across: bool) -> Result<Arc<Team>> {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
         let (n, r) = (comm.nranks(), comm.rank());
         comm.vote("arguments", env.check_device(device, "device").map(|_| ()))?;
-        // NVLink domains first: a team over several is not served yet (the same error on every rank).
-        let domains = domains::decide(env, &comm, device)?;
+        // NVLink domains first (the same on every rank).
+        let (domains, why) = domains::decide(env, &comm, device)?;
+        if domains.count() > 1 {
+            if !across {
+                return Err(domains::refusal(&domains, &why));
+            }
+            return Self::across_domains(env, comm, device, &domains, &why);
+        }
         // Capabilities: every rank's device, its GPU's UUID, why it cannot use multicast, and
         // its mode. Ordinals are the ranks' own (each process may see other GPUs, in another
         // order); "the same GPU?" is decided by UUID.
@@ -272,6 +283,64 @@ impl Team {
         Ok(team)
     }
 
+    /// A team across NVLink domains (see [`crate::runtime::hier`]), on every rank of `global`:
+    /// the engine and the layout, then the domain team (an ordinary team over this rank's
+    /// domain, its fresh root id made by the domain's first rank and sent over `global`, never
+    /// env mode), then this rank's rail communicator. Every step is voted over `global`, so
+    /// one rank's failure is every rank's; what was made is released on failure.
+    fn across_domains(
+        env: &Arc<Env>,
+        global: Arc<Comm>,
+        device: i32,
+        domains: &Domains,
+        why: &str,
+    ) -> Result<Arc<Team>> {
+        let spanning = domains::spanning(domains);
+        let (engine, layout) = Hier::prepare(env, &global, &domains.of_rank, &domains.names, &spanning, why)?;
+        let r = global.rank();
+        let (d, local) = layout.place[r];
+        let id = (local == 0).then(|| crate::bootstrap::new_root_id().map_err(Error::from));
+        let mut e = Enc::default();
+        match &id {
+            Some(Ok(id)) => e.bytes(id),
+            _ => e.bytes(&[]),
+        };
+        let status = match &id {
+            Some(Err(err)) => Err(err.clone()),
+            _ => Ok(()),
+        };
+        let parts = global.exchange("domain team ids", status, &e.0, &[])?;
+        let bytes = Dec(&parts[layout.rank_of(d, 0)].bytes).bytes()?;
+        let id: [u8; ID_BYTES] = bytes.try_into().map_err(|_| Error::internal("a domain team id of the wrong size"))?;
+        let size = layout.domain_size() as i32;
+        let made = Team::init_rank(env, &id, size, local as i32, device)
+            .map_err(|e| e.context(format!("rank {r} joining the team of {} as its rank {local}", domains.names[d])));
+        let status = made.as_ref().map(|_| ()).map_err(Clone::clone);
+        let undo = |team: &Arc<Team>| {
+            if let Err(e) = team.destroy() {
+                tracing::error!("rolling back a team across NVLink domains: {e}");
+            }
+        };
+        if let Err(e) = global.vote("domain teams", status) {
+            if let Ok(team) = &made {
+                undo(team);
+            }
+            return Err(e);
+        }
+        let team = made?;
+        match Hier::connect(global, engine, layout, domains.names.clone(), device) {
+            Ok(h) => {
+                tracing::debug!("rank {r}: a team across NVLink domains ({spanning}), engine \"{}\"", h.engine_name());
+                team.hier.set(h).map_err(|_| Error::internal("a domain team already had its hierarchical part"))?;
+                Ok(team)
+            }
+            Err(e) => {
+                undo(&team);
+                Err(e)
+            }
+        }
+    }
+
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
     /// sync regions and scratch), registered with its context.
     /// `agreed`: the grid cap, whether LL runs, the copy-engine threshold, the device-API slots.
@@ -315,6 +384,7 @@ impl Team {
             destroying: Mutex::new(()),
             claims,
             domains,
+            hier: OnceLock::new(),
         });
         env.join(team.clone());
         team

@@ -85,8 +85,9 @@ impl Facts {
     }
 }
 
-/// Decides the team's domains (see the module doc); every rank returns the same.
-pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<Domains> {
+/// Decides the team's domains (see the module doc); every rank returns the same, with why the
+/// ranks are not one fabric domain ("" or "; not one fabric domain because ...", for messages).
+pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<(Domains, String)> {
     let (r, n) = (comm.rank(), comm.nranks());
     let hosts: Vec<String> = comm.bootstrap().hosts().to_vec();
     let spans_hosts = hosts.iter().any(|h| *h != hosts[0]);
@@ -187,23 +188,32 @@ pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<Domains> 
             tracing::debug!("{msg}");
         }
     }
-    if domains.count() > 1 {
-        let why: Vec<String> = facts
-            .iter()
-            .enumerate()
-            .filter(|(q, f)| f.label.is_none() && f.fabric_key().is_none() && hosts.iter().any(|h| *h != hosts[*q]))
-            .filter_map(|(q, f)| f.trial.as_ref().err().map(|why| format!("rank {q} on host {}: {why}", hosts[q])))
-            .chain(failures.iter().map(|(p, q, why)| format!("rank {p} cannot import rank {q}'s fabric handle: {why}")))
-            .collect();
-        return Err(Error::not_supported(format!(
-            "{SPANS}{} NVLink domains: {}; a team across NVLink domains needs an engine between them, which \
-             this build does not provide yet (MCAST_DOMAIN labels and MCAST_MNNVL=off decide domains too){}",
-            domains.count(),
-            domains.describe(),
-            if why.is_empty() { String::new() } else { format!("; not one fabric domain because {}", why.join("; ")) }
-        )));
-    }
-    Ok(domains)
+    let why: Vec<String> = facts
+        .iter()
+        .enumerate()
+        .filter(|(q, f)| f.label.is_none() && f.fabric_key().is_none() && hosts.iter().any(|h| *h != hosts[*q]))
+        .filter_map(|(q, f)| f.trial.as_ref().err().map(|why| format!("rank {q} on host {}: {why}", hosts[q])))
+        .chain(failures.iter().map(|(p, q, why)| format!("rank {p} cannot import rank {q}'s fabric handle: {why}")))
+        .collect();
+    let why =
+        if why.is_empty() { String::new() } else { format!("; not one fabric domain because {}", why.join("; ")) };
+    Ok((domains, why))
+}
+
+/// `"the team spans 2 NVLink domains: A (ranks 0, 1), B (ranks 2, 3)"`: how every message
+/// about a team over several domains begins (see [`spans_domains`]).
+pub(super) fn spanning(domains: &Domains) -> String {
+    format!("{SPANS}{} NVLink domains: {}", domains.count(), domains.describe())
+}
+
+/// The refusal of a team over several domains for a caller that serves such teams another way
+/// (`libmcast_nccl`, see [`spans_domains`]); `why` as [`decide`] returns it.
+pub(super) fn refusal(domains: &Domains, why: &str) -> Error {
+    Error::not_supported(format!(
+        "{}; this caller serves a team across NVLink domains another way (MCAST_DOMAIN labels and MCAST_MNNVL=off \
+         decide domains too){why}",
+        spanning(domains)
+    ))
 }
 
 /// Every rank's [`Facts`] from the "domain facts" exchange.

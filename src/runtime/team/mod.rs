@@ -18,7 +18,7 @@ mod tests;
 mod transport;
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -30,6 +30,7 @@ pub use transport::Transport;
 use super::comm::Comm;
 use super::env::Env;
 use super::error::{Error, Result};
+use super::hier::Hier;
 use super::segment::Shape;
 use crate::driver::{Device, DevicePtr, HandleTypes, Stream};
 use pool::Pool;
@@ -87,6 +88,10 @@ pub struct Team {
     domains: Domains,
     /// One-process teams of several ranks: the refused rounds (see `refusal.rs`).
     refusals: Option<refusal::Refusals>,
+    /// A team across NVLink domains: this team is its domain team, and this the rest (the
+    /// whole team's connections, layout and rail communicator; see `runtime::hier`). Set once,
+    /// before the team is handed out.
+    hier: OnceLock<Hier>,
 }
 
 /// What `mcast_team_get_info` reports.
@@ -188,6 +193,32 @@ impl Team {
         Ok(rank as usize)
     }
 
+    /// The hierarchical part of a team across NVLink domains.
+    pub fn hier(&self) -> Option<&Hier> {
+        self.hier.get()
+    }
+
+    /// The rank the application names (`rank` of a C call) as this team's runtime calls take
+    /// it: itself, or for a team across NVLink domains (whose ranks the application numbers in
+    /// the whole team, while this team object is its domain team) this process's index in the
+    /// domain team, after checking that `rank` is this process's rank of the whole team.
+    pub fn own_index(&self, rank: i32) -> Result<i32> {
+        match self.hier() {
+            Some(h) => Ok(h.own(rank, "rank")? as i32),
+            None => Ok(rank),
+        }
+    }
+
+    /// A peer the application names (`peer` of a C call) as this team's runtime calls take it
+    /// (see [`Team::own_index`]): for a team across NVLink domains, a rank of this process's
+    /// domain, as its index in the domain team.
+    pub fn peer_index(&self, peer: i32) -> Result<i32> {
+        match self.hier() {
+            Some(h) => Ok(h.peer_in_domain(peer)? as i32),
+            None => Ok(peer),
+        }
+    }
+
     /// Checks `rank` is a rank of this team that this process owns (every rank in a
     /// single-process team; only its own in a multi-process team).
     pub fn check_own_rank(&self, rank: i32, what: &str) -> Result<usize> {
@@ -274,6 +305,19 @@ impl Team {
     /// What `mcast_team_get_info` reports.
     pub fn info(&self) -> TeamInfo {
         let (mc, bytes) = self.state.read().holdings();
+        if let Some(h) = self.hier() {
+            return TeamInfo {
+                size: h.layout.size(),
+                transport: self.transport,
+                transport_reason: self.reason.clone(),
+                granularity: self.granularity as u64,
+                multicast_objects: mc,
+                bytes_reserved: bytes,
+                domains: h.layout.domains(),
+                domain_size: h.layout.domain_size(),
+                net_engine: h.engine_name().to_string(),
+            };
+        }
         TeamInfo {
             size: self.devices.len(),
             transport: self.transport,

@@ -31,7 +31,9 @@ impl Team {
         }
         // Every rank's (color, key): local, or gathered over the rendezvous (where a bad
         // argument on one rank fails every rank).
-        let all: Vec<(i32, i32)> = match &self.comm {
+        // A team across NVLink domains splits over the whole team's connections.
+        let comm = self.hier().map(|h| &h.global).or(self.comm.as_ref());
+        let all: Vec<(i32, i32)> = match comm {
             None => {
                 valid?;
                 colors.iter().copied().zip(keys.iter().copied()).collect()
@@ -58,7 +60,7 @@ impl Team {
         for members in groups.values_mut() {
             members.sort_by_key(|&r| (all[r].1, r));
         }
-        match &self.comm {
+        match comm {
             None => {
                 let mut made: Vec<(i32, Arc<Team>)> = Vec::new();
                 for (&c, members) in &groups {
@@ -102,7 +104,8 @@ impl Team {
                 let bytes = Dec(&parts[members[0]].bytes).bytes()?;
                 let id: [u8; ID_BYTES] =
                     bytes.try_into().map_err(|_| Error::internal("split: a team id of the wrong size"))?;
-                let team = Team::init_rank(&self.env, &id, members.len() as i32, new_rank as i32, self.devices[r])
+                let device = self.devices[mine[0]];
+                let team = Team::init_rank(&self.env, &id, members.len() as i32, new_rank as i32, device)
                     .map_err(|e| e.context(format!("joining the team of color {color} as rank {new_rank}")))?;
                 Ok(vec![Some(team)])
             }

@@ -1,0 +1,353 @@
+//! The collectives of a team across NVLink domains, composed from the domain team's
+//! pointer-form collectives (`runtime::collective::run_ptr`: zero-copy where the memory is a
+//! registered buffer of the domain team, staged otherwise) and the rail communicator. The
+//! buffer and `_into` forms become the pointer form on the rank's copy of the buffer. With N
+//! domains of L ranks (rank g at domain d, local index l), each rank's part:
+//!
+//! - **all-reduce**: up to [`SMALL_BYTES`] (or fewer elements than L): domain all-reduce, then
+//!   rail all-reduce of the whole message (two steps, the shortest path). Larger: domain
+//!   reduce-scatter of the first `L * (count / L)` elements (rank l keeps shard l, in `recv`),
+//!   rail all-reduce of the shard, domain all-gather of the shards into `recv`; the
+//!   `count % L` elements left go the short way.
+//! - **reduce-scatter**: `send`'s P blocks are ordered by (local index, domain) so that a
+//!   domain reduce-scatter leaves rank l the N blocks of its rail's ranks reduced over the
+//!   domain; a rail reduce-scatter then gives domain d's member block g's reduction. When each
+//!   domain's ranks are consecutive in team order, N domain reduce-scatters read `send`
+//!   directly (no reordering copy).
+//! - **all-gather**: domain all-gather into scratch (the domain's L blocks), rail all-gather of
+//!   that (as 32-bit words, padded: the engine needs a dtype and mcast has no 8-bit one), then
+//!   each block copied to its rank's place in `recv`.
+//! - **broadcast**: the root's rail broadcasts the message (padded to 32-bit words) from the
+//!   root's domain, then every domain broadcasts from its member of that rail.
+//!
+//! Results are the same on every rank: each reduced element is reduced once, on one rail (or,
+//! the short way, by the same deterministic steps on every rail from equal inputs). With an
+//! engine that is not stream-ordered (MPI) the stages run one after the other: the stream is
+//! synchronised before each rail call, which completes before it returns, and a collective
+//! that used the scratch synchronises the stream before returning. With a stream-ordered
+//! engine every stage is enqueued on the caller's stream; a rank's collectives on one team
+//! share one scratch, so they must be issued on one stream. The stages are not pipelined yet.
+
+use std::sync::Arc;
+
+use super::Hier;
+use crate::driver::{DevicePtr, Stream};
+use crate::kernels::{Collective, DType};
+use crate::runtime::buffer::Buffer;
+use crate::runtime::collective as domain;
+use crate::runtime::error::{Error, ErrorKind, Result};
+use crate::runtime::net::RailComm;
+use crate::runtime::team::Team;
+
+/// Largest all-reduce (bytes) that takes the short way: domain all-reduce, then rail
+/// all-reduce of the whole message.
+pub const SMALL_BYTES: usize = 64 * 1024;
+
+/// The in-place buffer form on a team across domains (see `runtime::collective::run`).
+pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, c: Collective, stream: Stream) -> Result<()> {
+    let team = buf.team();
+    let h = hier(team)?;
+    h.own(rank, "rank")?;
+    let p = h.layout.size();
+    let (esize, blocks) = geometry(h, c)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let block = bytes_of(count, esize)?;
+    check_extent(buf, "", offset, block, blocks)?;
+    let base = buf.local_ptr(h.local as i32)? + offset as u64;
+    let g = h.rank as u64;
+    let (send, recv) = match c {
+        Collective::AllGather => (base + g * block as u64, base),
+        Collective::ReduceScatter { .. } => (base, base + g * block as u64),
+        _ => (base, base),
+    };
+    debug_assert!(blocks == 1 || blocks == p);
+    composed(team, h, send, recv, count, c, stream)
+}
+
+/// The `_into` buffer form on a team across domains (see `runtime::collective::run_into`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_into(
+    send: &Buffer,
+    send_offset: usize,
+    recv: &Buffer,
+    recv_offset: usize,
+    rank: i32,
+    count: usize,
+    c: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let team = send.team();
+    if !Arc::ptr_eq(team, recv.team()) {
+        return Err(Error::invalid_argument("send and recv are buffers of different teams"));
+    }
+    let h = hier(team)?;
+    h.own(rank, "rank")?;
+    let (esize, blocks) = geometry(h, c)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let block = bytes_of(count, esize)?;
+    let (sb, rb) = match c {
+        Collective::AllGather => (1, blocks),
+        Collective::ReduceScatter { .. } => (blocks, 1),
+        _ => (1, 1),
+    };
+    check_extent(send, "send ", send_offset, block, sb)?;
+    check_extent(recv, "recv ", recv_offset, block, rb)?;
+    let s = send.local_ptr(h.local as i32)? + send_offset as u64;
+    let r = recv.local_ptr(h.local as i32)? + recv_offset as u64;
+    composed(team, h, s, r, count, c, stream)
+}
+
+/// The pointer form on a team across domains (see `runtime::collective::run_ptr`).
+pub fn run_ptr(
+    team: &Arc<Team>,
+    rank: i32,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    c: Collective,
+    stream: Stream,
+) -> Result<()> {
+    let h = hier(team)?;
+    h.own(rank, "rank")?;
+    let (esize, blocks) = geometry(h, c)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let block = bytes_of(count, esize)?;
+    let total = bytes_of(block, blocks)?;
+    let (sl, rl) = match c {
+        Collective::AllGather => (block, total),
+        Collective::ReduceScatter { .. } => (total, block),
+        _ => (block, block),
+    };
+    for (what, p, len) in [("send", send, sl), ("recv", recv, rl)] {
+        if p == 0 {
+            return Err(Error::invalid_argument(format!("{what} is NULL")));
+        }
+        if p % esize as u64 != 0 {
+            return Err(Error::invalid_argument(format!("{what} = {p:#x} is not a multiple of {esize} bytes")));
+        }
+        if p.checked_add(len as u64).is_none() {
+            return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
+        }
+    }
+    composed(team, h, send, recv, count, c, stream)
+}
+
+fn hier(team: &Team) -> Result<&Hier> {
+    team.hier().ok_or_else(|| Error::internal("a collective across NVLink domains on a team within one"))
+}
+
+/// Element size and the number of per-rank blocks of the symmetric range (root checked).
+fn geometry(h: &Hier, c: Collective) -> Result<(usize, usize)> {
+    let p = h.layout.size();
+    Ok(match c {
+        Collective::Broadcast { root } => {
+            if root as usize >= p {
+                return Err(Error::invalid_argument(format!("root {root} is out of range: the team has {p} rank(s)")));
+            }
+            (1, 1)
+        }
+        Collective::AllGather => (1, p),
+        Collective::AllReduce { dtype, .. } => (dtype.size(), 1),
+        Collective::ReduceScatter { dtype, .. } => (dtype.size(), p),
+    })
+}
+
+fn bytes_of(count: usize, size: usize) -> Result<usize> {
+    count.checked_mul(size).ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))
+}
+
+/// Checks `[offset, offset + blocks * block)` lies in `buf`.
+fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: usize) -> Result<()> {
+    match block.checked_mul(blocks).and_then(|e| offset.checked_add(e)) {
+        Some(end) if end <= buf.size() => Ok(()),
+        _ => Err(Error::invalid_argument(format!(
+            "the collective's {what}range ({blocks} block(s) of {block} bytes from offset {offset}) is past the end of \
+             the {}-byte buffer",
+            buf.size()
+        ))),
+    }
+}
+
+/// One rank's composed collective (arguments checked).
+fn composed(
+    team: &Arc<Team>,
+    h: &Hier,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    c: Collective,
+    stream: Stream,
+) -> Result<()> {
+    team.check_usable(format_args!("rank {}'s collective", h.rank))?;
+    let steps = Steps { team, h, stream, g: h.rank as i32 };
+    match c {
+        Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
+        Collective::ReduceScatter { dtype, .. } => steps.reduce_scatter(send, recv, count, dtype, c),
+        Collective::AllGather => steps.all_gather(send, recv, count),
+        Collective::Broadcast { root } => steps.broadcast(send, recv, count, root as usize),
+    }
+}
+
+/// The stages of one rank's composed collective.
+struct Steps<'a> {
+    team: &'a Arc<Team>,
+    h: &'a Hier,
+    stream: Stream,
+    /// This rank in the whole team (for messages).
+    g: i32,
+}
+
+impl Steps<'_> {
+    fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
+        domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
+    }
+
+    /// A rail call: after the stream's work when the engine is not stream-ordered.
+    fn rail(&self, what: &str, f: impl FnOnce(&dyn RailComm) -> Result<()>) -> Result<()> {
+        let dev = self.team.devices()[self.h.local];
+        if !self.h.stream_ordered() {
+            self.team.context().driver().stream_synchronize(dev, self.stream).map_err(|e| {
+                Error::driver(e, format_args!("waiting for rank {}'s stream before the rail {what}", self.g))
+            })?;
+        }
+        self.team.check_usable(format_args!("rank {}'s rail {what}", self.g))?;
+        self.h.with_rail(f).inspect_err(|e| {
+            // A rail engine's failure is every rank's: the team keeps it, and every rank of
+            // the whole team is told (their later calls fail with it).
+            if e.kind != ErrorKind::Aborted {
+                self.team.set_error(e.clone());
+                self.h.global.failed(e.kind, &format!("rank {}'s rail {what}: {}", self.g, e.message));
+            }
+        })
+    }
+
+    /// The end of a collective that used the scratch (see the module doc).
+    fn done_with_scratch(&self) -> Result<()> {
+        if self.h.stream_ordered() {
+            return Ok(());
+        }
+        let dev = self.team.devices()[self.h.local];
+        self.team
+            .context()
+            .driver()
+            .stream_synchronize(dev, self.stream)
+            .map_err(|e| Error::driver(e, format_args!("waiting for rank {}'s stream", self.g)))
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let dev = self.team.devices()[self.h.local];
+        self.team
+            .context()
+            .driver()
+            .memcpy_dtod_async(dev, dst, src, bytes, self.stream)
+            .map_err(|e| Error::driver(e, format_args!("copying {bytes} bytes between domain and rail stages")))
+    }
+
+    fn scratch<T>(&self, bytes: usize, f: impl FnOnce(DevicePtr) -> Result<T>) -> Result<T> {
+        self.h.with_scratch(self.team.context(), bytes, self.stream, f)
+    }
+
+    fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
+        let Collective::AllReduce { dtype, op } = c else { unreachable!("an all-reduce") };
+        let es = dtype.size();
+        let l = self.h.layout.domain_size();
+        let shard = count / l;
+        let main = if count * es <= SMALL_BYTES { 0 } else { shard * l };
+        if main > 0 {
+            let mine = recv + (self.h.local * shard * es) as u64;
+            self.domain(send, mine, shard, Collective::ReduceScatter { dtype, op })?;
+            self.rail("all-reduce", |r| r.all_reduce(mine, mine, shard, dtype, op, self.stream))?;
+            self.domain(mine, recv, shard * es, Collective::AllGather)?;
+        }
+        let tail = count - main;
+        if tail > 0 {
+            let at = (main * es) as u64;
+            self.domain(send + at, recv + at, tail, c)?;
+            self.rail("all-reduce", |r| r.all_reduce(recv + at, recv + at, tail, dtype, op, self.stream))?;
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DType,
+        c: Collective,
+    ) -> Result<()> {
+        let Collective::ReduceScatter { op, .. } = c else { unreachable!("a reduce-scatter") };
+        let layout = &self.h.layout;
+        let (n, l) = (layout.domains(), layout.domain_size());
+        let block = count * dtype.size();
+        let contiguous = layout.contiguous();
+        // [N blocks reduced over the domain][the reordered send, when needed]
+        let need = n * block + if contiguous { 0 } else { n * l * block };
+        self.scratch(need, |s| {
+            let reduced = s;
+            if contiguous {
+                for d in 0..n {
+                    let from = send + (d * l * block) as u64;
+                    self.domain(from, reduced + (d * block) as u64, count, c)?;
+                }
+            } else {
+                let ordered = s + (n * block) as u64;
+                for j in 0..l {
+                    for d in 0..n {
+                        let g = layout.rank_of(d, j);
+                        self.copy(ordered + ((j * n + d) * block) as u64, send + (g * block) as u64, block)?;
+                    }
+                }
+                self.domain(ordered, reduced, n * count, c)?;
+            }
+            self.rail("reduce-scatter", |r| r.reduce_scatter(reduced, recv, count, dtype, op, self.stream))?;
+            self.done_with_scratch()
+        })
+    }
+
+    fn all_gather(&self, send: DevicePtr, recv: DevicePtr, bytes: usize) -> Result<()> {
+        let layout = &self.h.layout;
+        let (n, l) = (layout.domains(), layout.domain_size());
+        let padded = (l * bytes).next_multiple_of(4);
+        self.scratch(padded + n * padded, |s| {
+            let gathered = s + (n * padded) as u64;
+            self.domain(send, gathered, bytes, Collective::AllGather)?;
+            let words = padded / 4;
+            if layout.contiguous() && padded == l * bytes {
+                self.rail("all-gather", |r| r.all_gather(gathered, recv, words, DType::U32, self.stream))?;
+            } else {
+                self.rail("all-gather", |r| r.all_gather(gathered, s, words, DType::U32, self.stream))?;
+                for d in 0..n {
+                    for j in 0..l {
+                        let g = layout.rank_of(d, j);
+                        self.copy(recv + (g * bytes) as u64, s + (d * padded + j * bytes) as u64, bytes)?;
+                    }
+                }
+            }
+            self.done_with_scratch()
+        })
+    }
+
+    fn broadcast(&self, send: DevicePtr, recv: DevicePtr, bytes: usize, root: usize) -> Result<()> {
+        let (d0, l0) = self.h.layout.place[root];
+        let padded = bytes.next_multiple_of(4);
+        self.scratch(padded, |s| {
+            let on_rail = self.h.local == l0;
+            if on_rail {
+                if self.h.rank == root {
+                    self.copy(s, send, bytes)?;
+                }
+                self.rail("broadcast", |r| r.broadcast(s, s, padded / 4, DType::U32, d0, self.stream))?;
+            }
+            let from = if on_rail { s } else { recv };
+            self.domain(from, recv, bytes, Collective::Broadcast { root: l0 as u32 })?;
+            self.done_with_scratch()
+        })
+    }
+}

@@ -1,0 +1,369 @@
+//! Teams across NVLink domains (API.md, "Teams across NVLink domains"), served hierarchically:
+//! inside each domain by an ordinary mcast team over that domain's ranks (the *domain team*,
+//! which is the team object the application holds, with this hierarchical part attached),
+//! between domains by an engine ([`crate::runtime::net`]) over *rails*: rail `j` is the ranks
+//! with local index `j` inside their domain.
+//!
+//! - `mod.rs` (this file): what a team across domains holds ([`Hier`]: the whole team's
+//!   connections, the rank layout, the engine and this rank's rail communicator) and the steps
+//!   of its creation that need no team (the engine vote, the rank layout, the rail communicator).
+//! - `collective.rs`: the four collectives composed from the domain team's pointer-form
+//!   collectives and the rail communicator.
+//!
+//! Imports: `team/create.rs` makes the domain team and attaches a [`Hier`] built here; this
+//! file imports no team; `collective.rs` imports the team and `runtime::collective` (it is
+//! called from `capi/collective.rs`, above both).
+
+pub mod collective;
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::driver::{Device, DevicePtr};
+use crate::runtime::comm::{Comm, Dec, Enc};
+use crate::runtime::env::Env;
+use crate::runtime::error::{Error, Result};
+use crate::runtime::net::{Engine, RailComm, RailOob};
+
+/// Where the ranks of a team across domains are: domain `d`'s ranks in team order (a rank's
+/// local index is its position there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Global ranks of each domain, ascending; every domain has the same number.
+    pub members: Vec<Vec<usize>>,
+    /// `(domain, local index)` of each global rank.
+    pub place: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    /// The layout of `of_rank` (each rank's domain, domains numbered by their first rank).
+    /// Domains of different sizes are refused (`NotSupported`, naming the sizes): the rails
+    /// need one member per domain.
+    pub fn new(of_rank: &[usize], names: &[String]) -> Result<Layout> {
+        let count = of_rank.iter().max().map_or(0, |&d| d + 1);
+        let mut members = vec![Vec::new(); count];
+        let mut place = Vec::with_capacity(of_rank.len());
+        for (g, &d) in of_rank.iter().enumerate() {
+            place.push((d, members[d].len()));
+            members[d].push(g);
+        }
+        if members.windows(2).any(|w| w[0].len() != w[1].len()) {
+            let sizes: Vec<String> =
+                members.iter().enumerate().map(|(d, m)| format!("{} has {}", names[d], m.len())).collect();
+            return Err(Error::not_supported(format!(
+                "the team spans {count} NVLink domains of different sizes ({}): a team across domains needs the \
+                 same number of ranks in every domain (one rail member per domain)",
+                sizes.join(", ")
+            )));
+        }
+        Ok(Layout { members, place })
+    }
+
+    /// Domains.
+    pub fn domains(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Ranks per domain.
+    pub fn domain_size(&self) -> usize {
+        self.members[0].len()
+    }
+
+    /// Ranks.
+    pub fn size(&self) -> usize {
+        self.place.len()
+    }
+
+    /// The global rank at `(domain, local)`.
+    pub fn rank_of(&self, domain: usize, local: usize) -> usize {
+        self.members[domain][local]
+    }
+
+    /// True when every domain's ranks are consecutive in team order, domain by domain
+    /// (`rank = domain * L + local`).
+    pub fn contiguous(&self) -> bool {
+        let l = self.domain_size();
+        self.place.iter().enumerate().all(|(g, &(d, j))| g == d * l + j)
+    }
+}
+
+/// The hierarchical part of a team across NVLink domains.
+pub struct Hier {
+    /// The whole team's connections (split, the votes of the hierarchical steps, failures told
+    /// by ranks of other domains).
+    pub global: Arc<Comm>,
+    /// Where every rank is.
+    pub layout: Layout,
+    /// This process's rank in the whole team.
+    pub rank: usize,
+    /// This rank's domain and local index (its rail).
+    pub domain: usize,
+    /// This rank's local index.
+    pub local: usize,
+    /// The NVLink domains' names, for messages.
+    pub names: Vec<String>,
+    engine: Arc<dyn Engine>,
+    /// This rank's rail communicator; `None` once destroyed.
+    rail: RwLock<Option<Box<dyn RailComm>>>,
+    /// Device scratch of the composed collectives (grown on demand, freed at destroy).
+    scratch: Mutex<Scratch>,
+    device: Device,
+}
+
+/// A device allocation of the composed collectives.
+#[derive(Default)]
+struct Scratch {
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for Hier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Hier(rank {}, domain {}, local {}, engine {})",
+            self.rank,
+            self.domain,
+            self.local,
+            self.engine.name()
+        )
+    }
+}
+
+/// The rail allgather handed to an engine's `comm_create`: an exchange over the whole team's
+/// connections of which each rank keeps its rail's parts (so every rail's `comm_create` must
+/// call it the same number of times, as an engine's symmetric setup does).
+struct Oob<'a> {
+    global: &'a Comm,
+    layout: &'a Layout,
+    local: usize,
+}
+
+impl RailOob for Oob<'_> {
+    fn allgather(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let n = self.layout.domains();
+        if recv.len() != n * send.len() {
+            return Err(Error::invalid_argument(format!(
+                "the rail allgather's receive buffer holds {} bytes, not {n} x {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        let mut e = Enc::default();
+        e.bytes(send);
+        let parts = self.global.exchange("rail oob allgather", Ok(()), &e.0, &[])?;
+        for (d, chunk) in recv.chunks_mut(send.len().max(1)).enumerate().take(n) {
+            let g = self.layout.rank_of(d, self.local);
+            let bytes = Dec(&parts[g].bytes).bytes()?;
+            if bytes.len() != chunk.len() {
+                return Err(Error::invalid_argument(format!(
+                    "the rail allgather was given {} bytes by rank {g} and {} here: every rail member passes the same \
+                     size",
+                    bytes.len(),
+                    chunk.len()
+                )));
+            }
+            chunk.copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+}
+
+impl Hier {
+    /// The first steps of a team across domains, on every rank of `global`: the engine (every
+    /// rank must have one: one rank's failure is every rank's `NotSupported`, naming the
+    /// engines tried) and the layout (equal domain sizes). `spanning` begins the messages
+    /// ("the team spans 2 NVLink domains: ..."), `why` ends them (why not one domain).
+    /// Returns the engine and the layout.
+    pub fn prepare(
+        env: &Env,
+        global: &Comm,
+        of_rank: &[usize],
+        names: &[String],
+        spanning: &str,
+        why: &str,
+    ) -> Result<(Arc<dyn Engine>, Layout)> {
+        let layout = Layout::new(of_rank, names);
+        let engine = crate::runtime::net::choose(env).map_err(|tried| {
+            Error::not_supported(format!("{spanning}; rank {} has no engine between them: {tried}{why}", global.rank()))
+        });
+        let status = match (&layout, &engine) {
+            (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+            _ => Ok(()),
+        };
+        global.vote("engine between NVLink domains", status)?;
+        Ok((engine?, layout?))
+    }
+
+    /// This rank's rail communicator (`engine.comm_create` over the rail of `local`), voted
+    /// over the whole team: one rank's failure is every rank's, and a communicator made here
+    /// is destroyed when another rank failed.
+    pub fn connect(
+        global: Arc<Comm>,
+        engine: Arc<dyn Engine>,
+        layout: Layout,
+        names: Vec<String>,
+        device: Device,
+    ) -> Result<Hier> {
+        let rank = global.rank();
+        let (domain, local) = layout.place[rank];
+        let oob = Oob { global: &global, layout: &layout, local };
+        let made = engine.comm_create(local, domain, layout.domains(), &oob).map_err(|e| {
+            e.context(format!("rank {rank} making the communicator of rail {local} (engine \"{}\")", engine.name()))
+        });
+        let status = made.as_ref().map(|_| ()).map_err(Clone::clone);
+        if let Err(e) = global.vote("rail communicators", status) {
+            if let Ok(comm) = made {
+                if let Err(undo) = comm.destroy() {
+                    tracing::error!("rolling back a rail communicator: {undo}");
+                }
+            }
+            return Err(e);
+        }
+        let rail = made.expect("voted");
+        Ok(Hier {
+            global,
+            layout,
+            rank,
+            domain,
+            local,
+            names,
+            engine,
+            rail: RwLock::new(Some(rail)),
+            scratch: Mutex::new(Scratch::default()),
+            device,
+        })
+    }
+
+    /// The engine's name (`mcast_team_info_t.net_engine`).
+    pub fn engine_name(&self) -> &str {
+        self.engine.name()
+    }
+
+    /// True when the engine's calls enqueue on the stream they are given.
+    pub fn stream_ordered(&self) -> bool {
+        self.engine.stream_ordered()
+    }
+
+    /// Checks that `rank` is this process's rank of the whole team; returns its local index
+    /// (its rank in the domain team).
+    pub fn own(&self, rank: i32, what: &str) -> Result<usize> {
+        let p = self.layout.size();
+        if rank < 0 || rank as usize >= p {
+            return Err(Error::invalid_argument(format!("{what} {rank} is out of range: the team has {p} rank(s)")));
+        }
+        if rank as usize != self.rank {
+            return Err(Error::invalid_argument(format!(
+                "{what} {rank} belongs to another process: this process is rank {} of a multi-process team",
+                self.rank
+            )));
+        }
+        Ok(self.local)
+    }
+
+    /// The domain team's index of `peer`, a rank of the whole team in this rank's domain
+    /// (buffers of a team across domains are symmetric inside the domain only).
+    pub fn peer_in_domain(&self, peer: i32) -> Result<usize> {
+        let p = self.layout.size();
+        if peer < 0 || peer as usize >= p {
+            return Err(Error::invalid_argument(format!("peer {peer} is out of range: the team has {p} rank(s)")));
+        }
+        let (d, j) = self.layout.place[peer as usize];
+        if d != self.domain {
+            return Err(Error::invalid_argument(format!(
+                "peer {peer} is in NVLink domain {} and rank {} in {}: a buffer of a team across domains is mapped \
+                 only inside each domain",
+                self.names[d], self.rank, self.names[self.domain]
+            )));
+        }
+        Ok(j)
+    }
+
+    /// Runs `f` on the rail communicator (`Aborted` once destroyed).
+    pub fn with_rail<T>(&self, f: impl FnOnce(&dyn RailComm) -> Result<T>) -> Result<T> {
+        match self.rail.read().as_deref() {
+            Some(c) => f(c),
+            None => Err(Error::aborted("the team's rail communicator was destroyed")),
+        }
+    }
+
+    /// Aborts the rail communicator and tells every rank of the whole team (`mcast_team_abort`).
+    pub fn abort(&self, who: &str) {
+        self.global.abort(who);
+        if let Some(c) = self.rail.read().as_deref() {
+            if let Err(e) = c.abort() {
+                tracing::warn!("aborting the rail communicator: {e}");
+            }
+        }
+    }
+
+    /// Destroys the rail communicator and frees the scratch (team destroy); idempotent.
+    pub fn release(&self, env: &Env) -> Vec<Error> {
+        let mut errors = Vec::new();
+        if let Some(c) = self.rail.write().take() {
+            if let Err(e) = c.destroy() {
+                errors.push(e.context("destroying the rail communicator"));
+            }
+        }
+        let mut s = self.scratch.lock();
+        if s.bytes > 0 {
+            if let Err(e) = env.driver().mem_free(self.device, s.ptr) {
+                errors.push(Error::driver(e, "freeing the team's scratch between domains"));
+            }
+            *s = Scratch::default();
+        }
+        errors
+    }
+
+    /// Device scratch of at least `bytes` bytes on this rank's device, for work about to be
+    /// enqueued on `stream` (which is first synchronised when the scratch must grow, so no
+    /// earlier call still uses the old one). The scratch is held until `f` returns.
+    pub fn with_scratch<T>(
+        &self,
+        env: &Env,
+        bytes: usize,
+        stream: crate::driver::Stream,
+        f: impl FnOnce(DevicePtr) -> Result<T>,
+    ) -> Result<T> {
+        let mut s = self.scratch.lock();
+        if s.bytes < bytes {
+            let driver = env.driver();
+            driver
+                .stream_synchronize(self.device, stream)
+                .map_err(|e| Error::driver(e, "waiting for the stream before growing the scratch between domains"))?;
+            if s.bytes > 0 {
+                driver
+                    .mem_free(self.device, s.ptr)
+                    .map_err(|e| Error::driver(e, "freeing the scratch between domains"))?;
+                *s = Scratch::default();
+            }
+            let size = bytes.next_power_of_two().max(4096);
+            let ptr = driver
+                .mem_alloc(self.device, size)
+                .map_err(|e| Error::driver(e, format_args!("allocating {size} bytes of scratch between domains")))?;
+            *s = Scratch { ptr, bytes: size };
+        }
+        f(s.ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_place_ranks_by_order_of_appearance() {
+        let names: Vec<String> = vec!["A".into(), "B".into(), "C".into()];
+        let l = Layout::new(&[0, 1, 0, 1], &names).unwrap();
+        assert_eq!(l.members, vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(l.place, vec![(0, 0), (1, 0), (0, 1), (1, 1)]);
+        assert!(!l.contiguous());
+        let l = Layout::new(&[0, 0, 1, 1, 2, 2], &names).unwrap();
+        assert!(l.contiguous());
+        assert_eq!((l.domains(), l.domain_size(), l.rank_of(2, 1)), (3, 2, 5));
+        let e = Layout::new(&[0, 0, 1], &names).unwrap_err();
+        assert_eq!(e.kind, crate::runtime::ErrorKind::NotSupported);
+        assert!(e.message.contains("A has 2, B has 1"), "{}", e.message);
+    }
+}
