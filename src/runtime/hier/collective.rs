@@ -25,7 +25,8 @@
 //! engine that is not stream-ordered (MPI) the stages run one after the other: the stream is
 //! synchronised before each rail call, which completes before it returns, and a collective
 //! that used the scratch synchronises the stream before returning. With a stream-ordered
-//! engine every stage is enqueued on the caller's stream; a rank's collectives on one team
+//! engine every stage is enqueued on the caller's stream (on the simulator the stream is still
+//! synchronised before each rail call: no engine can enqueue on a simulated stream); a rank's collectives on one team
 //! share one scratch, so they must be issued on one stream. The stages are not pipelined yet.
 
 use std::sync::Arc;
@@ -208,10 +209,12 @@ impl Steps<'_> {
         domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
     }
 
-    /// A rail call: after the stream's work when the engine is not stream-ordered.
+    /// A rail call: after the stream's work when the engine is not stream-ordered, and on the
+    /// simulator, whose streams no engine can enqueue on (an engine there, such as the tests'
+    /// stand-in NCCL over MPI, moves the data when called).
     fn rail(&self, what: &str, f: impl FnOnce(&dyn RailComm) -> Result<()>) -> Result<()> {
         let dev = self.team.devices()[self.h.local];
-        if !self.h.stream_ordered() {
+        if !self.h.stream_ordered() || self.team.context().driver().backend_name() == "sim" {
             self.team.context().driver().stream_synchronize(dev, self.stream).map_err(|e| {
                 Error::driver(e, format_args!("waiting for rank {}'s stream before the rail {what}", self.g))
             })?;
