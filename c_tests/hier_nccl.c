@@ -1,14 +1,17 @@
 /* A team across simulated NVLink domains with NCCL as the engine between them: the stand-in NCCL
  * over MPI (nccl_standin.c), loaded by mcast through MCAST_NET=nccl MCAST_NET_NCCL=<its path>.
- *   mpirun -np P hier_nccl D STANDIN   (P ranks in D domains of P/D ranks: MCAST_DOMAIN=D<rank/(P/D)>
- *                                       set by each rank before its first call; device = its index
- *                                       in its domain)
+ *   mpirun -np P hier_nccl D STANDIN [fail]   (P ranks in D domains of P/D ranks:
+ *                     MCAST_DOMAIN=D<rank/(P/D)> set by each rank before its first call; device =
+ *                     its index in its domain)
  * Every collective (all-reduce, reduce-scatter, all-gather, broadcast) in place, out of place
  * (_into) and on device pointers (mcast_mem_alloc memory, which on the simulator is host
  * memory), every dtype and op, counts 1, odd and one large enough to be chunked, against a host
  * reference on small integers (exact in every dtype and order). Then: the team reports the
  * domains and "nccl 2.27.7"; the stand-in saw one rail communicator per process made with
- * maxCTAs 4 and carried collectives; destroying the team destroyed it. */
+ * maxCTAs 4 and carried collectives; destroying the team destroyed it.
+ * With `fail`: rank 1's NCCL all-reduce fails (STANDIN_NCCL_FAIL_RANK=1): its call returns
+ * MCAST_ERROR_DRIVER naming ncclAllReduce and its result, every other rank gets the same status
+ * within seconds, and mcast_team_abort aborts the rail communicator (ncclCommAbort). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -189,12 +192,46 @@ static void standin_stats(const char *path, int *live, int *made, int *colls, in
   dlclose(h);
 }
 
+static int run_fail(const char *standin) {
+  CHECK(setenv("STANDIN_NCCL_FAIL_RANK", "1", 1) == 0);
+  mcast_buffer_t buf;
+  CHECK_OK(mcast_buffer_alloc(team, 4096, &buf));
+  mcast_status_t s = mcast_all_reduce(buf, rank, 0, 16, MCAST_FLOAT32, MCAST_SUM, NULL);
+  const char *why = "ncclAllReduce returned 2 (unhandled system error";
+  if (rank == 1) {
+    CHECK(s == MCAST_ERROR_DRIVER);
+    CHECK(strstr(mcast_last_error(), why) != NULL);
+    CHECK(strstr(mcast_last_error(), "failure injected") != NULL);
+  } else {
+    CHECK(s == MCAST_SUCCESS || s == MCAST_ERROR_DRIVER);
+  }
+  /* every rank learns it within seconds (told over the team's connections) */
+  double t0 = MPI_Wtime();
+  do s = mcast_synchronize(team, rank, NULL);
+  while (s == MCAST_SUCCESS && MPI_Wtime() - t0 < 5);
+  CHECK(s == MCAST_ERROR_DRIVER);
+  CHECK(strstr(mcast_last_error(), why) != NULL);
+  MPI_Barrier(MPI_COMM_WORLD); /* every rank saw the failure before any aborts */
+  CHECK_OK(mcast_buffer_free(buf));
+  int live, made, colls, max_ctas;
+  standin_stats(standin, &live, &made, &colls, &max_ctas);
+  CHECK(live == 1);
+  CHECK_OK(mcast_team_abort(team));
+  standin_stats(standin, &live, &made, &colls, &max_ctas);
+  CHECK(live == 0); /* ncclCommAbort */
+  mcast_team_destroy(team);
+  CHECK_OK(mcast_context_destroy(ctx));
+  printf("rank %d: the rail's failure is every rank's: %s\n", rank, mcast_status_string(s));
+  MPI_Finalize();
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-  CHECK(argc == 3);
+  CHECK(argc == 3 || (argc == 4 && strcmp(argv[3], "fail") == 0));
   int ndomains = atoi(argv[1]);
   const char *standin = argv[2];
   CHECK(ndomains >= 2 && nranks % ndomains == 0);
@@ -217,6 +254,7 @@ int main(int argc, char **argv) {
   CHECK_OK(mcast_team_get_info(team, &info));
   CHECK(info.size == nranks && info.domains == ndomains && info.domain_size == per);
   CHECK(strcmp(info.net_engine, "nccl 2.27.7") == 0);
+  if (argc == 4) return run_fail(standin);
 
   /* Every dtype and op in place; every dtype with one op (turning) in the other two forms. */
   const size_t counts[2] = {1, 1001};

@@ -18,7 +18,9 @@
  *
  * ncclCommFinalize and ncclGroupStart/End have nothing to wait for (libmcast_nccl forwards them to
  * its fallback). ncclGetVersion says 2.27.7; ncclCommInitRankConfig records the config's maxCTAs, and
- * standinNcclStats() tells a test how many communicators and collectives there were. */
+ * standinNcclStats() tells a test how many communicators and collectives there were.
+ * STANDIN_NCCL_FAIL_RANK makes one process's all-reduces fail (see failing_here; every process
+ * of the job must then make the same all-reduces). */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -344,6 +346,20 @@ static ncclResult_t done(int mpi_result, const char *what) {
   return fail(ncclSystemError, why);
 }
 
+/* STANDIN_NCCL_FAIL_RANK=<MPI_COMM_WORLD rank>: that process's all-reduces move the data, then
+ * return ncclSystemError. Every process's all-reduce then ends with a barrier over
+ * MPI_COMM_WORLD, so the failure is reported only once every process has done its part: a rank
+ * that learns of a peer's failure before its own rail call skips that call, and its rail peers
+ * would wait in MPI for it forever. */
+static int failing_here(void) {
+  const char *v = getenv("STANDIN_NCCL_FAIL_RANK");
+  if (v == NULL || *v == 0) return 0;
+  int world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return atoi(v) == world;
+}
+
 static int overlap(const void *a, size_t an, const void *b, size_t bn) {
   const char *x = a, *y = b;
   return x < y + bn && y < x + an;
@@ -360,7 +376,9 @@ API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t coun
   if (!mpi_op(op, datatype, &o)) return fail(ncclInvalidArgument, "ncclAllReduce: reduction not served");
   if (count == 0) return ncclSuccess;
   const void *src = sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff;
-  return done(MPI_Allreduce(src, recvbuff, (int)count, t, o, comm->mpi), "ncclAllReduce");
+  r = done(MPI_Allreduce(src, recvbuff, (int)count, t, o, comm->mpi), "ncclAllReduce");
+  if (r == ncclSuccess && failing_here()) return fail(ncclSystemError, "ncclAllReduce: failure injected (STANDIN_NCCL_FAIL_RANK)");
+  return r;
 }
 
 API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
