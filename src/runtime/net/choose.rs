@@ -20,13 +20,6 @@ pub fn choose(env: &Env) -> std::result::Result<Arc<dyn Engine>, String> {
         NetMode::Auto => "MCAST_NET=auto",
         NetMode::Nccl => "MCAST_NET=nccl",
     };
-    nccl_load(config.net_nccl.as_deref(), config.nccl_fallback.as_deref())
+    super::nccl::load(config.net_nccl.as_deref(), config.nccl_fallback.as_deref())
         .map_err(|why| format!("none registered (mcast_context_set_net); NCCL ({mode}): {why}"))
-}
-
-/// The NCCL engine (`MCAST_NET_NCCL`, else `MCAST_NCCL_FALLBACK`, else `libnccl.so.2`). Not
-/// built in this branch yet: the NCCL adapter comes with `runtime/net/nccl.rs`.
-fn nccl_load(explicit: Option<&str>, fallback: Option<&str>) -> std::result::Result<Arc<dyn Engine>, String> {
-    let tried: Vec<&str> = explicit.into_iter().chain(fallback).chain(["libnccl.so.2"]).collect();
-    Err(format!("the NCCL engine is not built into this library (would have tried {})", tried.join(", ")))
 }
