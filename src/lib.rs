@@ -7,12 +7,13 @@
 //!   on the simulator;
 //! - [`driver`]: the CUDA driver subset, real ([`driver::cuda`]) or simulated ([`driver::sim`]).
 //!
-//! Beside them, [`bootstrap`] (how processes meet) and [`libpath`] (the rule for libraries named
-//! by environment variables).
+//! Beside them, [`bootstrap`] (how processes meet), [`libpath`] (the rule for libraries named
+//! by environment variables) and [`dynlib`] (how such a library is loaded).
 
 pub mod bootstrap;
 pub mod capi;
 pub mod driver;
+pub mod dynlib;
 pub mod kernels;
 pub mod libpath;
 pub mod runtime;

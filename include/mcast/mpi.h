@@ -16,9 +16,24 @@
 #ifndef MCAST_MPI_H
 #define MCAST_MPI_H
 
-#include <mpi.h>
+#if defined(__GNUC__)
+#pragma GCC system_header /* #include_next below is a GCC/Clang extension */
+#endif
 
-#include <mcast.h>
+/* MPI's own header. A program that puts PREFIX/include/mcast on its include path (for
+ * <nccl.h>: mcast::nccl, mcast-nccl.pc) finds this file as <mpi.h>; #include_next then goes on
+ * to MPI's. */
+#if defined(__has_include_next)
+#if __has_include_next(<mpi.h>)
+#include_next <mpi.h>
+#else
+#include <mpi.h>
+#endif
+#else
+#include <mpi.h>
+#endif
+
+#include "../mcast.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -24,6 +24,7 @@ use mcast::runtime::comm::Comm as RtComm;
 use mcast::runtime::team::{Joined, Team};
 use parking_lot::Mutex;
 
+use crate::domains;
 use crate::fallback;
 use crate::types::{self, ncclResult_t, ncclUniqueId};
 
@@ -55,22 +56,6 @@ pub fn check(status: mcast_status_t, what: &str) -> Outcome {
     let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
     let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
     Err(Failure::new(types::result_of(status), message))
-}
-
-/// A communicator over several NVLink domains (every rank gets the same refusal from team
-/// setup): refused at init with `ncclInvalidUsage` naming the domains and `MCAST_NCCL_FALLBACK`,
-/// never at the first collective. Serving it whole by the fallback NCCL is not done yet.
-fn across_domains(f: Failure) -> Failure {
-    if !mcast::runtime::team::spans_domains(&f.message) {
-        return f;
-    }
-    let how = match fallback::library() {
-        None => format!("set {}=/path/to/libnccl.so.2 to run such a communicator on NCCL", fallback::ENV),
-        Some(_) => {
-            format!("handing such a communicator whole to the fallback NCCL ({}) is not implemented yet", fallback::ENV)
-        }
-    };
-    Failure::new(types::INVALID_USAGE, format!("{}; mcast serves one NVLink domain: {how}", f.message))
 }
 
 /// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
@@ -264,23 +249,27 @@ impl Comm {
     }
 
     fn make_team(&self, id: &ncclUniqueId) -> Outcome<Ready> {
-        let team = match fallback::library() {
-            // With a fallback NCCL, a communicator over several NVLink domains is the fallback's.
-            Some(Ok(lib)) => match self.join(id)? {
-                Ok(team) => team,
-                Err((comm, refusal)) => return self.whole_fallback(lib, &comm, &refusal),
-            },
-            _ => {
-                let mut mid = mcast_unique_id_t { internal: [0; 128] };
-                mid.internal.copy_from_slice(&id.internal);
-                let mut team = mcast_team_t { id: 0 };
-                // SAFETY: a valid out-pointer.
-                check(
-                    unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
-                    &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
-                )
-                .map_err(across_domains)?;
-                team
+        // Ranks in several NVLink domains: see `domains`.
+        let team = if domains::hierarchical()? {
+            domains::use_fallback_between_domains(&self.ctx)?;
+            let mut mid = mcast_unique_id_t { internal: [0; 128] };
+            mid.internal.copy_from_slice(&id.internal);
+            let mut team = mcast_team_t { id: 0 };
+            // SAFETY: a valid out-pointer.
+            check(
+                unsafe { mcast_team_init_rank(self.ctx.ctx, mid, self.nranks, self.rank, self.device, &mut team) },
+                &format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device),
+            )?;
+            team
+        } else {
+            match (self.join(id)?, fallback::library()) {
+                (Ok(team), _) => team,
+                (Err((comm, refusal)), Some(Ok(lib))) => return self.whole_fallback(lib, &comm, &refusal),
+                (Err((_, refusal)), _) => {
+                    let what =
+                        format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device);
+                    return Err(domains::refused(&what, &refusal));
+                }
             }
         };
         let fallback = match fallback::library() {
@@ -314,58 +303,6 @@ impl Comm {
             Joined::Team(team) => Ok(Ok(mcast_team_t { id: mcast::runtime::handles::insert_team(team) })),
             Joined::AcrossDomains { comm, refusal } => Ok(Err((comm, refusal.message))),
         }
-    }
-
-    /// A communicator over several NVLink domains, handed whole to the fallback NCCL: rank 0
-    /// makes its unique id, the team's connections carry it, every rank joins; no mcast team.
-    fn whole_fallback(&self, lib: &fallback::Nccl, comm: &RtComm, refusal: &str) -> Outcome<Ready> {
-        type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
-        type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-        let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
-        // SAFETY: the types are NCCL's documented signatures.
-        let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
-        // SAFETY: as above.
-        let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
-        let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
-        let mut made = Ok(());
-        if self.rank == 0 {
-            // SAFETY: a valid out-pointer.
-            let r = unsafe { get_id(&mut fid) };
-            if r != types::SUCCESS {
-                made =
-                    Err(mcast::runtime::Error::internal(format!("the fallback NCCL's ncclGetUniqueId returned {r}")));
-            }
-        }
-        let bytes: Vec<u8> = fid.internal.iter().map(|&b| b as u8).collect();
-        let parts = comm.exchange("fallback NCCL id", made, &bytes, &[]).map_err(|e| {
-            Failure::new(types::INTERNAL_ERROR, format!("handing the fallback NCCL its id: {}", e.message))
-        })?;
-        for (d, s) in fid.internal.iter_mut().zip(&parts[0].bytes) {
-            *d = *s as _;
-        }
-        if !self.ctx.sim {
-            if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
-                c.driver()
-                    .bind_thread(self.device)
-                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
-            }
-        }
-        let domains = refusal.split(';').next().unwrap_or(refusal);
-        if self.rank == 0 {
-            tracing::warn!(
-                "mcast_nccl: {domains}; mcast serves one NVLink domain, so this communicator runs whole on the \
-                 fallback NCCL ({})",
-                lib.path
-            );
-        }
-        let mut fc: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
-        let r = unsafe { init(&mut fc, self.nranks, fid, self.rank) };
-        if r != types::SUCCESS {
-            return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
-        }
-        track_fallback(fc as usize);
-        Ok(Ready { team: mcast_team_t { id: 0 }, fallback: Some(fc as usize) })
     }
 
     /// True when the communicator runs whole on the fallback NCCL (it spans several NVLink

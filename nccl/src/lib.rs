@@ -10,6 +10,8 @@
 //! - [`group`]: `ncclGroupStart`/`End`: calls of a group are queued on the calling thread and
 //!   run at the end, every communicator's calls on a thread of their own when one of them waits
 //!   for its peers (creation, split, registration), so one thread can drive many ranks.
+//! - [`domains`]: a communicator across NVLink domains: whole on the fallback NCCL, refused, or
+//!   with `MCAST_NCCL_HIER=on` served by mcast inside each domain and the fallback NCCL between.
 //! - [`fallback`]: what mcast does not serve goes to the NCCL named by `MCAST_NCCL_FALLBACK`
 //!   through a communicator created beside the mcast team.
 //! - [`types`]: NCCL's enums and their mapping onto mcast's.
@@ -19,6 +21,7 @@
 
 pub mod api;
 pub mod comm;
+pub mod domains;
 pub mod fallback;
 pub mod group;
 pub mod types;

@@ -25,9 +25,11 @@
 //! engine that is not stream-ordered (MPI) the stages run one after the other: the stream is
 //! synchronised before each rail call, which completes before it returns, and a collective
 //! that used the scratch synchronises the stream before returning. With a stream-ordered
-//! engine every stage is enqueued on the caller's stream; a rank's collectives on one team
+//! engine every stage is enqueued on the caller's stream (on the simulator the stream is still
+//! synchronised before each rail call: no engine can enqueue on a simulated stream); a rank's collectives on one team
 //! share one scratch, so they must be issued on one stream. The stages are not pipelined yet.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::Hier;
@@ -185,13 +187,23 @@ fn composed(
     stream: Stream,
 ) -> Result<()> {
     team.check_usable(format_args!("rank {}'s collective", h.rank))?;
-    let steps = Steps { team, h, stream, g: h.rank as i32 };
-    match c {
+    let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false) };
+    let result = match c {
         Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
         Collective::ReduceScatter { dtype, .. } => steps.reduce_scatter(send, recv, count, dtype, c),
         Collective::AllGather => steps.all_gather(send, recv, count),
         Collective::Broadcast { root } => steps.broadcast(send, recv, count, root as usize),
-    }
+    };
+    result.inspect_err(|e| {
+        // A rail engine's failure is every rank's: the team keeps it, and every rank of the
+        // whole team is told (their later calls fail with it). Recorded only now, once this
+        // rank's domain stages of the collective are issued, so its domain peers never wait
+        // for a stage it skipped.
+        if steps.rail_failed.get() && e.kind != ErrorKind::Aborted {
+            team.set_error(e.clone());
+            h.global.failed(e.kind, &e.message);
+        }
+    })
 }
 
 /// The stages of one rank's composed collective.
@@ -201,6 +213,8 @@ struct Steps<'a> {
     stream: Stream,
     /// This rank in the whole team (for messages).
     g: i32,
+    /// A rail call failed (the collective's error is then the team's, see `composed`).
+    rail_failed: Cell<bool>,
 }
 
 impl Steps<'_> {
@@ -208,22 +222,21 @@ impl Steps<'_> {
         domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
     }
 
-    /// A rail call: after the stream's work when the engine is not stream-ordered.
+    /// A rail call: after the stream's work when the engine is not stream-ordered, and on the
+    /// simulator, whose streams no engine can enqueue on (an engine there, such as the tests'
+    /// stand-in NCCL over MPI, moves the data when called). It runs whatever this rank has heard
+    /// of the team's failure: a blocking engine's peers would wait forever for a rail member that
+    /// skipped its call.
     fn rail(&self, what: &str, f: impl FnOnce(&dyn RailComm) -> Result<()>) -> Result<()> {
         let dev = self.team.devices()[self.h.local];
-        if !self.h.stream_ordered() {
+        if !self.h.stream_ordered() || self.team.context().driver().backend_name() == "sim" {
             self.team.context().driver().stream_synchronize(dev, self.stream).map_err(|e| {
                 Error::driver(e, format_args!("waiting for rank {}'s stream before the rail {what}", self.g))
             })?;
         }
-        self.team.check_usable(format_args!("rank {}'s rail {what}", self.g))?;
-        self.h.with_rail(f).inspect_err(|e| {
-            // A rail engine's failure is every rank's: the team keeps it, and every rank of
-            // the whole team is told (their later calls fail with it).
-            if e.kind != ErrorKind::Aborted {
-                self.team.set_error(e.clone());
-                self.h.global.failed(e.kind, &format!("rank {}'s rail {what}: {}", self.g, e.message));
-            }
+        self.h.with_rail(f).map_err(|e| {
+            self.rail_failed.set(true);
+            e.context(format!("rank {}'s rail {what}", self.g))
         })
     }
 
@@ -262,8 +275,10 @@ impl Steps<'_> {
         if main > 0 {
             let mine = recv + (self.h.local * shard * es) as u64;
             self.domain(send, mine, shard, Collective::ReduceScatter { dtype, op })?;
-            self.rail("all-reduce", |r| r.all_reduce(mine, mine, shard, dtype, op, self.stream))?;
+            // The domain all-gather runs even when the rail failed (the peers wait for it).
+            let railed = self.rail("all-reduce", |r| r.all_reduce(mine, mine, shard, dtype, op, self.stream));
             self.domain(mine, recv, shard * es, Collective::AllGather)?;
+            railed?;
         }
         let tail = count - main;
         if tail > 0 {
@@ -339,15 +354,18 @@ impl Steps<'_> {
         let padded = bytes.next_multiple_of(4);
         self.scratch(padded, |s| {
             let on_rail = self.h.local == l0;
+            let mut railed = Ok(());
             if on_rail {
                 if self.h.rank == root {
                     self.copy(s, send, bytes)?;
                 }
-                self.rail("broadcast", |r| r.broadcast(s, s, padded / 4, DType::U32, d0, self.stream))?;
+                railed = self.rail("broadcast", |r| r.broadcast(s, s, padded / 4, DType::U32, d0, self.stream));
             }
+            // The domain broadcast runs even when the rail failed (the peers wait for it).
             let from = if on_rail { s } else { recv };
             self.domain(from, recv, bytes, Collective::Broadcast { root: l0 as u32 })?;
-            self.done_with_scratch()
+            self.done_with_scratch()?;
+            railed
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Which engine a team across NVLink domains uses between them (API.md, "Teams across NVLink
 //! domains"): the one the application registered (`mcast_context_set_net`), else `MCAST_NET`
-//! (`auto`, the default, and `nccl` load NCCL at run time; `none` is no engine).
+//! (`auto`, the default, and `nccl` load NCCL at run time; `none` is no engine). On the
+//! simulator NCCL is loaded only from a library a variable names.
 
 use std::sync::Arc;
 
@@ -20,13 +21,22 @@ pub fn choose(env: &Env) -> std::result::Result<Arc<dyn Engine>, String> {
         NetMode::Auto => "MCAST_NET=auto",
         NetMode::Nccl => "MCAST_NET=nccl",
     };
-    nccl_load(config.net_nccl.as_deref(), config.nccl_fallback.as_deref())
+    let (explicit, fallback) = (named(&config.net_nccl), named(&config.nccl_fallback));
+    // A real NCCL cannot move the simulator's memory: there only a library a variable names (the
+    // tests' stand-in NCCL over MPI) is loaded, never libnccl.so.2 from the search path.
+    if env.driver().backend_name() == "sim" && explicit.is_none() && fallback.is_none() {
+        return Err(format!(
+            "none registered (mcast_context_set_net); NCCL ({mode}): on the simulator only a library named by \
+             {} or {} is loaded (a real NCCL cannot move simulated memory)",
+            super::nccl::ENV,
+            super::nccl::FALLBACK_ENV
+        ));
+    }
+    super::nccl::load(explicit, fallback)
         .map_err(|why| format!("none registered (mcast_context_set_net); NCCL ({mode}): {why}"))
 }
 
-/// The NCCL engine (`MCAST_NET_NCCL`, else `MCAST_NCCL_FALLBACK`, else `libnccl.so.2`). Not
-/// built in this branch yet: the NCCL adapter comes with `runtime/net/nccl.rs`.
-fn nccl_load(explicit: Option<&str>, fallback: Option<&str>) -> std::result::Result<Arc<dyn Engine>, String> {
-    let tried: Vec<&str> = explicit.into_iter().chain(fallback).chain(["libnccl.so.2"]).collect();
-    Err(format!("the NCCL engine is not built into this library (would have tried {})", tried.join(", ")))
+/// A variable's value, `None` when unset or empty.
+fn named(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.is_empty())
 }

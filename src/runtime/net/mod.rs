@@ -6,6 +6,8 @@
 //! The C table `mcast_net_ops_t` is adapted to these traits in `capi`; built-in engines
 //! implement them directly.
 
+pub mod nccl;
+
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::{DType, RedOp};
 

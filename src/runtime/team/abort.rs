@@ -35,9 +35,10 @@ impl Team {
             return Some(self.aborted_error());
         }
         if !self.failed.load(Ordering::Acquire) {
-            // A team across NVLink domains also hears of ranks of other domains.
-            let told = self.comm.as_ref().and_then(|c| c.failure());
-            let (kind, why) = told.or_else(|| self.hier().and_then(|h| h.global.failure()))?;
+            // A team across NVLink domains also hears of ranks of other domains, first (the
+            // whole team's failure names its cause; a domain peer's exit after it, only that).
+            let global = self.hier().and_then(|h| h.global.failure());
+            let (kind, why) = global.or_else(|| self.comm.as_ref().and_then(|c| c.failure()))?;
             self.told(kind, &why);
             return self.error();
         }

@@ -328,6 +328,11 @@ impl Team {
             return Err(e);
         }
         let team = made?;
+        // An engine that runs on the GPU (NCCL) makes its communicator on the calling thread's
+        // current device; on failure the engine's own call fails, and that is voted.
+        if let Err(e) = env.driver().bind_thread(device) {
+            tracing::warn!("rank {r}: making device {device} current for the rail communicator: {e}");
+        }
         match Hier::connect(global, engine, layout, domains.names.clone(), device) {
             Ok(h) => {
                 tracing::debug!("rank {r}: a team across NVLink domains ({spanning}), engine \"{}\"", h.engine_name());

@@ -1,0 +1,398 @@
+//! Teams across NVLink domains on the simulator, one process per rank (the test re-runs its own
+//! binary as the ranks; `MCAST_HIER_CHILD` selects the case), with domains made by
+//! `MCAST_DOMAIN` labels and a test engine registered through the runtime (`Env::set_net`): its
+//! rail communicators talk over an mcast bootstrap of their own and reduce on the host (the
+//! simulator's device memory is host memory).
+
+mod common;
+
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use mcast::bootstrap::{host, new_root_id, new_unique_id, Bootstrap, ID_BYTES};
+use mcast::driver::{DevicePtr, Stream};
+use mcast::kernels::{Collective, DType, RedOp};
+use mcast::runtime::collective::synchronize;
+use mcast::runtime::config::{Config, NetMode};
+use mcast::runtime::context::Context;
+use mcast::runtime::hier::collective::run_ptr;
+use mcast::runtime::net::{Engine, RailComm, RailOob};
+use mcast::runtime::team::Team;
+use mcast::runtime::{Error, ErrorKind, Result};
+
+const ROLE: &str = "MCAST_HIER_CHILD";
+const TIMEOUT_MS: u32 = 3000;
+
+/// Runs `n` ranks of `case`, rank r labelled `labels[r]`.
+fn spawn(case: &str, labels: &[&str]) -> Vec<ExitStatus> {
+    let id = hex(&new_unique_id().unwrap());
+    let exe = std::env::current_exe().unwrap();
+    let n = labels.len();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+                .env(ROLE, format!("{case}:{n}:{r}:{}:{id}", labels[r]))
+                .env_remove("MCAST_DOMAIN")
+                .env_remove("MCAST_NET")
+                .env_remove("MCAST_HOST_ID");
+            hermetic_command(&mut c).spawn().unwrap()
+        })
+        .collect();
+    children.into_iter().map(|mut c| c.wait().unwrap()).collect()
+}
+
+fn all_ok(st: &[ExitStatus]) {
+    for (r, s) in st.iter().enumerate() {
+        assert!(s.success(), "rank {r} failed: {s:?}");
+    }
+}
+
+/// Two domains of consecutive ranks and two of interleaved ranks: creation, team info, every
+/// collective (both all-reduce paths, reduce-scatter, all-gather and broadcast of odd sizes).
+#[test]
+fn collectives_across_two_domains() {
+    all_ok(&spawn("collectives", &["A", "A", "B", "B"]));
+    all_ok(&spawn("collectives", &["A", "B", "A", "B"]));
+}
+
+/// Domains of different sizes are refused on every rank, naming each domain's size.
+#[test]
+fn unequal_domains_are_refused_naming_their_sizes() {
+    all_ok(&spawn("unequal", &["A", "A", "B"]));
+}
+
+/// No engine (`MCAST_NET=none`, none registered): refused on every rank, naming the domains and
+/// the engine tried.
+#[test]
+fn no_engine_is_refused_naming_what_was_tried() {
+    all_ok(&spawn("none", &["A", "B"]));
+}
+
+/// A rail engine failing on one rank fails the team on every rank with the same status.
+#[test]
+fn an_engine_failure_is_every_ranks() {
+    all_ok(&spawn("fail", &["A", "A", "B", "B"]));
+}
+
+/// A rank killed before a collective: the others get TIMEOUT or ABORTED within timeout_ms + 1 s.
+#[test]
+fn a_killed_rank_ends_the_others_in_time() {
+    let st = spawn("killed", &["A", "A", "B", "B"]);
+    for (r, s) in st.iter().enumerate().take(3) {
+        assert!(s.success(), "rank {r} failed: {s:?}");
+    }
+}
+
+/// The body of every case, in the child processes.
+#[test]
+fn child() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    let f: Vec<&str> = role.split(':').collect();
+    let (case, n, r, label) = (f[0], f[1].parse::<usize>().unwrap(), f[2].parse::<usize>().unwrap(), f[3]);
+    let id = unhex(f[4]);
+    let config = Config {
+        domain: Some(label.to_string()),
+        net: if case == "none" { NetMode::None } else { NetMode::Auto },
+        ..sim_runtime(false, 4, TIMEOUT_MS)
+    };
+    let ctx = runtime_context(config);
+    if case != "none" {
+        let fail = (case == "fail").then_some(1);
+        ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail })));
+    }
+    let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
+    match case {
+        "collectives" => collectives(&ctx, made.unwrap(), n, r),
+        "unequal" => {
+            let e = made.err().expect("refused");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
+            assert!(e.message.contains("MCAST_DOMAIN=A has 2, MCAST_DOMAIN=B has 1"), "{e}");
+        }
+        "none" => {
+            let e = made.err().expect("refused");
+            assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
+            for part in ["the team spans 2 NVLink domains", "MCAST_DOMAIN=A (ranks 0)", "MCAST_NET=none"] {
+                assert!(e.message.contains(part), "{part:?} in {e}");
+            }
+        }
+        "fail" => fail(&ctx, made.unwrap(), r),
+        "killed" => killed(&ctx, made.unwrap(), r),
+        _ => panic!("unknown case {case}"),
+    }
+}
+
+fn collectives(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
+    let info = team.info();
+    assert_eq!((info.size, info.domains, info.domain_size, info.net_engine.as_str()), (n, 2, n / 2, "test"));
+    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let d = ctx.driver();
+    let (send, recv) = (d.mem_alloc(dev, 1 << 20).unwrap(), d.mem_alloc(dev, 1 << 20).unwrap());
+    let run = |s: DevicePtr, q: DevicePtr, count: usize, c: Collective| {
+        run_ptr(&team, r as i32, s, q, count, c, Stream(0)).unwrap();
+        synchronize(&team, team.own_index(r as i32).unwrap(), Stream(0)).unwrap();
+    };
+    let value = |q: usize, i: usize| ((q * 7 + i * 3) % 11) as f32 - 5.0;
+    // All-reduce: the short way (5) and the domain reduce-scatter, rail shard, domain all-gather
+    // with a tail (20011 f32: over 64 KiB).
+    for count in [5usize, 20011] {
+        let x: Vec<u8> = (0..count).flat_map(|i| value(r, i).to_ne_bytes()).collect();
+        d.memcpy_htod(dev, send, &x).unwrap();
+        run(send, recv, count, Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum });
+        let mut y = vec![0u8; count * 4];
+        d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+        for (i, b) in y.chunks(4).enumerate() {
+            let want: f32 = (0..n).map(|q| value(q, i)).sum();
+            assert_eq!(f32::from_ne_bytes(b.try_into().unwrap()), want, "all-reduce of {count}, element {i}");
+        }
+    }
+    // Reduce-scatter (i32 max): rank r gets block r's maximum.
+    let count = 1001;
+    let x: Vec<u8> = (0..n * count).flat_map(|i| (value(r, i) as i32).to_ne_bytes()).collect();
+    d.memcpy_htod(dev, send, &x).unwrap();
+    run(send, recv, count, Collective::ReduceScatter { dtype: DType::I32, op: RedOp::Max });
+    let mut y = vec![0u8; count * 4];
+    d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+    for (i, b) in y.chunks(4).enumerate() {
+        let want = (0..n).map(|q| value(q, r * count + i) as i32).max().unwrap();
+        assert_eq!(i32::from_ne_bytes(b.try_into().unwrap()), want, "reduce-scatter element {i}");
+    }
+    // All-gather and broadcast of odd byte counts.
+    let byte = |q: usize, j: usize| (q * 31 + j * 7 + 1) as u8;
+    for bytes in [1usize, 4097] {
+        let x: Vec<u8> = (0..bytes).map(|j| byte(r, j)).collect();
+        d.memcpy_htod(dev, send, &x).unwrap();
+        run(send, recv, bytes, Collective::AllGather);
+        let mut y = vec![0u8; n * bytes];
+        d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+        for (k, &b) in y.iter().enumerate() {
+            assert_eq!(b, byte(k / bytes, k % bytes), "all-gather of {bytes}, byte {k}");
+        }
+        for root in [n - 1, 1] {
+            run(send, recv, bytes, Collective::Broadcast { root: root as u32 });
+            let mut y = vec![0u8; bytes];
+            d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+            assert!(y.iter().enumerate().all(|(j, &b)| b == byte(root, j)), "broadcast of {bytes} from {root}");
+        }
+    }
+    d.mem_free(dev, send).unwrap();
+    d.mem_free(dev, recv).unwrap();
+    team.destroy().unwrap();
+    assert_clean(ctx);
+}
+
+fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
+    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let d = ctx.driver();
+    let buf = d.mem_alloc(dev, 4096).unwrap();
+    let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let got = run_ptr(&team, r as i32, buf, buf, 16, c, Stream(0));
+    if r == 1 {
+        let e = got.expect_err("the engine fails on rank 1");
+        assert_eq!(e.kind, ErrorKind::Driver, "{e}");
+        assert!(e.message.contains("test engine: all_reduce failed on rank 1"), "{e}");
+    }
+    // Every rank learns it (told over the team's connections) within a few seconds.
+    let t0 = Instant::now();
+    let local = team.own_index(r as i32).unwrap();
+    let e = loop {
+        match synchronize(&team, local, Stream(0)) {
+            Err(e) => break e,
+            Ok(()) if t0.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(10)),
+            Ok(()) => panic!("rank {r} was not told of the engine's failure"),
+        }
+    };
+    assert_eq!(e.kind, ErrorKind::Driver, "{e}");
+    assert!(e.message.contains("all_reduce failed on rank 1"), "{e}");
+    d.mem_free(dev, buf).unwrap();
+    team.destroy().unwrap();
+}
+
+fn killed(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
+    if r == 3 {
+        std::process::exit(0);
+    }
+    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let d = ctx.driver();
+    let buf = d.mem_alloc(dev, 1 << 20).unwrap();
+    let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let t0 = Instant::now();
+    let local = team.own_index(r as i32).unwrap();
+    let e = run_ptr(&team, r as i32, buf, buf, 100_000, c, Stream(0))
+        .and_then(|()| synchronize(&team, local, Stream(0)))
+        .expect_err("a rank is gone");
+    let took = t0.elapsed();
+    assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Aborted), "{e}");
+    assert!(took <= Duration::from_millis(u64::from(TIMEOUT_MS) + 1000), "rank {r} took {took:?}: {e}");
+    let _ = team.destroy();
+}
+
+/// The test engine: one mcast bootstrap per rail; reductions on the host.
+struct TestEngine {
+    rank: usize,
+    fail: Option<usize>,
+}
+
+impl Engine for TestEngine {
+    fn name(&self) -> &str {
+        "test"
+    }
+
+    fn stream_ordered(&self) -> bool {
+        false
+    }
+
+    fn comm_create(
+        &self,
+        _rail: usize,
+        domain: usize,
+        ndomains: usize,
+        oob: &dyn RailOob,
+    ) -> Result<Box<dyn RailComm>> {
+        let mine = if domain == 0 { new_root_id().map_err(Error::from)? } else { [0; ID_BYTES] };
+        let mut all = vec![0u8; ID_BYTES * ndomains];
+        oob.allgather(&mine, &mut all)?;
+        let id: [u8; ID_BYTES] = all[..ID_BYTES].try_into().unwrap();
+        let boot = Bootstrap::init_id(&id, ndomains as i64, domain as i64, 72, TIMEOUT_MS, host::host_id())?;
+        Ok(Box::new(TestRail { boot, rank: self.rank, fail: self.fail == Some(self.rank) }))
+    }
+}
+
+struct TestRail {
+    boot: Bootstrap,
+    rank: usize,
+    fail: bool,
+}
+
+/// `len` bytes of the simulator's device memory at `p` (host memory).
+fn bytes(p: DevicePtr, len: usize) -> Vec<u8> {
+    // SAFETY: simulator device memory is host memory, `len` bytes of it at `p` (the caller's range).
+    unsafe { std::slice::from_raw_parts(p as usize as *const u8, len) }.to_vec()
+}
+
+fn store(p: DevicePtr, data: &[u8]) {
+    // SAFETY: as in `bytes`, writable.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as usize as *mut u8, data.len()) }
+}
+
+fn fold(parts: &[&[u8]], dtype: DType, op: RedOp) -> Result<Vec<u8>> {
+    macro_rules! with {
+        ($t:ty) => {{
+            let n = std::mem::size_of::<$t>();
+            let get = |b: &[u8], i: usize| <$t>::from_ne_bytes(b[i * n..(i + 1) * n].try_into().unwrap());
+            let count = parts[0].len() / n;
+            let mut out = Vec::with_capacity(parts[0].len());
+            for i in 0..count {
+                let mut acc = get(parts[0], i);
+                for p in &parts[1..] {
+                    let v = get(p, i);
+                    acc = match op {
+                        RedOp::Sum => acc + v,
+                        RedOp::Min => {
+                            if v < acc {
+                                v
+                            } else {
+                                acc
+                            }
+                        }
+                        RedOp::Max => {
+                            if v > acc {
+                                v
+                            } else {
+                                acc
+                            }
+                        }
+                    };
+                }
+                out.extend_from_slice(&acc.to_ne_bytes());
+            }
+            out
+        }};
+    }
+    Ok(match dtype {
+        DType::F32 => with!(f32),
+        DType::F64 => with!(f64),
+        DType::I32 => with!(i32),
+        DType::U32 => with!(u32),
+        DType::I64 => with!(i64),
+        DType::U64 => with!(u64),
+        _ => return Err(Error::not_supported("the test engine reduces no 16-bit types")),
+    })
+}
+
+impl TestRail {
+    fn gather(&self, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let parts = self.boot.allgather(what, Ok(()), mine, &[])?;
+        Ok(parts.into_iter().map(|p| p.bytes).collect())
+    }
+}
+
+impl RailComm for TestRail {
+    fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DType,
+        op: RedOp,
+        _: Stream,
+    ) -> Result<()> {
+        let all = self.gather("all_reduce", &bytes(send, count * dtype.size()))?;
+        if self.fail {
+            return Err(Error::new(ErrorKind::Driver, format!("test engine: all_reduce failed on rank {}", self.rank)));
+        }
+        let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+        store(recv, &fold(&parts, dtype, op)?);
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DType,
+        op: RedOp,
+        _: Stream,
+    ) -> Result<()> {
+        let block = recv_count * dtype.size();
+        let nd = self.boot.nranks();
+        let all = self.gather("reduce_scatter", &bytes(send, nd * block))?;
+        let me = self.boot.rank();
+        let parts: Vec<&[u8]> = all.iter().map(|p| &p[me * block..(me + 1) * block]).collect();
+        store(recv, &fold(&parts, dtype, op)?);
+        Ok(())
+    }
+
+    fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DType, _: Stream) -> Result<()> {
+        let all = self.gather("all_gather", &bytes(send, send_count * dtype.size()))?;
+        store(recv, &all.concat());
+        Ok(())
+    }
+
+    fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        _: Stream,
+    ) -> Result<()> {
+        let mine = if self.boot.rank() == root { bytes(send, count * dtype.size()) } else { Vec::new() };
+        let all = self.gather("broadcast", &mine)?;
+        store(recv, &all[root]);
+        Ok(())
+    }
+
+    fn abort(&self) -> Result<()> {
+        self.boot.abort("the team was aborted");
+        Ok(())
+    }
+
+    fn destroy(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
