@@ -22,11 +22,11 @@
 //!
 //! Results are the same on every rank: each reduced element is reduced once, on one rail (or,
 //! the short way, by the same deterministic steps on every rail from equal inputs). With an
-//! engine that is not stream-ordered (MPI) the stages run one after the other: the stream is
-//! synchronised before each rail call, which completes before it returns, and a collective
-//! that used the scratch synchronises the stream before returning. With a stream-ordered
-//! engine every stage is enqueued on the caller's stream (on the simulator the stream is still
-//! synchronised before each rail call: no engine can enqueue on a simulated stream); a rank's collectives on one team
+//! engine that is not stream-ordered (MPI), and with any engine on the simulator (whose streams
+//! no engine can enqueue on), the stages run one after the other: the stream is synchronised
+//! before each rail call, which completes before it returns, and a collective that used the
+//! scratch synchronises the stream before returning. With a stream-ordered
+//! engine every stage is enqueued on the caller's stream; a rank's collectives on one team
 //! share one scratch, so they must be issued on one stream. The stages are not pipelined yet.
 
 use std::cell::Cell;
@@ -222,14 +222,19 @@ impl Steps<'_> {
         domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
     }
 
-    /// A rail call: after the stream's work when the engine is not stream-ordered, and on the
-    /// simulator, whose streams no engine can enqueue on (an engine there, such as the tests'
-    /// stand-in NCCL over MPI, moves the data when called). It runs whatever this rank has heard
-    /// of the team's failure: a blocking engine's peers would wait forever for a rail member that
-    /// skipped its call.
+    /// True when the rail calls run stage by stage: the engine is not stream-ordered, or the
+    /// driver is the simulator (whose streams no engine can enqueue on: a stream-ordered
+    /// engine's call then runs when called, after the stream's earlier work).
+    fn blocking(&self) -> bool {
+        !self.h.stream_ordered() || self.team.context().driver().as_sim().is_some()
+    }
+
+    /// A rail call: after the stream's work when the rail calls run stage by stage. It runs
+    /// whatever this rank has heard of the team's failure: a blocking engine's peers would wait
+    /// forever for a rail member that skipped its call.
     fn rail(&self, what: &str, f: impl FnOnce(&dyn RailComm) -> Result<()>) -> Result<()> {
         let dev = self.team.devices()[self.h.local];
-        if !self.h.stream_ordered() || self.team.context().driver().backend_name() == "sim" {
+        if self.blocking() {
             self.team.context().driver().stream_synchronize(dev, self.stream).map_err(|e| {
                 Error::driver(e, format_args!("waiting for rank {}'s stream before the rail {what}", self.g))
             })?;
@@ -242,7 +247,7 @@ impl Steps<'_> {
 
     /// The end of a collective that used the scratch (see the module doc).
     fn done_with_scratch(&self) -> Result<()> {
-        if self.h.stream_ordered() {
+        if !self.blocking() {
             return Ok(());
         }
         let dev = self.team.devices()[self.h.local];
