@@ -352,3 +352,37 @@ fn child() {
     team.destroy().unwrap();
     assert_clean(&ctx);
 }
+
+/// `MCAST_CHECK_CALLS=off` (config `check_calls: false` on every rank) turns the check off, as
+/// documented for latency-critical programs that trust their calls: a broadcast whose ranks
+/// name different roots is not refused (each rank copies from the root it named), and the team
+/// stays usable. With it on in any one rank, the team checks.
+#[test]
+fn the_check_can_be_turned_off() {
+    for route in [LL, BARRIER] {
+        let ctx = runtime_context(Config {
+            check_calls: false,
+            ll: if route.ll { LlMode::On } else { LlMode::Off },
+            ..sim_runtime(false, 4, TIMEOUT_MS)
+        });
+        load_every_module(sim(&ctx));
+        let team = Team::create(&ctx, &[0, 1]).unwrap();
+        assert!(!team.check_calls());
+        let buf = Buffer::alloc(&team, BYTES).unwrap();
+        for r in 0..2 {
+            fill(buf.local_ptr(r as i32).unwrap(), r, BYTES);
+        }
+        for (r, root) in [(0, 0), (1, 1)] {
+            run(&buf, r, 0, 4096, Collective::Broadcast { root }, Stream::DEFAULT).unwrap();
+        }
+        for r in 0..2 {
+            synchronize(&team, r, Stream::DEFAULT).unwrap();
+        }
+        assert_eq!(team.async_error(), None, "{route:?}");
+        buf.free().unwrap();
+        team.destroy().unwrap();
+        assert_clean(&ctx);
+    }
+    let ctx = context(BARRIER);
+    assert!(Team::create(&ctx, &[0, 1]).unwrap().check_calls(), "on by default");
+}

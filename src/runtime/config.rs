@@ -169,6 +169,11 @@ pub struct Config {
     /// LL kernels for small messages (`MCAST_LL`; not in the C config struct). The ranks of a
     /// team agree at creation: LL runs only where every rank has it on.
     pub ll: LlMode,
+    /// The ranks of a collective compare their calls' signatures (collective, dtype, op, root,
+    /// count, offsets) at the kernels' entry and refuse a disagreement with INVALID_ARGUMENT
+    /// (`MCAST_CHECK_CALLS`, default on; not in the C config struct). The ranks of a team agree
+    /// at creation: the check runs where any rank has it on.
+    pub check_calls: bool,
     /// Smallest message (bytes, as `mcast-bench` counts them: the whole gathered output of an
     /// all-gather, the message of a broadcast or all-reduce) that the P2P transport moves with
     /// the copy engines instead of SM kernels; 0 = never (`MCAST_CE_MIN_BYTES`; not in the C
@@ -217,6 +222,7 @@ impl Default for Config {
             domain: None,
             mnnvl: true,
             ll: LlMode::Auto,
+            check_calls: true,
             ce_min_bytes: None,
             device_slots: DEFAULT_DEVICE_SLOTS,
             sim_host_env: None,
@@ -327,6 +333,12 @@ impl Config {
         }
         self.net_nccl = get("MCAST_NET_NCCL");
         self.nccl_fallback = get("MCAST_NCCL_FALLBACK");
+        if let Some(v) = get("MCAST_CHECK_CALLS") {
+            match parse_bool(&v) {
+                Some(b) => self.check_calls = b,
+                None => warn_malformed("MCAST_CHECK_CALLS", &v, "on or off"),
+            }
+        }
         if let Some(v) = get("MCAST_LL") {
             match v.to_ascii_lowercase().as_str() {
                 "auto" => self.ll = LlMode::Auto,
@@ -461,6 +473,8 @@ mod tests {
         assert_eq!(c.sim_device_memory, 512 << 20);
         assert!(!c.sim_multicast_supported);
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "1024")]).device_slots, 1024);
+        assert!(!with(&[("MCAST_CHECK_CALLS", "off")]).check_calls);
+        assert!(with(&[("MCAST_CHECK_CALLS", "maybe")]).check_calls, "malformed: the default, on");
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "0")]).device_slots, DEFAULT_DEVICE_SLOTS);
         assert_eq!(with(&[("MCAST_DEVICE_SLOTS", "65537")]).device_slots, DEFAULT_DEVICE_SLOTS);
     }

@@ -57,7 +57,7 @@ pub(super) fn launch_kernel(
         max_blocks: team.max_blocks(),
         local_only,
         ll: team.ll(),
-        signature: sig,
+        signature: sig.filter(|_| team.check_calls()),
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued

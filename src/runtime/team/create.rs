@@ -82,7 +82,7 @@ impl Team {
             }
         };
         let ce = env.ce_min_bytes();
-        let agreed = (max_blocks, ll, ce, slots);
+        let agreed = (max_blocks, ll, ce, slots, env.config().check_calls);
         let team = Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), seg, reserved);
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
@@ -222,6 +222,7 @@ impl Team {
         e.u32(u32::from(env.ll_wanted()));
         e.u64(env.ce_min_bytes());
         e.u32(env.config().device_slots);
+        e.u32(u32::from(env.config().check_calls));
         let ok = local.as_ref().map(|_| ()).map_err(Clone::clone).and(sms.as_ref().map(|_| ()).map_err(Clone::clone));
         let parts = comm.exchange("granularity", ok, &e.0, &[])?;
         let mut granularity = 1usize;
@@ -234,6 +235,9 @@ impl Team {
         let mut ce = Some(0u64);
         // Device-API slots: the most any rank asks for (the layout must be the same everywhere).
         let mut slots = 1u32;
+        // Call signatures: checked where any rank has the check on (every rank must send them
+        // where any rank reads them).
+        let mut check_calls = false;
         for (q, p) in parts.iter().enumerate() {
             let mut d = Dec(&p.bytes);
             granularity = lcm(granularity, (d.u64()? as usize).max(1));
@@ -245,6 +249,7 @@ impl Team {
                 (Some(a), b) => Some(a.max(b)),
             };
             slots = slots.max(d.u32()?.clamp(1, MAX_DEVICE_SLOTS));
+            check_calls |= d.u32()? != 0;
         }
         let ce = ce.unwrap_or(0);
         let max_blocks = max_blocks.max(1);
@@ -274,7 +279,16 @@ impl Team {
             )),
             _ => e,
         })?;
-        let team = Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce, slots), domains, seg, reserved);
+        let team = Team::assemble(
+            env,
+            shape,
+            transport,
+            reason,
+            (max_blocks, ll, ce, slots, check_calls),
+            domains,
+            seg,
+            reserved,
+        );
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?} {}, {} handles, LL {ll}",
             team.reason,
@@ -355,7 +369,7 @@ impl Team {
         shape: Shape,
         transport: Transport,
         reason: String,
-        agreed: (u32, bool, u64, u32),
+        agreed: (u32, bool, u64, u32, bool),
         domains: Domains,
         seg: Segment,
         reserved: usize,
@@ -380,6 +394,7 @@ impl Team {
             ll: agreed.1,
             ce_min_bytes: agreed.2,
             device_slots: agreed.3,
+            check_calls: agreed.4,
             device_offset: device_offset(n as u32, agreed.1),
             error: Mutex::new(None),
             failed: AtomicBool::new(false),

@@ -62,6 +62,8 @@ pub struct Team {
     ce_min_bytes: u64,
     /// Device-API slots reserved per rank (see [`Team::device_slots`]).
     device_slots: u32,
+    /// The ranks compare their calls' signatures (see [`Team::check_calls`]).
+    check_calls: bool,
     /// Offset of the device-API slots from each rank's sync region.
     device_offset: usize,
     /// The first device-side error (a barrier timeout); sticky until the team is destroyed.
@@ -136,6 +138,12 @@ impl Team {
     /// largest of the ranks' thresholds), so every rank takes the same route.
     pub fn ce_min_bytes(&self) -> u64 {
         self.ce_min_bytes
+    }
+
+    /// True when the collectives' kernels compare the ranks' call signatures and refuse a
+    /// disagreement (`MCAST_CHECK_CALLS`): agreed at creation, on where any rank has it on.
+    pub fn check_calls(&self) -> bool {
+        self.check_calls
     }
 
     /// Barrier and signal slots the team reserved for the device API (`mcast/device.h`): the
