@@ -99,6 +99,10 @@ static void collectives(ncclComm_t comm) {
 }
 
 int main(int argc, char **argv) {
+  /* preloaded: the NCCL is in the process before libmcast_nccl looks for it, as PyTorch's
+     libtorch_cuda.so loads libnccl.so.2 at start: libmcast_nccl then uses that copy as it was
+     loaded (no RTLD_DEEPBIND), so NCCL's calls of its own exported functions come to it. */
+  if (argc == 4 && strcmp(argv[2], "preloaded") == 0) NCHECK(dlopen(argv[3], RTLD_NOW | RTLD_GLOBAL) != NULL);
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -110,7 +114,7 @@ int main(int argc, char **argv) {
   char label[16];
   snprintf(label, sizeof label, "D%d", rank / (n / ndomains));
   NCHECK(setenv("MCAST_DOMAIN", label, 1) == 0);
-  int hier = strcmp(mode, "hier") == 0, bad = strcmp(mode, "bad") == 0;
+  int hier = strcmp(mode, "hier") == 0 || strcmp(mode, "preloaded") == 0, bad = strcmp(mode, "bad") == 0;
   NCHECK(hier || bad || strcmp(mode, "whole") == 0);
   if (hier) NCHECK(setenv("MCAST_NCCL_HIER", "on", 1) == 0);
   if (bad) NCHECK(setenv("MCAST_NCCL_HIER", "maybe", 1) == 0);

@@ -322,6 +322,12 @@ static ncclResult_t begin(const char *what, ncclComm_t comm, ncclDataType_t dtyp
     snprintf(why, sizeof why, "%s: not a live communicator", what);
     return fail(ncclInvalidArgument, why);
   }
+  /* As NCCL does before every collective (ncclCommEnsureReady): its own exported function, by
+   * name, through the dynamic linker, so a library in front of NCCL receives this communicator. */
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+  if (r != ncclSuccess) return r;
+  if (async != ncclSuccess) return async;
   if ((*size = mpi_type(dtype, t)) == 0) {
     snprintf(why, sizeof why, "%s: dtype %d is not served", what, (int)dtype);
     return fail(ncclInvalidArgument, why);

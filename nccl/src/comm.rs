@@ -544,9 +544,11 @@ pub fn untrack_fallback(fc: usize) {
 /// windows in NCCL 2.28) through the dynamic linker. When this library is in front of NCCL
 /// (`LD_PRELOAD`, or linked before a `libnccl` the program also loads, as PyTorch's
 /// `libtorch_cuda.so` does) those calls arrive here with NCCL's own communicators, and must go
-/// back to NCCL.
+/// back to NCCL. The same holds for the rail communicators of mcast's NCCL engine, which with
+/// `MCAST_NCCL_HIER=on` the fallback NCCL makes for a team across NVLink domains.
 pub fn foreign(ptr: *const c_void) -> Option<&'static fallback::Nccl> {
-    if ptr.is_null() || !FALLBACK_COMMS.lock().as_ref().is_some_and(|s| s.contains(&(ptr as usize))) {
+    let ours = FALLBACK_COMMS.lock().as_ref().is_some_and(|s| s.contains(&(ptr as usize)));
+    if ptr.is_null() || !(ours || mcast::runtime::net::nccl::is_rail_comm(ptr)) {
         return None;
     }
     match fallback::library() {

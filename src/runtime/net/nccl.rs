@@ -13,7 +13,7 @@
 //! are stream ordered; a failed call (its return value, or the communicator's asynchronous
 //! error after it) is an [`ErrorKind::Driver`] error naming the NCCL function and its result.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -319,7 +319,27 @@ impl Engine for NcclEngine {
                 .error("ncclCommInitRankConfig", r, std::ptr::null_mut())
                 .context(format!("rail {rail} (position {domain} of {ndomains}) on {}", self.name)));
         }
+        RAIL_COMMS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert(comm as usize);
         Ok(Box::new(NcclRail { api: self.api.clone(), comm: AtomicPtr::new(comm), rail }))
+    }
+}
+
+/// The rail communicators alive in this process, as NCCL made them.
+static RAIL_COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// True when `comm` is a live rail communicator of this engine: NCCL calls its own exported
+/// functions through the dynamic linker (`ncclCommGetAsyncError` from inside `ncclBroadcast`,
+/// `ncclCommDestroy`, ...), so where `libmcast_nccl` stands in front of NCCL those calls reach
+/// it with these communicators, and it must send them back to NCCL.
+pub fn is_rail_comm(comm: *const c_void) -> bool {
+    !comm.is_null()
+        && RAIL_COMMS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(&(comm as usize)))
+}
+
+/// Forgets `comm` once NCCL released it (after the call: NCCL's teardown asks about it).
+fn forget(comm: NcclComm) {
+    if let Some(s) = RAIL_COMMS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        s.remove(&(comm as usize));
     }
 }
 
@@ -468,6 +488,7 @@ impl RailComm for NcclRail {
         }
         // SAFETY: a live communicator, aborted once (the swap above).
         let r = unsafe { (self.api.comm_abort)(comm) };
+        forget(comm);
         if r != SUCCESS {
             return Err(self
                 .api
@@ -484,6 +505,7 @@ impl RailComm for NcclRail {
         }
         // SAFETY: a live communicator, destroyed once.
         let r = unsafe { (self.api.comm_destroy)(comm) };
+        forget(comm);
         if r != SUCCESS {
             return Err(self
                 .api
