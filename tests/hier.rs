@@ -17,7 +17,7 @@ use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::collective::synchronize;
 use mcast::runtime::config::{Config, NetMode};
 use mcast::runtime::context::Context;
-use mcast::runtime::hier::collective::run_ptr;
+use mcast::runtime::hier::collective::{run_ptr, Chunks, CHUNK_BYTES};
 use mcast::runtime::net::{Engine, RailComm, RailOob};
 use mcast::runtime::team::Team;
 use mcast::runtime::{Error, ErrorKind, Result};
@@ -64,6 +64,15 @@ fn unequal_domains_are_refused_naming_their_sizes() {
     all_ok(&spawn("unequal", &["A", "A", "B"]));
 }
 
+/// The all-reduce through the rails in chunks (`hier::collective::Chunks`): sizes around the
+/// pipelining threshold and above it, odd counts (a tail), every dtype and op, in place too;
+/// each result equals the reduction of the inputs in rank order, element for element.
+#[test]
+fn chunked_all_reduce_across_two_domains() {
+    all_ok(&spawn("chunked", &["A", "A", "B", "B"]));
+    all_ok(&spawn("chunked", &["A", "B", "A", "B"]));
+}
+
 /// No engine (`MCAST_NET=none`, none registered): refused on every rank, naming the domains and
 /// the engine tried.
 #[test]
@@ -106,6 +115,7 @@ fn child() {
     let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
     match case {
         "collectives" => collectives(&ctx, made.unwrap(), n, r),
+        "chunked" => chunked(&ctx, made.unwrap(), n, r),
         "unequal" => {
             let e = made.err().expect("refused");
             assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
@@ -175,6 +185,65 @@ fn collectives(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
             let mut y = vec![0u8; bytes];
             d.memcpy_dtoh(dev, &mut y, recv).unwrap();
             assert!(y.iter().enumerate().all(|(j, &b)| b == byte(root, j)), "broadcast of {bytes} from {root}");
+        }
+    }
+    d.mem_free(dev, send).unwrap();
+    d.mem_free(dev, recv).unwrap();
+    team.destroy().unwrap();
+    assert_clean(ctx);
+}
+
+fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
+    let l = n / 2;
+    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let d = ctx.driver();
+    const BYTES: usize = 9 << 20;
+    let (send, recv) = (d.mem_alloc(dev, BYTES).unwrap(), d.mem_alloc(dev, BYTES).unwrap());
+    // Small integers (exact in every dtype, whatever the order of reduction); the 64-bit
+    // integers get a high part that a 32-bit path would lose.
+    let input = |q: usize, count: usize, dtype: DType| -> Vec<u8> {
+        (0..count)
+            .flat_map(|i| {
+                let v = ((q * 7 + i * 3) % 11) as i64 - 5;
+                match dtype {
+                    DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+                    DType::F64 => (v as f64).to_ne_bytes().to_vec(),
+                    DType::F16 => half::f16::from_f32(v as f32).to_ne_bytes().to_vec(),
+                    DType::BF16 => half::bf16::from_f32(v as f32).to_ne_bytes().to_vec(),
+                    DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+                    DType::U32 => ((v + 5) as u32).to_ne_bytes().to_vec(),
+                    DType::I64 => (v - (3 << 40)).to_ne_bytes().to_vec(),
+                    DType::U64 => ((v + 5) as u64 + (5 << 40)).to_ne_bytes().to_vec(),
+                }
+            })
+            .collect()
+    };
+    let mut cases = Vec::new();
+    // Around 2 x CHUNK_BYTES of f32 through the rails (K = 1 below, 2 above), K = 3 and the
+    // most chunks, each with a tail; in place once.
+    for count in [524_287usize, 524_289, 786_433, 2_097_155] {
+        cases.push((count, DType::F32, RedOp::Sum, count == 786_433));
+    }
+    for dtype in [DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64] {
+        for (count, op) in [(524_289 + 2 * l, RedOp::Sum), (786_433, RedOp::Max), (262_147, RedOp::Min)] {
+            cases.push((count, dtype, op, false));
+        }
+    }
+    for (count, dtype, op, in_place) in cases {
+        let plan = Chunks::of(count, dtype.size(), l);
+        assert!(count * dtype.size() < 2 * CHUNK_BYTES || plan.k > 1, "{count} {dtype:?}: {plan:?}");
+        let x = input(r, count, dtype);
+        let src = if in_place { recv } else { send };
+        d.memcpy_htod(dev, src, &x).unwrap();
+        run_ptr(&team, r as i32, src, recv, count, Collective::AllReduce { dtype, op }, Stream(0)).unwrap();
+        synchronize(&team, team.own_index(r as i32).unwrap(), Stream(0)).unwrap();
+        let mut y = vec![0u8; x.len()];
+        d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+        let all: Vec<Vec<u8>> = (0..n).map(|q| input(q, count, dtype)).collect();
+        let want = fold(&all.iter().map(Vec::as_slice).collect::<Vec<_>>(), dtype, op).unwrap();
+        let es = dtype.size();
+        if let Some(i) = (0..count).find(|&i| y[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
+            panic!("all-reduce of {count} {dtype:?} {op:?} (in place: {in_place}, {plan:?}): element {i} differs");
         }
     }
     d.mem_free(dev, send).unwrap();
@@ -318,14 +387,24 @@ fn fold(parts: &[&[u8]], dtype: DType, op: RedOp) -> Result<Vec<u8>> {
         DType::U32 => with!(u32),
         DType::I64 => with!(i64),
         DType::U64 => with!(u64),
-        _ => return Err(Error::not_supported("the test engine reduces no 16-bit types")),
+        DType::F16 => with!(half::f16),
+        DType::BF16 => with!(half::bf16),
     })
 }
 
 impl TestRail {
+    /// Every member's `mine` (of one length on every member), in pieces under the bootstrap's
+    /// frame cap (a frame carries every member's piece).
     fn gather(&self, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let parts = self.boot.allgather(what, Ok(()), mine, &[])?;
-        Ok(parts.into_iter().map(|p| p.bytes).collect())
+        const PIECE: usize = 128 << 10;
+        let mut all = vec![Vec::with_capacity(mine.len()); self.boot.nranks()];
+        for piece in mine.chunks(PIECE) {
+            let parts = self.boot.allgather(what, Ok(()), piece, &[])?;
+            for (to, p) in all.iter_mut().zip(parts) {
+                to.extend_from_slice(&p.bytes);
+            }
+        }
+        Ok(all)
     }
 }
 
@@ -381,7 +460,8 @@ impl RailComm for TestRail {
         root: usize,
         _: Stream,
     ) -> Result<()> {
-        let mine = if self.boot.rank() == root { bytes(send, count * dtype.size()) } else { Vec::new() };
+        let len = count * dtype.size();
+        let mine = if self.boot.rank() == root { bytes(send, len) } else { vec![0; len] };
         let all = self.gather("broadcast", &mine)?;
         store(recv, &all[root]);
         Ok(())
