@@ -17,7 +17,7 @@ use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::collective::synchronize;
 use mcast::runtime::config::{Config, NetMode};
 use mcast::runtime::context::Context;
-use mcast::runtime::hier::collective::{run_ptr, Chunks, CHUNK_BYTES};
+use mcast::runtime::hier::collective::{run_ptr, Chunks, DEPTH_BYTES};
 use mcast::runtime::net::{Engine, RailComm, RailOob};
 use mcast::runtime::team::Team;
 use mcast::runtime::{Error, ErrorKind, Result};
@@ -197,7 +197,7 @@ fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
     let l = n / 2;
     let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
     let d = ctx.driver();
-    const BYTES: usize = 9 << 20;
+    const BYTES: usize = 34 << 20;
     let (send, recv) = (d.mem_alloc(dev, BYTES).unwrap(), d.mem_alloc(dev, BYTES).unwrap());
     // Small integers (exact in every dtype, whatever the order of reduction); the 64-bit
     // integers get a high part that a 32-bit path would lose.
@@ -218,20 +218,18 @@ fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
             })
             .collect()
     };
-    let mut cases = Vec::new();
-    // Around 2 x CHUNK_BYTES of f32 through the rails (K = 1 below, 2 above), K = 3 and the
-    // most chunks, each with a tail; in place once.
-    for count in [524_287usize, 524_289, 786_433, 2_097_155] {
-        cases.push((count, DType::F32, RedOp::Sum, count == 786_433));
-    }
+    // Through the rails in one chunk and in two (the last one longer, as (count / L) / 2 is
+    // odd), with a tail; in place once.
+    let mut cases = vec![(8_388_607usize, DType::F32, RedOp::Sum, false), (8_388_611, DType::F32, RedOp::Sum, true)];
     for dtype in [DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64] {
-        for (count, op) in [(524_289 + 2 * l, RedOp::Sum), (786_433, RedOp::Max), (262_147, RedOp::Min)] {
+        for (count, op) in [(524_289 + 2 * l, RedOp::Sum), (262_147, RedOp::Max), (131_075, RedOp::Min)] {
             cases.push((count, dtype, op, false));
         }
     }
+    cases.push((4_194_307, DType::U64, RedOp::Sum, false));
     for (count, dtype, op, in_place) in cases {
         let plan = Chunks::of(count, dtype.size(), l);
-        assert!(count * dtype.size() < 2 * CHUNK_BYTES || plan.k > 1, "{count} {dtype:?}: {plan:?}");
+        assert_eq!(plan.k > 1, count * dtype.size() > 4 * DEPTH_BYTES, "{count} {dtype:?}: {plan:?}");
         let x = input(r, count, dtype);
         let src = if in_place { recv } else { send };
         d.memcpy_htod(dev, src, &x).unwrap();

@@ -8,8 +8,8 @@
 //!   rail all-reduce of the whole message (two steps, the shortest path). Larger: domain
 //!   reduce-scatter of the first `L * (count / L)` elements (rank l keeps shard l, in `recv`),
 //!   rail all-reduce of the shard, domain all-gather of the shards into `recv`; the
-//!   `count % L` elements left go the short way. From 2 x [`CHUNK_BYTES`] on, that part is cut
-//!   into K chunks ([`Chunks`]: K = min([`MAX_CHUNKS`], bytes / [`CHUNK_BYTES`]), each a
+//!   `count % L` elements left go the short way. From 32 MiB on, that part is cut into K
+//!   chunks ([`Chunks`]: K = sqrt(bytes / [`DEPTH_BYTES`]), at most [`MAX_CHUNKS`], each a
 //!   multiple of L elements) and pipelined: with a stream-ordered engine on CUDA, chunk k's rail
 //!   call runs on the rank's rail stream ([`super::Pipe`]) while the caller's stream runs chunk
 //!   k+1's reduce-scatter; elsewhere the same chunks run in the same order, stage by stage.
@@ -51,12 +51,15 @@ use crate::runtime::team::Team;
 /// all-reduce of the whole message.
 pub const SMALL_BYTES: usize = 64 * 1024;
 
-/// Smallest chunk (bytes) of a pipelined all-reduce: a message of at least twice this many
-/// bytes (in its part that splits evenly over the domain) is cut into chunks of at least this.
-pub const CHUNK_BYTES: usize = 1 << 20;
+/// The pipeline depth of an all-reduce of B bytes through the rails is K = floor(sqrt(B /
+/// `DEPTH_BYTES`)), at most [`MAX_CHUNKS`]: the depth that the cost model (BENCHMARKS.md, "Teams
+/// across NVLink domains: the cost model") finds best, within 1% up to 1 GiB on 2 to 64 domains
+/// (deeper, each chunk's latency costs more than the overlap gains). Pipelined (K >= 2) from 4 x
+/// this (32 MiB), chunks of 16 MiB or more.
+pub const DEPTH_BYTES: usize = 8 << 20;
 
-/// Most chunks of a pipelined all-reduce.
-pub const MAX_CHUNKS: usize = 8;
+/// Most chunks of a pipelined all-reduce (within 4% of the model's best depth at 4 GiB).
+pub const MAX_CHUNKS: usize = 16;
 
 /// How an all-reduce of `count` elements splits: the first `main` elements (a multiple of the
 /// domain size L) take the way through the rails in `k` chunks; the rest, the short way.
@@ -65,7 +68,7 @@ pub const MAX_CHUNKS: usize = 8;
 pub struct Chunks {
     /// Elements through the rails (0: all of the message takes the short way).
     pub main: usize,
-    /// Chunks: `min(MAX_CHUNKS, main bytes / CHUNK_BYTES)`, at least 1.
+    /// Chunks: the largest K in `1..=MAX_CHUNKS` with K² x `DEPTH_BYTES` <= the bytes of `main`.
     pub k: usize,
     /// Elements of every chunk but the last (a multiple of L); the last has the rest of `main`.
     pub len: usize,
@@ -75,7 +78,8 @@ impl Chunks {
     /// The split of an all-reduce of `count` elements of `es` bytes over domains of `l` ranks.
     pub fn of(count: usize, es: usize, l: usize) -> Chunks {
         let main = if count * es <= SMALL_BYTES { 0 } else { count / l * l };
-        let k = (main * es / CHUNK_BYTES).clamp(1, MAX_CHUNKS);
+        let bytes = main * es;
+        let k = (2..=MAX_CHUNKS).take_while(|k| k * k * DEPTH_BYTES <= bytes).last().unwrap_or(1);
         Chunks { main, k, len: main / l / k * l }
     }
 
@@ -501,18 +505,21 @@ mod tests {
     fn chunks_cover_the_part_through_the_rails_in_multiples_of_the_domain_size() {
         // Up to SMALL_BYTES: the short way only.
         assert_eq!(Chunks::of(SMALL_BYTES / 4, 4, 2).main, 0);
-        // Below 2 x CHUNK_BYTES one chunk, from it two, at most MAX_CHUNKS.
-        assert_eq!(Chunks::of(2 * CHUNK_BYTES / 4 - 1, 4, 1).k, 1);
-        assert_eq!(Chunks::of(2 * CHUNK_BYTES / 4, 4, 1).k, 2);
-        assert_eq!(Chunks::of(1 << 30, 2, 4).k, MAX_CHUNKS);
-        for (count, es, l) in [(20_011, 4, 2), (524_289, 4, 2), (786_435, 8, 3), (3_000_001, 2, 8), (1 << 24, 4, 5)] {
+        // Below 4 x DEPTH_BYTES one chunk, from it two, 3 from 9 x, at most MAX_CHUNKS.
+        assert_eq!(Chunks::of(4 * DEPTH_BYTES / 4 - 1, 4, 1).k, 1);
+        assert_eq!(Chunks::of(4 * DEPTH_BYTES / 4, 4, 1).k, 2);
+        assert_eq!(Chunks::of(9 * DEPTH_BYTES / 2, 2, 1).k, 3);
+        assert_eq!(Chunks::of(1 << 33, 2, 4).k, MAX_CHUNKS);
+        for (count, es, l) in
+            [(20_011, 4, 2), (8_388_611, 4, 2), (9_437_187, 8, 3), (300_000_001, 2, 8), (1 << 30, 4, 5)]
+        {
             let c = Chunks::of(count, es, l);
             assert_eq!(c.main, count / l * l, "{count}");
             assert_eq!(c.len % l, 0, "{c:?}");
             assert!((1..=MAX_CHUNKS).contains(&c.k), "{c:?}");
             if c.k > 1 {
-                // About CHUNK_BYTES at least (rounded down to L elements).
-                assert!(c.len * es + l * es > CHUNK_BYTES, "{c:?}");
+                // 2 x DEPTH_BYTES at least (rounded down to L elements).
+                assert!(c.len * es + l * es > 2 * DEPTH_BYTES, "{c:?}");
             }
             let mut next = 0;
             for i in 0..c.k {
