@@ -141,8 +141,9 @@ impl Pipe {
             match driver.event_create_untimed(dev) {
                 Ok(e) => events.push(e),
                 Err(e) => {
-                    let made = Pipe::from_parts(stream, events);
-                    made.destroy(driver, dev);
+                    for undo in Pipe::from_parts(stream, events).destroy(driver, dev) {
+                        tracing::error!("rolling back the rail stream: {undo}");
+                    }
                     return Err(Error::driver(e, format_args!("creating the rail stream's events on device {dev}")));
                 }
             }
