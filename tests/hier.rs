@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use mcast::bootstrap::{host, new_root_id, new_unique_id, Bootstrap, ID_BYTES};
-use mcast::driver::{DevicePtr, Stream};
+use mcast::driver::{Device, DevicePtr, Driver, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::collective::synchronize;
 use mcast::runtime::config::{Config, NetMode};
@@ -73,6 +73,14 @@ fn chunked_all_reduce_across_two_domains() {
     all_ok(&spawn("chunked", &["A", "B", "A", "B"]));
 }
 
+/// The same with a stream-ordered engine that enqueues its all-reduce on the simulator's
+/// streams: the pipelined issue (rail calls on each rank's rail stream, ordered with the
+/// caller's stream by events) gives the same results.
+#[test]
+fn pipelined_all_reduce_across_two_domains() {
+    all_ok(&spawn("ordered", &["A", "A", "B", "B"]));
+}
+
 /// No engine (`MCAST_NET=none`, none registered): refused on every rank, naming the domains and
 /// the engine tried.
 #[test]
@@ -110,12 +118,13 @@ fn child() {
     let ctx = runtime_context(config);
     if case != "none" {
         let fail = (case == "fail").then_some(1);
-        ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail })));
+        let ordered = (case == "ordered").then(|| (ctx.driver().clone(), (r % 4) as i32));
+        ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail, ordered })));
     }
     let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
     match case {
         "collectives" => collectives(&ctx, made.unwrap(), n, r),
-        "chunked" => chunked(&ctx, made.unwrap(), n, r),
+        "chunked" | "ordered" => chunked(&ctx, made.unwrap(), n, r),
         "unequal" => {
             let e = made.err().expect("refused");
             assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
@@ -300,6 +309,9 @@ fn killed(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
 struct TestEngine {
     rank: usize,
     fail: Option<usize>,
+    /// Stream-ordered on the simulator: the all-reduce enqueues its work on the stream given
+    /// (the other calls run when called).
+    ordered: Option<(Arc<dyn Driver>, Device)>,
 }
 
 impl Engine for TestEngine {
@@ -308,7 +320,11 @@ impl Engine for TestEngine {
     }
 
     fn stream_ordered(&self) -> bool {
-        false
+        self.ordered.is_some()
+    }
+
+    fn enqueues_on_sim(&self) -> bool {
+        self.ordered.is_some()
     }
 
     fn comm_create(
@@ -323,14 +339,17 @@ impl Engine for TestEngine {
         oob.allgather(&mine, &mut all)?;
         let id: [u8; ID_BYTES] = all[..ID_BYTES].try_into().unwrap();
         let boot = Bootstrap::init_id(&id, ndomains as i64, domain as i64, 72, TIMEOUT_MS, host::host_id())?;
-        Ok(Box::new(TestRail { boot, rank: self.rank, fail: self.fail == Some(self.rank) }))
+        let (boot, rank, fail, ordered) =
+            (Arc::new(boot), self.rank, self.fail == Some(self.rank), self.ordered.clone());
+        Ok(Box::new(TestRail { boot, rank, fail, ordered }))
     }
 }
 
 struct TestRail {
-    boot: Bootstrap,
+    boot: Arc<Bootstrap>,
     rank: usize,
     fail: bool,
+    ordered: Option<(Arc<dyn Driver>, Device)>,
 }
 
 /// `len` bytes of the simulator's device memory at `p` (host memory).
@@ -390,19 +409,23 @@ fn fold(parts: &[&[u8]], dtype: DType, op: RedOp) -> Result<Vec<u8>> {
     })
 }
 
-impl TestRail {
-    /// Every member's `mine` (of one length on every member), in pieces under the bootstrap's
-    /// frame cap (a frame carries every member's piece).
-    fn gather(&self, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        const PIECE: usize = 128 << 10;
-        let mut all = vec![Vec::with_capacity(mine.len()); self.boot.nranks()];
-        for piece in mine.chunks(PIECE) {
-            let parts = self.boot.allgather(what, Ok(()), piece, &[])?;
-            for (to, p) in all.iter_mut().zip(parts) {
-                to.extend_from_slice(&p.bytes);
-            }
+/// Every member's `mine` (of one length on every member), in pieces under the bootstrap's
+/// frame cap (a frame carries every member's piece).
+fn gather(boot: &Bootstrap, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    const PIECE: usize = 128 << 10;
+    let mut all = vec![Vec::with_capacity(mine.len()); boot.nranks()];
+    for piece in mine.chunks(PIECE) {
+        let parts = boot.allgather(what, Ok(()), piece, &[])?;
+        for (to, p) in all.iter_mut().zip(parts) {
+            to.extend_from_slice(&p.bytes);
         }
-        Ok(all)
+    }
+    Ok(all)
+}
+
+impl TestRail {
+    fn gather(&self, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        gather(&self.boot, what, mine)
     }
 }
 
@@ -414,8 +437,18 @@ impl RailComm for TestRail {
         count: usize,
         dtype: DType,
         op: RedOp,
-        _: Stream,
+        stream: Stream,
     ) -> Result<()> {
+        if let Some((driver, dev)) = &self.ordered {
+            // Enqueued: the data is read when the stream reaches the call.
+            let boot = self.boot.clone();
+            let work = move || {
+                let all = gather(&boot, "all_reduce", &bytes(send, count * dtype.size())).unwrap();
+                let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+                store(recv, &fold(&parts, dtype, op).unwrap());
+            };
+            return driver.as_sim().unwrap().enqueue(*dev, stream, work).map_err(|e| Error::driver(e, "enqueueing"));
+        }
         let all = self.gather("all_reduce", &bytes(send, count * dtype.size()))?;
         if self.fail {
             return Err(Error::new(ErrorKind::Driver, format!("test engine: all_reduce failed on rank {}", self.rank)));

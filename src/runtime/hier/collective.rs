@@ -26,14 +26,14 @@
 //!
 //! Results are the same on every rank: each reduced element is reduced once, on one rail (or,
 //! the short way, by the same deterministic steps on every rail from equal inputs). With an
-//! engine that is not stream-ordered (MPI), and with any engine on the simulator (whose streams
-//! no engine can enqueue on), the stages run one after the other: the stream is synchronised
-//! before each rail call, which completes before it returns, and a collective that used the
-//! scratch synchronises the stream before returning. With a stream-ordered
-//! engine every stage is enqueued on the caller's stream (the pipelined all-reduce's rail calls on
-//! the rail stream, forked from and joined to it by events); a rank's collectives on one team
-//! share one scratch, so they must be issued on one stream. Reduce-scatter, all-gather and
-//! broadcast are not pipelined.
+//! engine that is not stream-ordered (MPI), and on the simulator with an engine that cannot
+//! enqueue on its streams (NCCL; `Engine::enqueues_on_sim`), the stages run one after the
+//! other: the stream is synchronised before each rail call, which completes before it returns,
+//! and a collective that used the scratch synchronises the stream before returning. With a
+//! stream-ordered engine every stage is enqueued on the caller's stream (the pipelined
+//! all-reduce's rail calls on the rail stream, forked from and joined to it by events); a
+//! rank's collectives on one team share one scratch, so they must be issued on one stream.
+//! Reduce-scatter, all-gather and broadcast are not pipelined.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -268,10 +268,10 @@ impl Steps<'_> {
     }
 
     /// True when the rail calls run stage by stage: the engine is not stream-ordered, or the
-    /// driver is the simulator (whose streams no engine can enqueue on: a stream-ordered
+    /// driver is the simulator and the engine cannot enqueue on its streams (a stream-ordered
     /// engine's call then runs when called, after the stream's earlier work).
     fn blocking(&self) -> bool {
-        !self.h.stream_ordered() || self.team.context().driver().as_sim().is_some()
+        !self.h.rails_on_streams(&**self.team.context().driver())
     }
 
     /// A rail call: after the stream's work when the rail calls run stage by stage. It runs

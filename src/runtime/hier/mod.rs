@@ -109,7 +109,7 @@ pub struct Hier {
     /// Device scratch of the composed collectives (grown on demand, freed at destroy).
     scratch: Mutex<Scratch>,
     /// The rail stream and events of the pipelined all-reduce: made with the team when the
-    /// engine is stream-ordered and the driver is CUDA; `None` otherwise and once destroyed.
+    /// rail calls enqueue on streams (`rails_on_streams`); `None` otherwise and once destroyed.
     pipe: Mutex<Option<Pipe>>,
     device: Device,
 }
@@ -234,6 +234,12 @@ impl RailOob for Oob<'_> {
     }
 }
 
+/// True when `engine`'s calls enqueue on the stream they are given, on `driver`: a
+/// stream-ordered engine on CUDA, or on the simulator one that enqueues there.
+fn rails_on_streams(engine: &dyn Engine, driver: &dyn Driver) -> bool {
+    engine.stream_ordered() && (driver.as_sim().is_none() || engine.enqueues_on_sim())
+}
+
 impl Hier {
     /// The first steps of a team across domains, on every rank of `global`: the engine (every
     /// rank must have one: one rank's failure is every rank's `NotSupported`, naming the
@@ -264,8 +270,8 @@ impl Hier {
     /// over the whole team: one rank's failure is every rank's, and a communicator made here
     /// is destroyed when another rank failed.
     ///
-    /// With a stream-ordered engine on CUDA it also makes this rank's [`Pipe`] (voted with the
-    /// communicator).
+    /// When the rail calls enqueue on streams (a stream-ordered engine on CUDA) it also makes
+    /// this rank's [`Pipe`] (voted with the communicator).
     pub fn connect(
         env: &Env,
         global: Arc<Comm>,
@@ -284,7 +290,7 @@ impl Hier {
                 e.context(format!("rank {rank} making the communicator of rail {local} (engine \"{}\")", engine.name()))
             })
             .and_then(|comm| {
-                if !engine.stream_ordered() || driver.as_sim().is_some() {
+                if !rails_on_streams(&*engine, driver) {
                     return Ok((comm, None));
                 }
                 match Pipe::create(driver, device) {
@@ -330,9 +336,9 @@ impl Hier {
         self.engine.name()
     }
 
-    /// True when the engine's calls enqueue on the stream they are given.
-    pub fn stream_ordered(&self) -> bool {
-        self.engine.stream_ordered()
+    /// True when the engine's calls enqueue on the stream they are given, on `driver`.
+    pub fn rails_on_streams(&self, driver: &dyn Driver) -> bool {
+        rails_on_streams(&*self.engine, driver)
     }
 
     /// Checks that `rank` is this process's rank of the whole team; returns its local index
