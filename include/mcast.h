@@ -601,7 +601,10 @@ typedef struct mcast_net_ops_t {
    */
   const char *name;
   /**
-   * `MCAST_NET_STREAM_ORDERED`, or 0.
+   * `MCAST_NET_STREAM_ORDERED` (1: the calls enqueue on the stream given; a large all-reduce
+   * then gives its rail all-reduces mcast's internal rail stream of the rank, ordered with
+   * the caller's stream by events, so the engine must accept any stream of the rank's
+   * device), or 0.
    */
   uint32_t flags;
   /**

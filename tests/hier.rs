@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use mcast::bootstrap::{host, new_root_id, new_unique_id, Bootstrap, ID_BYTES};
-use mcast::driver::{DevicePtr, Stream};
+use mcast::driver::{Device, DevicePtr, Driver, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
 use mcast::runtime::collective::synchronize;
 use mcast::runtime::config::{Config, NetMode};
 use mcast::runtime::context::Context;
-use mcast::runtime::hier::collective::run_ptr;
+use mcast::runtime::hier::collective::{run_ptr, Chunks, DEPTH_BYTES};
 use mcast::runtime::net::{Engine, RailComm, RailOob};
 use mcast::runtime::team::Team;
 use mcast::runtime::{Error, ErrorKind, Result};
@@ -64,6 +64,23 @@ fn unequal_domains_are_refused_naming_their_sizes() {
     all_ok(&spawn("unequal", &["A", "A", "B"]));
 }
 
+/// The all-reduce through the rails in chunks (`hier::collective::Chunks`): sizes around the
+/// pipelining threshold and above it, odd counts (a tail), every dtype and op, in place too;
+/// each result equals the reduction of the inputs in rank order, element for element.
+#[test]
+fn chunked_all_reduce_across_two_domains() {
+    all_ok(&spawn("chunked", &["A", "A", "B", "B"]));
+    all_ok(&spawn("chunked", &["A", "B", "A", "B"]));
+}
+
+/// The same with a stream-ordered engine that enqueues its all-reduce on the simulator's
+/// streams: the pipelined issue (rail calls on each rank's rail stream, ordered with the
+/// caller's stream by events) gives the same results.
+#[test]
+fn pipelined_all_reduce_across_two_domains() {
+    all_ok(&spawn("ordered", &["A", "A", "B", "B"]));
+}
+
 /// No engine (`MCAST_NET=none`, none registered): refused on every rank, naming the domains and
 /// the engine tried.
 #[test]
@@ -101,11 +118,13 @@ fn child() {
     let ctx = runtime_context(config);
     if case != "none" {
         let fail = (case == "fail").then_some(1);
-        ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail })));
+        let ordered = (case == "ordered").then(|| (ctx.driver().clone(), (r % 4) as i32));
+        ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail, ordered })));
     }
     let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
     match case {
         "collectives" => collectives(&ctx, made.unwrap(), n, r),
+        "chunked" | "ordered" => chunked(&ctx, made.unwrap(), n, r),
         "unequal" => {
             let e = made.err().expect("refused");
             assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
@@ -183,6 +202,63 @@ fn collectives(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
     assert_clean(ctx);
 }
 
+fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
+    let l = n / 2;
+    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let d = ctx.driver();
+    const BYTES: usize = 34 << 20;
+    let (send, recv) = (d.mem_alloc(dev, BYTES).unwrap(), d.mem_alloc(dev, BYTES).unwrap());
+    // Small integers (exact in every dtype, whatever the order of reduction); the 64-bit
+    // integers get a high part that a 32-bit path would lose.
+    let input = |q: usize, count: usize, dtype: DType| -> Vec<u8> {
+        (0..count)
+            .flat_map(|i| {
+                let v = ((q * 7 + i * 3) % 11) as i64 - 5;
+                match dtype {
+                    DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+                    DType::F64 => (v as f64).to_ne_bytes().to_vec(),
+                    DType::F16 => half::f16::from_f32(v as f32).to_ne_bytes().to_vec(),
+                    DType::BF16 => half::bf16::from_f32(v as f32).to_ne_bytes().to_vec(),
+                    DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+                    DType::U32 => ((v + 5) as u32).to_ne_bytes().to_vec(),
+                    DType::I64 => (v - (3 << 40)).to_ne_bytes().to_vec(),
+                    DType::U64 => ((v + 5) as u64 + (5 << 40)).to_ne_bytes().to_vec(),
+                }
+            })
+            .collect()
+    };
+    // Through the rails in one chunk and in two (the last one longer, as (count / L) / 2 is
+    // odd), with a tail; in place once.
+    let mut cases = vec![(8_388_607usize, DType::F32, RedOp::Sum, false), (8_388_611, DType::F32, RedOp::Sum, true)];
+    for dtype in [DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::I64, DType::U64] {
+        for (count, op) in [(524_289 + 2 * l, RedOp::Sum), (262_147, RedOp::Max), (131_075, RedOp::Min)] {
+            cases.push((count, dtype, op, false));
+        }
+    }
+    cases.push((4_194_307, DType::U64, RedOp::Sum, false));
+    for (count, dtype, op, in_place) in cases {
+        let plan = Chunks::of(count, dtype.size(), l);
+        assert_eq!(plan.k > 1, count * dtype.size() > 4 * DEPTH_BYTES, "{count} {dtype:?}: {plan:?}");
+        let x = input(r, count, dtype);
+        let src = if in_place { recv } else { send };
+        d.memcpy_htod(dev, src, &x).unwrap();
+        run_ptr(&team, r as i32, src, recv, count, Collective::AllReduce { dtype, op }, Stream(0)).unwrap();
+        synchronize(&team, team.own_index(r as i32).unwrap(), Stream(0)).unwrap();
+        let mut y = vec![0u8; x.len()];
+        d.memcpy_dtoh(dev, &mut y, recv).unwrap();
+        let all: Vec<Vec<u8>> = (0..n).map(|q| input(q, count, dtype)).collect();
+        let want = fold(&all.iter().map(Vec::as_slice).collect::<Vec<_>>(), dtype, op).unwrap();
+        let es = dtype.size();
+        if let Some(i) = (0..count).find(|&i| y[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
+            panic!("all-reduce of {count} {dtype:?} {op:?} (in place: {in_place}, {plan:?}): element {i} differs");
+        }
+    }
+    d.mem_free(dev, send).unwrap();
+    d.mem_free(dev, recv).unwrap();
+    team.destroy().unwrap();
+    assert_clean(ctx);
+}
+
 fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
     let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
     let d = ctx.driver();
@@ -233,6 +309,9 @@ fn killed(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
 struct TestEngine {
     rank: usize,
     fail: Option<usize>,
+    /// Stream-ordered on the simulator: the all-reduce enqueues its work on the stream given
+    /// (the other calls run when called).
+    ordered: Option<(Arc<dyn Driver>, Device)>,
 }
 
 impl Engine for TestEngine {
@@ -241,7 +320,11 @@ impl Engine for TestEngine {
     }
 
     fn stream_ordered(&self) -> bool {
-        false
+        self.ordered.is_some()
+    }
+
+    fn enqueues_on_sim(&self) -> bool {
+        self.ordered.is_some()
     }
 
     fn comm_create(
@@ -256,14 +339,17 @@ impl Engine for TestEngine {
         oob.allgather(&mine, &mut all)?;
         let id: [u8; ID_BYTES] = all[..ID_BYTES].try_into().unwrap();
         let boot = Bootstrap::init_id(&id, ndomains as i64, domain as i64, 72, TIMEOUT_MS, host::host_id())?;
-        Ok(Box::new(TestRail { boot, rank: self.rank, fail: self.fail == Some(self.rank) }))
+        let (boot, rank, fail, ordered) =
+            (Arc::new(boot), self.rank, self.fail == Some(self.rank), self.ordered.clone());
+        Ok(Box::new(TestRail { boot, rank, fail, ordered }))
     }
 }
 
 struct TestRail {
-    boot: Bootstrap,
+    boot: Arc<Bootstrap>,
     rank: usize,
     fail: bool,
+    ordered: Option<(Arc<dyn Driver>, Device)>,
 }
 
 /// `len` bytes of the simulator's device memory at `p` (host memory).
@@ -318,14 +404,28 @@ fn fold(parts: &[&[u8]], dtype: DType, op: RedOp) -> Result<Vec<u8>> {
         DType::U32 => with!(u32),
         DType::I64 => with!(i64),
         DType::U64 => with!(u64),
-        _ => return Err(Error::not_supported("the test engine reduces no 16-bit types")),
+        DType::F16 => with!(half::f16),
+        DType::BF16 => with!(half::bf16),
     })
+}
+
+/// Every member's `mine` (of one length on every member), in pieces under the bootstrap's
+/// frame cap (a frame carries every member's piece).
+fn gather(boot: &Bootstrap, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    const PIECE: usize = 128 << 10;
+    let mut all = vec![Vec::with_capacity(mine.len()); boot.nranks()];
+    for piece in mine.chunks(PIECE) {
+        let parts = boot.allgather(what, Ok(()), piece, &[])?;
+        for (to, p) in all.iter_mut().zip(parts) {
+            to.extend_from_slice(&p.bytes);
+        }
+    }
+    Ok(all)
 }
 
 impl TestRail {
     fn gather(&self, what: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let parts = self.boot.allgather(what, Ok(()), mine, &[])?;
-        Ok(parts.into_iter().map(|p| p.bytes).collect())
+        gather(&self.boot, what, mine)
     }
 }
 
@@ -337,8 +437,18 @@ impl RailComm for TestRail {
         count: usize,
         dtype: DType,
         op: RedOp,
-        _: Stream,
+        stream: Stream,
     ) -> Result<()> {
+        if let Some((driver, dev)) = &self.ordered {
+            // Enqueued: the data is read when the stream reaches the call.
+            let boot = self.boot.clone();
+            let work = move || {
+                let all = gather(&boot, "all_reduce", &bytes(send, count * dtype.size())).unwrap();
+                let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+                store(recv, &fold(&parts, dtype, op).unwrap());
+            };
+            return driver.as_sim().unwrap().enqueue(*dev, stream, work).map_err(|e| Error::driver(e, "enqueueing"));
+        }
         let all = self.gather("all_reduce", &bytes(send, count * dtype.size()))?;
         if self.fail {
             return Err(Error::new(ErrorKind::Driver, format!("test engine: all_reduce failed on rank {}", self.rank)));
@@ -381,7 +491,8 @@ impl RailComm for TestRail {
         root: usize,
         _: Stream,
     ) -> Result<()> {
-        let mine = if self.boot.rank() == root { bytes(send, count * dtype.size()) } else { Vec::new() };
+        let len = count * dtype.size();
+        let mine = if self.boot.rank() == root { bytes(send, len) } else { vec![0; len] };
         let all = self.gather("broadcast", &mine)?;
         store(recv, &all[root]);
         Ok(())

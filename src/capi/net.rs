@@ -17,7 +17,10 @@ use crate::runtime::{handles, Error, ErrorKind, Result};
 
 /// `mcast_net_ops_t.flags`: the engine's calls enqueue on the stream they are given (NCCL);
 /// without it mcast synchronises the stream before each call, and each call completes before
-/// it returns (MPI).
+/// it returns (MPI). With it, on CUDA, the all-reduce of a large message (at least 32 MiB
+/// through the rails) is pipelined: its rail all-reduces are given the rank's internal rail
+/// stream (made with the team, non-blocking), ordered with the caller's stream by events, so
+/// the engine must accept calls on any stream of the rank's device, in issue order.
 pub const MCAST_NET_STREAM_ORDERED: u32 = 1;
 
 /// Makes a communicator over one rail.
@@ -95,7 +98,10 @@ pub struct mcast_net_ops_t {
     pub struct_size: u32,
     /// Shown in `mcast_team_info_t.net_engine` and in messages; copied at registration.
     pub name: *const c_char,
-    /// `MCAST_NET_STREAM_ORDERED`, or 0.
+    /// `MCAST_NET_STREAM_ORDERED` (1: the calls enqueue on the stream given; a large all-reduce
+    /// then gives its rail all-reduces mcast's internal rail stream of the rank, ordered with
+    /// the caller's stream by events, so the engine must accept any stream of the rank's
+    /// device), or 0.
     pub flags: u32,
     /// A communicator over one rail: the ranks with local index `rail`, this one at position
     /// `domain` of `ndomains`; `oob` is an allgather over exactly those ranks, provided by mcast,

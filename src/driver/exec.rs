@@ -21,8 +21,17 @@ pub trait ExecOps {
     /// `cuEventCreate` (timing enabled) on `dev`.
     fn event_create(&self, dev: Device) -> DResult<Event>;
 
+    /// `cuEventCreate` with `CU_EVENT_DISABLE_TIMING` on `dev`: an event that only orders work
+    /// between streams (a fork or a join); [`ExecOps::event_elapsed_ms`] fails on it.
+    fn event_create_untimed(&self, dev: Device) -> DResult<Event>;
+
     /// `cuEventRecord`.
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()>;
+
+    /// `cuStreamWaitEvent` (flags 0): work enqueued on `stream` after this call waits for the
+    /// work captured by `event`'s most recent `cuEventRecord` (none recorded: no wait). Legal in
+    /// a stream capture, where it joins `event`'s captured work into the capture.
+    fn stream_wait_event(&self, dev: Device, stream: Stream, event: Event) -> DResult<()>;
 
     /// `cuEventSynchronize`, then `cuEventElapsedTime` from `start` to `end`, in milliseconds.
     fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32>;

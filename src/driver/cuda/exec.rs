@@ -78,10 +78,27 @@ impl ExecOps for CudaDriver {
         Ok(Event(event as usize))
     }
 
+    fn event_create_untimed(&self, dev: Device) -> DResult<Event> {
+        let _ctx = self.enter(dev)?;
+        let mut event: cu::CUevent = ptr::null_mut();
+        // SAFETY: the out-pointer is a local; the flag is a valid `CUevent_flags` value.
+        check("cuEventCreate", unsafe {
+            (self.api.cuEventCreate)(&mut event, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint)
+        })?;
+        Ok(Event(event as usize))
+    }
+
     fn event_record(&self, dev: Device, event: Event, stream: Stream) -> DResult<()> {
         let _ctx = self.enter(dev)?;
         // SAFETY: event and stream values are the caller's; the driver validates them.
         check("cuEventRecord", unsafe { (self.api.cuEventRecord)(event_ptr(event), stream_ptr(stream)) })
+    }
+
+    fn stream_wait_event(&self, dev: Device, stream: Stream, event: Event) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        // SAFETY: stream and event values are the caller's; the driver validates them; flags 0
+        // is CU_EVENT_WAIT_DEFAULT.
+        check("cuStreamWaitEvent", unsafe { (self.api.cuStreamWaitEvent)(stream_ptr(stream), event_ptr(event), 0) })
     }
 
     fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {

@@ -115,6 +115,7 @@ driver_api! {
         cuCtxSetCurrent(cu::CUcontext);
         cuEventCreate(*mut cu::CUevent, c_uint);
         cuEventRecord(cu::CUevent, cu::CUstream);
+        cuStreamWaitEvent(cu::CUstream, cu::CUevent, c_uint);
         cuEventSynchronize(cu::CUevent);
         cuEventDestroy_v2(cu::CUevent);
         cuMemcpyHtoD_v2(cu::CUdeviceptr, *const c_void, usize);

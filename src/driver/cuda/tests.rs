@@ -341,6 +341,38 @@ fn gpu_stream_event_timing_and_launch() {
 }
 
 #[test]
+fn gpu_a_stream_waits_on_an_event_of_another() {
+    let Some(d) = gpu_driver() else { return };
+    let m = map_one(&d, 0, HandleTypes::NONE);
+    let module = d.module_load(0, FILL_PTX.as_bytes()).unwrap();
+    let func = d.module_function(0, module, c"mcast_test_fill").unwrap();
+    let (a, b) = (d.stream_create(0).unwrap(), d.stream_create(0).unwrap());
+    let ev = d.event_create_untimed(0).unwrap();
+    let mut out: u64 = m.ptr;
+    let mut base: u32 = 7000;
+    let mut params = [(&mut out as *mut u64).cast::<c_void>(), (&mut base as *mut u32).cast::<c_void>()];
+    let config = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_bytes: 0 };
+    d.launch(0, func, &config, a, &mut params).unwrap();
+    d.event_record(0, ev, a).unwrap();
+    // b copies what a's kernel wrote, after it (the wait), into the next 256 bytes.
+    d.stream_wait_event(0, b, ev).unwrap();
+    d.memcpy_dtod_async(0, m.ptr + 256, m.ptr, 256, b).unwrap();
+    d.stream_synchronize(0, b).unwrap();
+    let mut back = vec![0u8; 256];
+    d.memcpy_dtoh(0, &mut back, m.ptr + 256).unwrap();
+    for (i, word) in back.chunks_exact(4).enumerate() {
+        assert_eq!(u32::from_le_bytes([word[0], word[1], word[2], word[3]]), 7000 + i as u32);
+    }
+    // An untimed event cannot be timed.
+    assert!(d.event_elapsed_ms(0, ev, ev).is_err());
+    d.event_destroy(0, ev).unwrap();
+    d.stream_destroy(0, a).unwrap();
+    d.stream_destroy(0, b).unwrap();
+    d.module_unload(0, module).unwrap();
+    unmap_one(&d, m);
+}
+
+#[test]
 fn gpu_caller_context_restored() {
     let Some(d) = gpu_driver() else { return };
     // A fresh test thread has no current context: every call leaves it so.

@@ -23,6 +23,8 @@ struct EventState {
 pub(super) struct EventCell {
     state: Mutex<EventState>,
     reached: Condvar,
+    /// Created with `CU_EVENT_DISABLE_TIMING`.
+    untimed: bool,
 }
 
 impl EventCell {
@@ -32,6 +34,14 @@ impl EventCell {
             self.reached.wait(&mut st);
         }
         st.time
+    }
+
+    /// Blocks until the `record`-th record of the event has been reached on its stream.
+    fn wait_for(&self, record: u64) {
+        let mut st = self.state.lock();
+        while st.reached < record {
+            self.reached.wait(&mut st);
+        }
     }
 }
 
@@ -79,6 +89,19 @@ impl SimDriver {
             }
             None => false,
         }
+    }
+}
+
+impl SimDriver {
+    /// `cuEventCreate`, with `CU_EVENT_DISABLE_TIMING` when `untimed`.
+    fn new_event(&self, dev: Device, untimed: bool) -> DResult<Event> {
+        self.call("cuEventCreate", || {
+            self.check_dev(dev)?;
+            let mut st = self.state.lock();
+            let id = st.fresh_id() as usize;
+            st.events.insert(id, (dev, Arc::new(EventCell { untimed, ..EventCell::default() })));
+            Ok(Event(id))
+        })
     }
 }
 
@@ -130,12 +153,35 @@ impl ExecOps for SimDriver {
     }
 
     fn event_create(&self, dev: Device) -> DResult<Event> {
-        self.call("cuEventCreate", || {
+        self.new_event(dev, false)
+    }
+
+    fn event_create_untimed(&self, dev: Device) -> DResult<Event> {
+        self.new_event(dev, true)
+    }
+
+    /// The waiting stream's worker blocks, at this point of its queue, until the event's most
+    /// recent record (as of this call) is reached on the recording stream's worker: cross-stream
+    /// order as on hardware. On a capturing stream it adds nothing (the simulator's captures
+    /// are of one stream).
+    fn stream_wait_event(&self, dev: Device, stream: Stream, event: Event) -> DResult<()> {
+        self.call("cuStreamWaitEvent", || {
             self.check_dev(dev)?;
-            let mut st = self.state.lock();
-            let id = st.fresh_id() as usize;
-            st.events.insert(id, (dev, Arc::default()));
-            Ok(Event(id))
+            let cell = {
+                let st = self.state.lock();
+                let cell = st.events.get(&event.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE)?;
+                if st.captures.contains_key(&(dev, stream.0)) {
+                    return Ok(());
+                }
+                cell
+            };
+            let record = cell.state.lock().recorded;
+            if record == 0 {
+                return Ok(());
+            }
+            self.workers
+                .enqueue((dev, stream.0), Box::new(move || cell.wait_for(record)))
+                .map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
         })
     }
 
@@ -174,6 +220,9 @@ impl ExecOps for SimDriver {
                 let get = |e: Event| st.events.get(&e.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE);
                 (get(start)?, get(end)?)
             };
+            if a.untimed || b.untimed {
+                return Err(CuResult::ERROR_INVALID_HANDLE);
+            }
             let (Some(t0), Some(t1)) = (a.synchronize(), b.synchronize()) else {
                 return Err(CuResult::ERROR_INVALID_HANDLE);
             };

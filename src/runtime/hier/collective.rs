@@ -8,7 +8,11 @@
 //!   rail all-reduce of the whole message (two steps, the shortest path). Larger: domain
 //!   reduce-scatter of the first `L * (count / L)` elements (rank l keeps shard l, in `recv`),
 //!   rail all-reduce of the shard, domain all-gather of the shards into `recv`; the
-//!   `count % L` elements left go the short way.
+//!   `count % L` elements left go the short way. From 32 MiB on, that part is cut into K
+//!   chunks ([`Chunks`]: K = sqrt(bytes / [`DEPTH_BYTES`]), at most [`MAX_CHUNKS`], each a
+//!   multiple of L elements) and pipelined: with a stream-ordered engine on CUDA, chunk k's rail
+//!   call runs on the rank's rail stream ([`super::Pipe`]) while the caller's stream runs chunk
+//!   k+1's reduce-scatter; elsewhere the same chunks run in the same order, stage by stage.
 //! - **reduce-scatter**: `send`'s P blocks are ordered by (local index, domain) so that a
 //!   domain reduce-scatter leaves rank l the N blocks of its rail's ranks reduced over the
 //!   domain; a rail reduce-scatter then gives domain d's member block g's reduction. When each
@@ -22,17 +26,19 @@
 //!
 //! Results are the same on every rank: each reduced element is reduced once, on one rail (or,
 //! the short way, by the same deterministic steps on every rail from equal inputs). With an
-//! engine that is not stream-ordered (MPI), and with any engine on the simulator (whose streams
-//! no engine can enqueue on), the stages run one after the other: the stream is synchronised
-//! before each rail call, which completes before it returns, and a collective that used the
-//! scratch synchronises the stream before returning. With a stream-ordered
-//! engine every stage is enqueued on the caller's stream; a rank's collectives on one team
-//! share one scratch, so they must be issued on one stream. The stages are not pipelined yet.
+//! engine that is not stream-ordered (MPI), and on the simulator with an engine that cannot
+//! enqueue on its streams (NCCL; `Engine::enqueues_on_sim`), the stages run one after the
+//! other: the stream is synchronised before each rail call, which completes before it returns,
+//! and a collective that used the scratch synchronises the stream before returning. With a
+//! stream-ordered engine every stage is enqueued on the caller's stream (the pipelined
+//! all-reduce's rail calls on the rail stream, forked from and joined to it by events); a
+//! rank's collectives on one team share one scratch, so they must be issued on one stream.
+//! Reduce-scatter, all-gather and broadcast are not pipelined.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::Hier;
+use super::{Hier, Pipe};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::{Collective, DType};
 use crate::runtime::buffer::Buffer;
@@ -44,6 +50,45 @@ use crate::runtime::team::Team;
 /// Largest all-reduce (bytes) that takes the short way: domain all-reduce, then rail
 /// all-reduce of the whole message.
 pub const SMALL_BYTES: usize = 64 * 1024;
+
+/// The pipeline depth of an all-reduce of B bytes through the rails is K = floor(sqrt(B /
+/// `DEPTH_BYTES`)), at most [`MAX_CHUNKS`]: the depth that the cost model (BENCHMARKS.md, "Teams
+/// across NVLink domains: the cost model") finds best, within 1% up to 1 GiB on 2 to 64 domains
+/// (deeper, each chunk's latency costs more than the overlap gains). Pipelined (K >= 2) from 4 x
+/// this (32 MiB), chunks of 16 MiB or more.
+pub const DEPTH_BYTES: usize = 8 << 20;
+
+/// Most chunks of a pipelined all-reduce (within 4% of the model's best depth at 4 GiB).
+pub const MAX_CHUNKS: usize = 16;
+
+/// How an all-reduce of `count` elements splits: the first `main` elements (a multiple of the
+/// domain size L) take the way through the rails in `k` chunks; the rest, the short way.
+/// Derived from the count, the element size and L only, so equal on every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunks {
+    /// Elements through the rails (0: all of the message takes the short way).
+    pub main: usize,
+    /// Chunks: the largest K in `1..=MAX_CHUNKS` with K² x `DEPTH_BYTES` <= the bytes of `main`.
+    pub k: usize,
+    /// Elements of every chunk but the last (a multiple of L); the last has the rest of `main`.
+    pub len: usize,
+}
+
+impl Chunks {
+    /// The split of an all-reduce of `count` elements of `es` bytes over domains of `l` ranks.
+    pub fn of(count: usize, es: usize, l: usize) -> Chunks {
+        let main = if count * es <= SMALL_BYTES { 0 } else { count / l * l };
+        let bytes = main * es;
+        let k = (2..=MAX_CHUNKS).take_while(|k| k * k * DEPTH_BYTES <= bytes).last().unwrap_or(1);
+        Chunks { main, k, len: main / l / k * l }
+    }
+
+    /// Chunk `i`'s first element and length.
+    pub fn chunk(&self, i: usize) -> (usize, usize) {
+        let at = i * self.len;
+        (at, if i + 1 == self.k { self.main - at } else { self.len })
+    }
+}
 
 /// The in-place buffer form on a team across domains (see `runtime::collective::run`).
 pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, c: Collective, stream: Stream) -> Result<()> {
@@ -223,10 +268,10 @@ impl Steps<'_> {
     }
 
     /// True when the rail calls run stage by stage: the engine is not stream-ordered, or the
-    /// driver is the simulator (whose streams no engine can enqueue on: a stream-ordered
+    /// driver is the simulator and the engine cannot enqueue on its streams (a stream-ordered
     /// engine's call then runs when called, after the stream's earlier work).
     fn blocking(&self) -> bool {
-        !self.h.stream_ordered() || self.team.context().driver().as_sim().is_some()
+        !self.h.rails_on_streams(&**self.team.context().driver())
     }
 
     /// A rail call: after the stream's work when the rail calls run stage by stage. It runs
@@ -275,23 +320,100 @@ impl Steps<'_> {
         let Collective::AllReduce { dtype, op } = c else { unreachable!("an all-reduce") };
         let es = dtype.size();
         let l = self.h.layout.domain_size();
-        let shard = count / l;
-        let main = if count * es <= SMALL_BYTES { 0 } else { shard * l };
-        if main > 0 {
-            let mine = recv + (self.h.local * shard * es) as u64;
-            self.domain(send, mine, shard, Collective::ReduceScatter { dtype, op })?;
-            // The domain all-gather runs even when the rail failed (the peers wait for it).
-            let railed = self.rail("all-reduce", |r| r.all_reduce(mine, mine, shard, dtype, op, self.stream));
-            self.domain(mine, recv, shard * es, Collective::AllGather)?;
-            railed?;
+        let plan = Chunks::of(count, es, l);
+        if plan.main > 0 {
+            // A pipe exists only where the rail calls are stream-ordered (see `Hier::connect`).
+            self.h.with_pipe(|pipe| self.chunked(&plan, send, recv, c, pipe))?;
         }
-        let tail = count - main;
+        let tail = count - plan.main;
         if tail > 0 {
-            let at = (main * es) as u64;
+            let at = (plan.main * es) as u64;
             self.domain(send + at, recv + at, tail, c)?;
             self.rail("all-reduce", |r| r.all_reduce(recv + at, recv + at, tail, dtype, op, self.stream))?;
         }
         Ok(())
+    }
+
+    /// The chunks of `plan`, each a domain reduce-scatter, a rail all-reduce of this rank's
+    /// shard and a domain all-gather, issued RS(0), RS(1), rail(0), AG(0), RS(2), rail(1),
+    /// AG(1), ...: the caller's stream runs RS(k+1) while the rail runs chunk k. With `pipe`,
+    /// the rail calls are enqueued on the pipe's stream, ordered by its events (fork at entry,
+    /// `reduced[k]` before rail(k), `railed[k]` before AG(k), join at the end: the whole is
+    /// ordered on the caller's stream and can be captured in a CUDA graph); without, stage by
+    /// stage (see [`Steps::rail`]). Chunk k's regions of `recv` are its own, so no chunk
+    /// overwrites another's data still in use.
+    fn chunked(
+        &self,
+        plan: &Chunks,
+        send: DevicePtr,
+        recv: DevicePtr,
+        c: Collective,
+        pipe: Option<&Pipe>,
+    ) -> Result<()> {
+        let Collective::AllReduce { dtype, op } = c else { unreachable!("an all-reduce") };
+        let es = dtype.size() as u64;
+        let l = self.h.layout.domain_size();
+        let dev = self.team.devices()[self.h.local];
+        let driver = self.team.context().driver();
+        let sync = |what: &str, r: crate::driver::DResult<()>| {
+            r.map_err(|e| Error::driver(e, format_args!("rank {}'s pipelined all-reduce: {what}", self.g)))
+        };
+        let shard = |k: usize| {
+            let (at, len) = plan.chunk(k);
+            (recv + (at + self.h.local * len / l) as u64 * es, len / l)
+        };
+        let rs = |k: usize| -> Result<()> {
+            let (at, _) = plan.chunk(k);
+            let (mine, n) = shard(k);
+            self.domain(send + at as u64 * es, mine, n, Collective::ReduceScatter { dtype, op })?;
+            if let Some(p) = pipe {
+                sync("recording a chunk's reduce-scatter", driver.event_record(dev, p.reduced[k], self.stream))?;
+            }
+            Ok(())
+        };
+        // Rail then all-gather of chunk k; the all-gather runs even when the rail failed (the
+        // domain peers wait for it), and the rail's error is returned after it.
+        let rail_ag = |k: usize| -> Result<()> {
+            let (at, _) = plan.chunk(k);
+            let (mine, n) = shard(k);
+            let railed =
+                match pipe {
+                    Some(p) => sync(
+                        "waiting for a chunk's reduce-scatter",
+                        driver.stream_wait_event(dev, p.stream, p.reduced[k]),
+                    )
+                    .and_then(|()| self.rail("all-reduce", |r| r.all_reduce(mine, mine, n, dtype, op, p.stream)))
+                    .and_then(|()| {
+                        sync("recording a chunk's rail call", driver.event_record(dev, p.railed[k], p.stream))
+                    })
+                    .and_then(|()| {
+                        sync("waiting for a chunk's rail call", driver.stream_wait_event(dev, self.stream, p.railed[k]))
+                    }),
+                    None => self.rail("all-reduce", |r| r.all_reduce(mine, mine, n, dtype, op, self.stream)),
+                };
+            self.domain(mine, recv + at as u64 * es, n * dtype.size(), Collective::AllGather)?;
+            railed
+        };
+        if let Some(p) = pipe {
+            sync("recording the fork", driver.event_record(dev, p.fork, self.stream))?;
+            sync("forking the rail stream", driver.stream_wait_event(dev, p.stream, p.fork))?;
+        }
+        let issued = (|| {
+            for k in 0..plan.k {
+                rs(k)?;
+                if k > 0 {
+                    rail_ag(k - 1)?;
+                }
+            }
+            rail_ag(plan.k - 1)
+        })();
+        // The join, whatever happened: the caller's stream never ends before the rail stream's
+        // work (a capture must end joined).
+        if let Some(p) = pipe {
+            sync("recording the join", driver.event_record(dev, p.join, p.stream))?;
+            sync("joining the rail stream", driver.stream_wait_event(dev, self.stream, p.join))?;
+        }
+        issued
     }
 
     fn reduce_scatter(
@@ -372,5 +494,41 @@ impl Steps<'_> {
             self.done_with_scratch()?;
             railed
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_part_through_the_rails_in_multiples_of_the_domain_size() {
+        // Up to SMALL_BYTES: the short way only.
+        assert_eq!(Chunks::of(SMALL_BYTES / 4, 4, 2).main, 0);
+        // Below 4 x DEPTH_BYTES one chunk, from it two, 3 from 9 x, at most MAX_CHUNKS.
+        assert_eq!(Chunks::of(4 * DEPTH_BYTES / 4 - 1, 4, 1).k, 1);
+        assert_eq!(Chunks::of(4 * DEPTH_BYTES / 4, 4, 1).k, 2);
+        assert_eq!(Chunks::of(9 * DEPTH_BYTES / 2, 2, 1).k, 3);
+        assert_eq!(Chunks::of(1 << 33, 2, 4).k, MAX_CHUNKS);
+        for (count, es, l) in
+            [(20_011, 4, 2), (8_388_611, 4, 2), (9_437_187, 8, 3), (300_000_001, 2, 8), (1 << 30, 4, 5)]
+        {
+            let c = Chunks::of(count, es, l);
+            assert_eq!(c.main, count / l * l, "{count}");
+            assert_eq!(c.len % l, 0, "{c:?}");
+            assert!((1..=MAX_CHUNKS).contains(&c.k), "{c:?}");
+            if c.k > 1 {
+                // 2 x DEPTH_BYTES at least (rounded down to L elements).
+                assert!(c.len * es + l * es > 2 * DEPTH_BYTES, "{c:?}");
+            }
+            let mut next = 0;
+            for i in 0..c.k {
+                let (at, len) = c.chunk(i);
+                assert_eq!((at, len % l), (next, 0), "{c:?} chunk {i}");
+                assert!(len >= c.len, "{c:?} chunk {i}");
+                next += len;
+            }
+            assert_eq!(next, c.main, "{c:?}");
+        }
     }
 }

@@ -8,7 +8,7 @@
 //!   connections, the rank layout, the engine and this rank's rail communicator) and the steps
 //!   of its creation that need no team (the engine vote, the rank layout, the rail communicator).
 //! - `collective.rs`: the four collectives composed from the domain team's pointer-form
-//!   collectives and the rail communicator.
+//!   collectives and the rail communicator; the pipelined all-reduce uses this rank's [`Pipe`].
 //!
 //! Imports: `team/create.rs` makes the domain team and attaches a [`Hier`] built here; this
 //! file imports no team; `collective.rs` imports the team and `runtime::collective` (it is
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::driver::{Device, DevicePtr};
+use crate::driver::{Device, DevicePtr, Driver, Event, Stream};
 use crate::runtime::comm::{Comm, Dec, Enc};
 use crate::runtime::env::Env;
 use crate::runtime::error::{Error, Result};
@@ -108,7 +108,71 @@ pub struct Hier {
     rail: RwLock<Option<Box<dyn RailComm>>>,
     /// Device scratch of the composed collectives (grown on demand, freed at destroy).
     scratch: Mutex<Scratch>,
+    /// The rail stream and events of the pipelined all-reduce: made with the team when the
+    /// rail calls enqueue on streams (`rails_on_streams`); `None` otherwise and once destroyed.
+    pipe: Mutex<Option<Pipe>>,
     device: Device,
+}
+
+/// A rank's second stream and its events, for the pipelined all-reduce
+/// (`collective.rs`): the rail calls of the chunks run on `stream` while the caller's stream
+/// runs the domain stages, ordered by events. Made with the team, destroyed with it.
+pub struct Pipe {
+    /// The rail stream (non-blocking, like NCCL's internal streams).
+    pub stream: Stream,
+    /// Recorded on the caller's stream at entry; the rail stream waits on it first (fork).
+    pub fork: Event,
+    /// Recorded on the rail stream last; the caller's stream waits on it at the end (join).
+    pub join: Event,
+    /// `reduced[k]`: recorded on the caller's stream after chunk k's domain reduce-scatter.
+    pub reduced: Vec<Event>,
+    /// `railed[k]`: recorded on the rail stream after chunk k's rail all-reduce.
+    pub railed: Vec<Event>,
+}
+
+impl Pipe {
+    /// A stream and `2 + 2 * collective::MAX_CHUNKS` untimed events on `dev` (all or none).
+    fn create(driver: &dyn Driver, dev: Device) -> Result<Pipe> {
+        let stream = driver
+            .stream_create(dev)
+            .map_err(|e| Error::driver(e, format_args!("creating the rail stream on device {dev}")))?;
+        let mut events = Vec::with_capacity(2 + 2 * collective::MAX_CHUNKS);
+        while events.len() < events.capacity() {
+            match driver.event_create_untimed(dev) {
+                Ok(e) => events.push(e),
+                Err(e) => {
+                    for undo in Pipe::from_parts(stream, events).destroy(driver, dev) {
+                        tracing::error!("rolling back the rail stream: {undo}");
+                    }
+                    return Err(Error::driver(e, format_args!("creating the rail stream's events on device {dev}")));
+                }
+            }
+        }
+        Ok(Pipe::from_parts(stream, events))
+    }
+
+    /// Destroys what `create` made; returns the errors.
+    fn destroy(self, driver: &dyn Driver, dev: Device) -> Vec<Error> {
+        let mut errors = Vec::new();
+        let events = [self.fork, self.join].into_iter().chain(self.reduced).chain(self.railed);
+        for e in events.filter(|e| e.0 != 0) {
+            if let Err(err) = driver.event_destroy(dev, e) {
+                errors.push(Error::driver(err, "destroying an event of the rail stream"));
+            }
+        }
+        if let Err(err) = driver.stream_destroy(dev, self.stream) {
+            errors.push(Error::driver(err, "destroying the rail stream"));
+        }
+        errors
+    }
+
+    /// The pipe of `stream` and `events` (missing events are `Event(0)`, skipped by `destroy`).
+    fn from_parts(stream: Stream, mut events: Vec<Event>) -> Pipe {
+        events.resize(2 + 2 * collective::MAX_CHUNKS, Event(0));
+        let railed = events.split_off(2 + collective::MAX_CHUNKS);
+        let reduced = events.split_off(2);
+        Pipe { stream, fork: events[0], join: events[1], reduced, railed }
+    }
 }
 
 /// A device allocation of the composed collectives.
@@ -170,6 +234,12 @@ impl RailOob for Oob<'_> {
     }
 }
 
+/// True when `engine`'s calls enqueue on the stream they are given, on `driver`: a
+/// stream-ordered engine on CUDA, or on the simulator one that enqueues there.
+fn rails_on_streams(engine: &dyn Engine, driver: &dyn Driver) -> bool {
+    engine.stream_ordered() && (driver.as_sim().is_none() || engine.enqueues_on_sim())
+}
+
 impl Hier {
     /// The first steps of a team across domains, on every rank of `global`: the engine (every
     /// rank must have one: one rank's failure is every rank's `NotSupported`, naming the
@@ -199,7 +269,11 @@ impl Hier {
     /// This rank's rail communicator (`engine.comm_create` over the rail of `local`), voted
     /// over the whole team: one rank's failure is every rank's, and a communicator made here
     /// is destroyed when another rank failed.
+    ///
+    /// When the rail calls enqueue on streams (a stream-ordered engine on CUDA) it also makes
+    /// this rank's [`Pipe`] (voted with the communicator).
     pub fn connect(
+        env: &Env,
         global: Arc<Comm>,
         engine: Arc<dyn Engine>,
         layout: Layout,
@@ -209,19 +283,39 @@ impl Hier {
         let rank = global.rank();
         let (domain, local) = layout.place[rank];
         let oob = Oob { global: &global, layout: &layout, local };
-        let made = engine.comm_create(local, domain, layout.domains(), &oob).map_err(|e| {
-            e.context(format!("rank {rank} making the communicator of rail {local} (engine \"{}\")", engine.name()))
-        });
+        let driver = &**env.driver();
+        let made = engine
+            .comm_create(local, domain, layout.domains(), &oob)
+            .map_err(|e| {
+                e.context(format!("rank {rank} making the communicator of rail {local} (engine \"{}\")", engine.name()))
+            })
+            .and_then(|comm| {
+                if !rails_on_streams(&*engine, driver) {
+                    return Ok((comm, None));
+                }
+                match Pipe::create(driver, device) {
+                    Ok(pipe) => Ok((comm, Some(pipe))),
+                    Err(e) => {
+                        if let Err(undo) = comm.destroy() {
+                            tracing::error!("rolling back a rail communicator: {undo}");
+                        }
+                        Err(e.context(format!("rank {rank}")))
+                    }
+                }
+            });
         let status = made.as_ref().map(|_| ()).map_err(Clone::clone);
         if let Err(e) = global.vote("rail communicators", status) {
-            if let Ok(comm) = made {
+            if let Ok((comm, pipe)) = made {
                 if let Err(undo) = comm.destroy() {
                     tracing::error!("rolling back a rail communicator: {undo}");
+                }
+                for undo in pipe.map(|p| p.destroy(driver, device)).unwrap_or_default() {
+                    tracing::error!("rolling back the rail stream: {undo}");
                 }
             }
             return Err(e);
         }
-        let rail = made.expect("voted");
+        let (rail, pipe) = made.expect("voted");
         Ok(Hier {
             global,
             layout,
@@ -232,6 +326,7 @@ impl Hier {
             engine,
             rail: RwLock::new(Some(rail)),
             scratch: Mutex::new(Scratch::default()),
+            pipe: Mutex::new(pipe),
             device,
         })
     }
@@ -241,9 +336,9 @@ impl Hier {
         self.engine.name()
     }
 
-    /// True when the engine's calls enqueue on the stream they are given.
-    pub fn stream_ordered(&self) -> bool {
-        self.engine.stream_ordered()
+    /// True when the engine's calls enqueue on the stream they are given, on `driver`.
+    pub fn rails_on_streams(&self, driver: &dyn Driver) -> bool {
+        rails_on_streams(&*self.engine, driver)
     }
 
     /// Checks that `rank` is this process's rank of the whole team; returns its local index
@@ -298,13 +393,23 @@ impl Hier {
         }
     }
 
-    /// Destroys the rail communicator and frees the scratch (team destroy); idempotent.
+    /// Runs `f` with this rank's [`Pipe`] (`None`: the all-reduce runs unpipelined), held for
+    /// the collective's issue.
+    pub fn with_pipe<T>(&self, f: impl FnOnce(Option<&Pipe>) -> Result<T>) -> Result<T> {
+        f(self.pipe.lock().as_ref())
+    }
+
+    /// Destroys the rail communicator, the rail stream and its events, and frees the scratch
+    /// (team destroy); idempotent.
     pub fn release(&self, env: &Env) -> Vec<Error> {
         let mut errors = Vec::new();
         if let Some(c) = self.rail.write().take() {
             if let Err(e) = c.destroy() {
                 errors.push(e.context("destroying the rail communicator"));
             }
+        }
+        if let Some(p) = self.pipe.lock().take() {
+            errors.extend(p.destroy(&**env.driver(), self.device));
         }
         let mut s = self.scratch.lock();
         if s.bytes > 0 {

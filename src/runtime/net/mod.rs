@@ -30,6 +30,14 @@ pub trait Engine: Send + Sync {
     /// the stream first and each call completes before it returns (MPI).
     fn stream_ordered(&self) -> bool;
 
+    /// True when a stream-ordered engine's calls enqueue their work on the simulator's streams
+    /// (through `SimDriver::enqueue`), so that the simulator can run its rail calls on the
+    /// stream they are given; false (the default) when they run when called there, as the
+    /// NCCL engine's do.
+    fn enqueues_on_sim(&self) -> bool {
+        false
+    }
+
     /// A communicator over rail `rail`, this rank at position `domain` of `ndomains`.
     fn comm_create(&self, rail: usize, domain: usize, ndomains: usize, oob: &dyn RailOob) -> Result<Box<dyn RailComm>>;
 }

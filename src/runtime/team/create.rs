@@ -347,7 +347,7 @@ impl Team {
         if let Err(e) = env.driver().bind_thread(device) {
             tracing::warn!("rank {r}: making device {device} current for the rail communicator: {e}");
         }
-        match Hier::connect(global, engine, layout, domains.names.clone(), device) {
+        match Hier::connect(env, global, engine, layout, domains.names.clone(), device) {
             Ok(h) => {
                 tracing::debug!("rank {r}: a team across NVLink domains ({spanning}), engine \"{}\"", h.engine_name());
                 team.hier.set(h).map_err(|_| Error::internal("a domain team already had its hierarchical part"))?;

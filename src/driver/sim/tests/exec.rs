@@ -57,6 +57,64 @@ fn events_time_the_work_between_them() {
     assert_eq!(code(s.event_record(0, b, st)), CuResult::ERROR_INVALID_HANDLE);
 }
 
+#[test]
+fn a_stream_waiting_on_an_event_runs_after_the_recorded_work_only() {
+    // CUDA Driver API, cuStreamWaitEvent: "Makes all future work submitted to hStream wait for
+    // all work captured in hEvent. See cuEventRecord() for details on what is captured." And
+    // cuEventRecord: "cuStreamWaitEvent() [...] examine or wait for completion of the work that
+    // was captured" by the most recent call; "Calls to cuEventRecord() [...] after
+    // cuStreamWaitEvent() [...] do not affect" the wait.
+    let s = sim();
+    let (a, b) = (Stream(0xa), Stream(0xb));
+    let ev = s.event_create_untimed(0).unwrap();
+    // Never recorded: the wait is a no-op.
+    s.stream_wait_event(0, b, ev).unwrap();
+    s.stream_synchronize(0, b).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    s.enqueue(
+        0,
+        a,
+        Box::new(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            d.store(true, Ordering::SeqCst);
+        }),
+    )
+    .unwrap();
+    s.event_record(0, ev, a).unwrap();
+    s.stream_wait_event(0, b, ev).unwrap();
+    let seen = Arc::new(AtomicBool::new(false));
+    let (d, seen2) = (done.clone(), seen.clone());
+    s.enqueue(0, b, Box::new(move || seen2.store(d.load(Ordering::SeqCst), Ordering::SeqCst))).unwrap();
+    // A later record of the same event, behind work that waits for the test: b does not wait
+    // for it.
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    let gate = parking_lot::Mutex::new(gate);
+    s.enqueue(
+        0,
+        a,
+        Box::new(move || {
+            // Released by the test below; the timeout keeps a failing test from hanging.
+            let _ = gate.lock().recv_timeout(Duration::from_secs(10));
+        }),
+    )
+    .unwrap();
+    s.event_record(0, ev, a).unwrap();
+    let t = Instant::now();
+    s.stream_synchronize(0, b).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "b waited for the later record");
+    assert!(seen.load(Ordering::SeqCst), "b's work ran before the work recorded in the event");
+    open.send(()).unwrap();
+    s.stream_synchronize(0, a).unwrap();
+    // An untimed event cannot be timed.
+    let timed = s.event_create(0).unwrap();
+    s.event_record(0, timed, a).unwrap();
+    assert_eq!(code(s.event_elapsed_ms(0, timed, ev)), CuResult::ERROR_INVALID_HANDLE);
+    s.event_destroy(0, ev).unwrap();
+    assert_eq!(code(s.stream_wait_event(0, b, ev)), CuResult::ERROR_INVALID_HANDLE);
+    assert_eq!(code(s.stream_wait_event(4, b, timed)), ID);
+}
+
 // ---- stream capture and CUDA graphs ----
 
 /// DESIGN.md (sim): launches on a capturing stream are recorded, not run; `cuGraphLaunch` runs
