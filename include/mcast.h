@@ -21,6 +21,10 @@ struct CUstream_st;
 /** The color of a rank that joins no new team in mcast_team_split (its out-handle is zero). */
 #define MCAST_SPLIT_NOCOLOR (-1)
 
+/** mcast_net_ops_t.flags: the engine's calls enqueue on the stream they are given (see the
+ *  struct's `flags`). */
+#define MCAST_NET_STREAM_ORDERED 1u
+
 /** major version of this header (the library reports its own with mcast_get_version). */
 #define MCAST_VERSION_MAJOR 0
 

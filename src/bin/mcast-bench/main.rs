@@ -12,9 +12,9 @@
 //! `mpirun`) each rank is a process of its own ([`procs`]): the same measurements, the slowest
 //! rank's time and every rank's wrong elements agreed through the team itself, rank 0 printing.
 //!
-//! Every mcast call is a `mcast_*` function of `mcast.h` ([`api`], [`run`]), so a regression at
+//! Every mcast call is a `mcast_*` function of `mcast.h` ([`api`], [`run`](mod@run)), so a regression at
 //! the C boundary shows here. Modules: [`args`] (the command line), [`api`] (the C calls and the
-//! bench's CUDA plumbing), [`data`] (check data), [`run`] (rig, calls, check), [`timing`],
+//! bench's CUDA plumbing), [`data`] (check data), [`run`](mod@run) (rig, calls, check), [`timing`],
 //! [`report`] (table, CSV, JSON).
 
 use std::process::ExitCode;
