@@ -163,7 +163,7 @@ static __device__ void push_norm_warp(const mcast_dev_buffer_t &x, const mcast_d
 // across it). CTA b handles tokens b, b + gridDim.x, ... (all its threads on each token when
 // it has at most two, else one warp per token); it pushes exactly
 // the rows its peer's CTA b will read, so a signal per (peer, CTA) on slot b is the only
-// synchronisation: no barrier. The same grid on every rank; 256 threads a CTA at most.
+// synchronisation: no barrier. The same grid on every rank.
 //
 //   scratch symmetric, 2 * nranks * tokens * hidden bf16: [parity][sender][token][hidden]
 //   epoch   [gridDim.x] unsigned, this rank's device memory, zero before the first call: CTA b's
@@ -172,7 +172,7 @@ static __device__ void push_norm_warp(const mcast_dev_buffer_t &x, const mcast_d
 //           rank's call k (the one reading parity p) ended on its stream.
 // Sums in rank order 0..n-1 in f32, rounded to bf16 (the multimem kernel's emulation gives the
 // same bits), so both kernels produce identical outputs.
-extern "C" __global__ void __launch_bounds__(256) fused_push_rmsnorm(const __grid_constant__ mcast_dev_team_t team,
+extern "C" __global__ void fused_push_rmsnorm(const __grid_constant__ mcast_dev_team_t team,
                                               const __grid_constant__ mcast_dev_buffer_t x,
                                               const __grid_constant__ mcast_dev_buffer_t res,
                                               const __grid_constant__ mcast_dev_buffer_t scratch,
