@@ -3,6 +3,7 @@
 //! rule), and the error a failed launch reports. Used by `collective.rs` and by the copy-engine
 //! forms in `ce.rs` (their barrier kernels); it imports neither.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::error::{Error, ErrorKind, Result};
@@ -57,7 +58,7 @@ pub(super) fn launch_kernel(
         max_blocks: team.max_blocks(),
         local_only,
         ll: team.ll(),
-        signature: sig.filter(|_| team.check_calls()),
+        signature: sig.filter(|_| checked(team)),
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
@@ -77,6 +78,27 @@ pub(super) fn launch_kernel(
         team.unclaim_stream(r, round);
         kernel_error(e, &launch)
     })
+}
+
+thread_local! {
+    /// Set while a team across NVLink domains issues its domain stage (see [`unchecked`]).
+    static UNCHECKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the call-signature check off for the collectives it issues on this thread: the
+/// domain stage of a team across NVLink domains, whose ranks legitimately pass different forms
+/// and offsets (each its own shard) for one user call; every rank of the domain issues its stage
+/// this way, so the ranks still agree on whether signatures travel.
+pub fn unchecked<T>(f: impl FnOnce() -> T) -> T {
+    UNCHECKED.set(true);
+    let out = f();
+    UNCHECKED.set(false);
+    out
+}
+
+/// Whether the collectives issued now carry their call signature.
+pub fn checked(team: &Team) -> bool {
+    team.check_calls() && !UNCHECKED.get()
 }
 
 /// The last check before any collective form enqueues rank `r`'s part on `stream`: the team

@@ -264,7 +264,9 @@ struct Steps<'a> {
 
 impl Steps<'_> {
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
-        domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
+        crate::runtime::launch::unchecked(|| {
+            domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
+        })
     }
 
     /// True when the rail calls run stage by stage: the engine is not stream-ordered, or the
