@@ -69,19 +69,36 @@ pub const SOURCE: &str = source!("all_reduce.cu", "reduce_scatter.cu", "broadcas
 /// Name given to the source in NVRTC messages (each piece's `#line` names the file itself).
 pub const SOURCE_NAME: &str = "mcast-kernels.cu";
 
-const ALL_REDUCE: &str = source!("all_reduce.cu");
-const REDUCE_SCATTER: &str = source!("reduce_scatter.cu");
-const BROADCAST: &str = source!("broadcast.cu");
-const ALL_GATHER: &str = source!("all_gather.cu");
+/// Where each part of [`SOURCE`] ends: the shared part, then the collectives' files in order.
+/// Only lengths are taken at compile time, so the binary holds the text once; a module's source
+/// is put together from slices of it on first use.
+const SHARED_END: usize = source!().len();
+const FAMILY_LENS: [(Family, usize); 4] = [
+    (Family::AllReduce, piece!("all_reduce.cu").len()),
+    (Family::ReduceScatter, piece!("reduce_scatter.cu").len()),
+    (Family::Broadcast, piece!("broadcast.cu").len()),
+    (Family::AllGather, piece!("all_gather.cu").len()),
+];
+const _: () =
+    assert!(SHARED_END + FAMILY_LENS[0].1 + FAMILY_LENS[1].1 + FAMILY_LENS[2].1 + FAMILY_LENS[3].1 == SOURCE.len());
 
 /// The source a module of `family` compiles: the shared part and that collective's file.
 pub fn family_source(family: Family) -> &'static str {
-    match family {
-        Family::AllReduce => ALL_REDUCE,
-        Family::ReduceScatter => REDUCE_SCATTER,
-        Family::Broadcast => BROADCAST,
-        Family::AllGather => ALL_GATHER,
-    }
+    static SOURCES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let sources = SOURCES.get_or_init(|| {
+        let mut start = SHARED_END;
+        FAMILY_LENS
+            .iter()
+            .map(|&(_, len)| {
+                let end = start + len;
+                let s = format!("{}{}", &SOURCE[..SHARED_END], &SOURCE[start..end]);
+                start = end;
+                s
+            })
+            .collect()
+    });
+    let i = FAMILY_LENS.iter().position(|&(f, _)| f == family).expect("every family has a file");
+    &sources[i]
 }
 
 /// The file of `family` in `kernels/`.
@@ -133,7 +150,13 @@ mod tests {
         assert!(SOURCE.contains(include_str!("../../include/mcast/device.h")));
         assert!(SOURCE.find("mcast/device.h\"").unwrap() < SOURCE.find("kernels/abi.cuh").unwrap());
         let sync = include_str!("../../kernels/sync.cuh");
-        for f in ["mcast_dev__barrier_cta", "mcast_dev__wait_count", "mcast_dev__record"] {
+        for f in [
+            "mcast_dev__barrier_cta",
+            "mcast_dev__barrier_arrive",
+            "mcast_dev__barrier_await",
+            "mcast_dev__wait_count",
+            "mcast_dev__record",
+        ] {
             assert!(sync.contains(f), "kernels/sync.cuh does not use {f}");
         }
         let mm = include_str!("../../kernels/multimem.cuh");
@@ -164,5 +187,10 @@ mod tests {
             assert_eq!(lines(family_source(f)), want, "{f:?}");
             assert!(family_source(f).len() < SOURCE.len());
         }
+        // Put together from slices of SOURCE, the text is exactly the concatenation of its files.
+        assert_eq!(family_source(Family::AllReduce), source!("all_reduce.cu"));
+        assert_eq!(family_source(Family::ReduceScatter), source!("reduce_scatter.cu"));
+        assert_eq!(family_source(Family::Broadcast), source!("broadcast.cu"));
+        assert_eq!(family_source(Family::AllGather), source!("all_gather.cu"));
     }
 }
