@@ -2,7 +2,9 @@
  * root or buffer offset, through the installed package on the simulator, one process and one
  * thread issuing both ranks: every rank's mcast_synchronize and mcast_team_get_error give
  * MCAST_ERROR_INVALID_ARGUMENT, the message names the field, the values and the ranks, no
- * rank's data changes, and the team refuses its next call (sticky). Runs with MULTICAST and P2P. */
+ * rank's data changes, and the team refuses its next call (sticky). Runs with MULTICAST and P2P
+ * on the simulator, and on GPUs (P2P, the barrier and the LL kernels; a team of one GPU twice
+ * where there is one). */
 #include <stdint.h>
 #include <string.h>
 
@@ -27,8 +29,9 @@ static mcast_status_t issue(mcast_buffer_t buf, int r, const call_t *c) {
   return mcast_all_reduce(buf, r, c->offset, c->count, c->dtype, c->op, NULL);
 }
 
+static int devices[RANKS] = {0, 1};
+
 static void disagree(mcast_context_t ctx, const call_t calls[RANKS], const char *says) {
-  const int devices[RANKS] = {0, 1};
   mcast_team_t team;
   mcast_buffer_t buf;
   mcast_status_t err;
@@ -67,7 +70,12 @@ int main(void) {
   const call_t f32 = {'a', 1024, 0, MCAST_FLOAT32, MCAST_SUM, 0};
   call_t c[RANKS];
 
+  int n = 0;
+
   CHECK_OK(mcast_context_create(NULL, &ctx));
+  CHECK_OK(mcast_device_count(ctx, &n));
+  if (n < 1) return 77;
+  if (n < 2) devices[1] = 0;
 
   c[0] = f32, c[1] = f32, c[1].count = 512;
   disagree(ctx, c, "ranks disagree on count: rank 0 has 1024, rank 1 has 512");

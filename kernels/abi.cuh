@@ -52,9 +52,11 @@
 //   record_timeout), MCAST_STATE_ABORTED once the team was aborted (the host: mcast_team_abort,
 //   in every rank's region, peers' included), MCAST_STATE_MISMATCH once this rank found a
 //   mismatch (its own region only: every rank compares every peer).
-// [8448, 36864): call signatures, written by peers (sync.cuh): MCAST_SIG_OFFSET + 16w (entry
-//   barriers), MCAST_LL_SIG_OFFSET (LL lines, ll.cuh), MCAST_PUSH_SIG_OFFSET (push all-reduce).
-// [36864, 65536): reserved.
+// [8448, 51200): call signatures, written by peers (sync.cuh): MCAST_SIG_OFFSET + 16w (entry
+//   barriers of teams larger than MCAST_BAR_SIG_MAX_RANKS), MCAST_LL_SIG_OFFSET (LL lines,
+//   ll.cuh), MCAST_PUSH_SIG_OFFSET (push all-reduce), MCAST_BAR_SIG_OFFSET (entry barriers'
+//   signature lines: per block slot b and writer row w, 32 bytes at + 32 * (b * 7 + w); bar_sig).
+// [51200, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
 #define MCAST_SIGNAL_STRIDE 64
 #define MCAST_LOCAL_OFFSET 4096
@@ -67,6 +69,8 @@
 #define MCAST_SIG_OFFSET 8448
 #define MCAST_LL_SIG_OFFSET 9728
 #define MCAST_PUSH_SIG_OFFSET 24576
+#define MCAST_BAR_SIG_OFFSET 36864
+#define MCAST_BAR_SIG_MAX_RANKS 8
 #define MCAST_ERR_MISMATCH 4
 #define MCAST_STATE_MISMATCH 3
 #define MCAST_ERR_NONE 0

@@ -148,15 +148,21 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     if (threadIdx.x < a.nranks && threadIdx.x != me) st_release_sys(push_flag(a, threadIdx.x, slot, me), seq0 + j + 1);
   };
   push(0);
-  // The call's signature beside its first step, in the scratch slot of that step (reused with
-  // it): stored before the first publish (its release orders it), compared after its wait.
-  const u32 sig_slot = (seq0 + 1) % MCAST_PUSH_SLOTS;
-  const bool peer = threadIdx.x < a.nranks && threadIdx.x != me;
-  auto push_sig = [&](u32 p, u32 writer) {
-    return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 16ull * ((slot * MCAST_PUSH_SLOTS + sig_slot) * MCAST_PUSH_MAX_RANKS + writer);
-  };
-  if (a.check != 0 && peer) sig_store(a, push_sig(threadIdx.x, me));
   publish(0);
+  // The call's signature, as two flagged lines (flag: its first sequence number y0) after the
+  // first publish, in parity y0 & 1 of the block slot's lines: the last warp stores them and polls
+  // its peers' while thread 0 waits for step 0, and the block votes before it reduces. Reuse: a
+  // writer's next call of the same parity starts after it saw every peer's flag past y0, which
+  // a peer publishes only after step 0 of this call, after reading the lines (a one-step call
+  // moves to the other parity).
+  const u32 y0 = seq0 + 1;
+  u32 sq;
+  const bool sig = a.check != 0 && sig_thread(a, &sq);
+  auto push_sig = [&](u32 p, u32 writer) {
+    const u32 w = writer < p ? writer : writer - 1;
+    return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)slot * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);
+  };
+  if (sig) sig_lines_store(a, push_sig(sq, me), y0);
   for (u32 j = 0; j < steps; ++j) {
     // Step j + 1's stores drain while step j is awaited and reduced; they are published after.
     if (j + 1 < steps) push(j + 1);
@@ -167,13 +173,13 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
         if (p != me) ok = wait_count(a, push_flag(a, me, slot, p), y, slot, j, (int)p);
       s_ok = ok;
     }
-    __syncthreads();
-    if (!s_ok) return;
-    if (j == 0 && a.check != 0) {
+    bool bad = false;
+    if (j == 0 && sig) {
       u64 s0 = 0, s1 = 0;
-      if (peer) sig_load(push_sig(me, threadIdx.x), &s0, &s1);
-      if (!sig_agree(a, false, peer, s0, s1)) return;
+      const bool failed = !sig_lines_wait(a, push_sig(me, sq), y0, &s0, &s1, sq, 0);
+      bad = sig_bad(a, failed, true, sq, s0, s1);
     }
+    if (__syncthreads_or(bad) || !s_ok) return;
     u64 lo, hi;
     push_part(S, a.push_row, j, &lo, &hi);
     const u64 nv = vec ? (hi - lo) / 16 : 0;

@@ -66,46 +66,6 @@ __device__ __forceinline__ void st_payload(u64 p, u64 v, u32 n) {
   for (u32 i = 0; i < n; ++i) *(unsigned char*)(p + i) = (unsigned char)(v >> (8 * i));
 }
 
-// One LL line: payload bytes 0-3 with the flag in lane 0, bytes 4-7 with the flag in lane 1.
-__device__ __forceinline__ void ll_store(u64 addr, u64 v, u32 flag) {
-  const u64 x = (v & 0xffffffffull) | ((u64)flag << 32), y = (v >> 32) | ((u64)flag << 32);
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(addr), "l"(x), "l"(y) : "memory");
-}
-__device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
-  u64 x, y;
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
-  if ((u32)(x >> 32) != flag || (u32)(y >> 32) != flag) return false;
-  *v = (x & 0xffffffffull) | (y << 32);
-  return true;
-}
-
-// Polls the LL line at addr, stored by rank `writer`, until it carries flag. False once the
-// team failed (aborted, a rank timed out), the timeout passes (both recorded, as wait 1 of the
-// collective) or another thread of this rank recorded an error; *start is the thread's first
-// timer reading (0 before).
-__device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer) {
-  u32 spins = 0;
-  while (!ll_load(addr, flag, v)) {
-    if ((++spins & 255u) != 0) continue;
-    const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
-    if (state != MCAST_STATE_OK) {
-      record_error(a, state_error(state), blockIdx.x, 1);
-      return false;
-    }
-    if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
-    if (a.timeout_ns != 0) {
-      const u64 now = globaltimer();
-      if (*start == 0) {
-        *start = now;
-      } else if (now - *start > a.timeout_ns) {
-        record_timeout(a, blockIdx.x, 1, (int)writer);
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 // One block's share of an LL call: payload bytes [lo, hi) of the S each writer sends (parts
 // are multiples of 8 bytes, so no LL line straddles two blocks), the flag and
 // its parity. live is false when this rank must not take part (an earlier error, or an aborted
@@ -147,32 +107,59 @@ __device__ __forceinline__ u64 ll_sig(const McastArgs& a, u32 p, u32 b, u32 s, u
   return a.sync[p] + MCAST_LL_SIG_OFFSET + 32ull * ((b * 2 + s) * (MCAST_LL_MAX_RANKS - 1) + w);
 }
 
-// With a.check, thread t (< nranks, not this rank) stores this rank's signature into rank t's
-// signature lines; the call's first stores, so they land before its data lines.
+// With a.check, the last warp's thread t (< nranks, not this rank: sig_thread) stores this
+// rank's signature into rank t's signature lines; before its data lines.
 __device__ __forceinline__ void ll_sig_send(const McastArgs& a, const LlPart& p) {
-  const u32 t = threadIdx.x;
-  if (a.check == 0 || t >= a.nranks || t == a.rank) return;
-  const u64 at = ll_sig(a, t, blockIdx.x, p.parity, a.rank);
-  ll_store(at, a.sig[0], p.flag);
-  ll_store(at + 16, a.sig[1], p.flag);
+  u32 q;
+  if (a.check != 0 && sig_thread(a, &q)) sig_lines_store(a, ll_sig(a, q, blockIdx.x, p.parity, a.rank), p.flag);
 }
 
-// With a.check, thread t waits for rank t's signature lines and the block compares them with
-// this rank's (sig_agree): false, on every thread, on a mismatch (recorded) or a failed wait;
-// the block must then return before it writes anything of out. Called after the call's data
-// lines are stored, so the wait overlaps theirs; the signature lines are reused with the
-// landing's parities, by the same argument.
-__device__ bool ll_sig_agree(const McastArgs& a, const LlPart& p) {
-  if (a.check == 0) return true;
-  const u32 t = threadIdx.x;
-  const bool have = t < a.nranks && t != a.rank;
-  u64 s0 = 0, s1 = 0, start = 0;
-  bool failed = false;
-  if (have) {
-    const u64 at = ll_sig(a, a.rank, blockIdx.x, p.parity, t);
-    failed = !ll_wait(a, at, p.flag, &s0, &start, t) || !ll_wait(a, at + 16, p.flag, &s1, &start, t);
+// With a.check, the last warp's thread t reads rank t's signature lines and compares them with
+// this rank's, with no round trip of its own: its first data wait polls them alongside the data
+// line (ll_wait_sig), and only a thread with no data line, or whose lines came first, polls them
+// alone at the end (ll_sig_done). The block votes on the verdict (with the data waits' failures)
+// before anything of out is written. The lines are reused with the landing's parities, by the
+// same argument.
+struct SigPoll {
+  u64 at, s0, s1;
+  u32 peer;
+  bool pending;
+};
+__device__ __forceinline__ SigPoll ll_sig_poll(const McastArgs& a, const LlPart& p) {
+  SigPoll sp;
+  sp.pending = a.check != 0 && sig_thread(a, &sp.peer);
+  sp.at = sp.pending ? ll_sig(a, a.rank, blockIdx.x, p.parity, sp.peer) : 0;
+  sp.s0 = sp.s1 = 0;
+  return sp;
+}
+// The signature lines have come: false, with the mismatch recorded, where they differ.
+__device__ __forceinline__ bool sig_arrived(const McastArgs& a, SigPoll& sp) {
+  sp.pending = false;
+  return !sig_bad(a, false, true, sp.peer, sp.s0, sp.s1);
+}
+// ll_wait, polling sp's signature lines in the same loop while they are pending: false also where
+// they came and differ (recorded), so a line a disagreeing peer never sends is not waited for.
+__device__ bool ll_wait_sig(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer, SigPoll& sp) {
+  if (!sp.pending) return ll_wait(a, addr, flag, v, start, writer);
+  u32 spins = 0;
+  while (true) {
+    const bool d = ll_load(addr, flag, v);
+    const bool h0 = ll_load(sp.at, flag, &sp.s0), h1 = ll_load(sp.at + 16, flag, &sp.s1);
+    if (h0 && h1) {
+      if (!sig_arrived(a, sp)) return false;
+      return d || ll_wait(a, addr, flag, v, start, writer);
+    }
+    if (d) return true;
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1)) return false;
   }
-  return sig_agree(a, failed, have, s0, s1);
+}
+// The thread's verdict on its signature lines once its data waits are done: true where they
+// differ (recorded) or a wait failed (`failed`, or its own).
+__device__ bool ll_sig_done(const McastArgs& a, SigPoll& sp, u32 flag, bool failed) {
+  if (failed) return true;
+  if (!sp.pending) return false;
+  if (!sig_lines_wait(a, sp.at, flag, &sp.s0, &sp.s1, sp.peer, 1)) return true;
+  return !sig_arrived(a, sp);
 }
 
 // Payload bytes of line i of part p (8 but for the last line of the message).
@@ -236,22 +223,32 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     for (u32 q = 0; q < a.nranks; ++q)
       if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
   }
-  if (!ll_sig_agree(a, p)) return;
-  u64 start = 0;
+  // Every line is awaited and reduced into registers, the signature lines with them (SigPoll);
+  // out is written only after the block's vote.
+  SigPoll sp = ll_sig_poll(a, p);
+  bool bad = false;
+  u64 start = 0, res[MCAST_LL_LINES];
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = threadIdx.x + (u64)k * blockDim.x;
-    if (i >= nl) break;
+    if (i >= nl || bad) break;
     Acc8<D> acc;
-    for (u32 q = 0; q < a.nranks; ++q) {
+    for (u32 q = 0; q < a.nranks && !bad; ++q) {
       u64 v = mine[k];
-      if (q != me && !ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q)) return;
+      if (q != me && !ll_wait_sig(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q, sp)) bad = true;
       if (q == 0)
         acc.load(v);
       else
         acc.template reduce<O>(v);
     }
-    st_payload(a.out[me] + (u64)me * block + p.lo + i * 8, acc.pack(), ll_line_bytes(p, i));
+    res[k] = acc.pack();
+  }
+  if (__syncthreads_or(ll_sig_done(a, sp, p.flag, bad))) return;
+#pragma unroll
+  for (int k = 0; k < MCAST_LL_LINES; ++k) {
+    const u64 i = threadIdx.x + (u64)k * blockDim.x;
+    if (i >= nl) break;
+    st_payload(a.out[me] + (u64)me * block + p.lo + i * 8, res[k], ll_line_bytes(p, i));
   }
 }
 
@@ -280,27 +277,40 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     for (u32 q = 0; q < a.nranks; ++q)
       if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, mine[k], p.flag);
   }
-  if (!ll_sig_agree(a, p)) return;
-  // A sender out of place copies its own part, once the call is known to agree.
+  // Every line is awaited into registers, the signature lines with them (SigPoll); out is
+  // written only after the block's vote.
+  SigPoll sp = ll_sig_poll(a, p);
+  bool bad = false;
+  u64 start = 0, v = 0;
+  if (!gather && t < a.nranks && t != me && t != a.root &&
+      !ll_wait_sig(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start, t, sp))
+    bad = true;
+  u64 got[MCAST_LL_LINES][MCAST_LL_MAX_RANKS];
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = t + (u64)k * blockDim.x;
-    if (i >= nl || !sends || a.out[me] == a.data[me]) break;
-    st_payload(a.out[me] + blk + p.lo + i * 8, mine[k], ll_line_bytes(p, i));
+    if (i >= nl || bad) break;
+#pragma unroll
+    for (u32 q = 0; q < MCAST_LL_MAX_RANKS; ++q) {
+      if (q >= a.nranks || bad) break;
+      if (q == me || (!gather && q != a.root)) continue;
+      if (!ll_wait_sig(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q, sp)) bad = true;
+      got[k][q] = v;
+    }
   }
-  u64 start = 0, v;
-  if (!gather && t < a.nranks && t != me && t != a.root &&
-      !ll_wait(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start, t))
-    return;
+  if (__syncthreads_or(ll_sig_done(a, sp, p.flag, bad))) return;
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = t + (u64)k * blockDim.x;
     if (i >= nl) break;
     const u32 n = ll_line_bytes(p, i);
-    for (u32 q = 0; q < a.nranks; ++q) {
+    // A sender out of place copies its own part.
+    if (sends && a.out[me] != a.data[me]) st_payload(a.out[me] + blk + p.lo + i * 8, mine[k], n);
+#pragma unroll
+    for (u32 q = 0; q < MCAST_LL_MAX_RANKS; ++q) {
+      if (q >= a.nranks) break;
       if (q == me || (!gather && q != a.root)) continue;
-      if (!ll_wait(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q)) return;
-      st_payload(a.out[me] + (gather ? (u64)q * S : 0) + p.lo + i * 8, v, n);
+      st_payload(a.out[me] + (gather ? (u64)q * S : 0) + p.lo + i * 8, got[k][q], n);
     }
   }
 }

@@ -39,11 +39,87 @@ __device__ __forceinline__ bool wait_count(const McastArgs& a, u64 flag, u32 tar
   return code == MCAST_ERR_NONE;
 }
 
+// Flagged lines, the LL protocol's unit (ll.cuh) and the signature lines' (below): 16 bytes = two
+// 8-byte lanes {4 payload bytes, 4-byte flag}, each lane written and read in one 64-bit access
+// (single-copy atomic), so a lane whose flag is the current one carries the current payload.
+// Payload bytes 0-3 with the flag in lane 0, bytes 4-7 with the flag in lane 1.
+__device__ __forceinline__ void ll_store(u64 addr, u64 v, u32 flag) {
+  const u64 x = (v & 0xffffffffull) | ((u64)flag << 32), y = (v >> 32) | ((u64)flag << 32);
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(addr), "l"(x), "l"(y) : "memory");
+}
+__device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
+  u64 x, y;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
+  if ((u32)(x >> 32) != flag || (u32)(y >> 32) != flag) return false;
+  *v = (x & 0xffffffffull) | (y << 32);
+  return true;
+}
+
+// The slow path of a poll of lines stored by rank `writer`, every 256 spins: false once the team
+// failed (aborted, a rank timed out), the timeout passes (both recorded, as wait `index` of the
+// collective) or another thread of this rank recorded an error; *start is the thread's first
+// timer reading (0 before).
+__device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index) {
+  const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
+  if (state != MCAST_STATE_OK) {
+    record_error(a, state_error(state), blockIdx.x, index);
+    return false;
+  }
+  if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
+  if (a.timeout_ns != 0) {
+    const u64 now = globaltimer();
+    if (*start == 0) {
+      *start = now;
+    } else if (now - *start > a.timeout_ns) {
+      record_timeout(a, blockIdx.x, index, (int)writer);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Polls the LL line at addr, stored by rank `writer`, until it carries flag (false as poll_on,
+// as wait 1 of the collective).
+__device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer) {
+  u32 spins = 0;
+  while (!ll_load(addr, flag, v))
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1)) return false;
+  return true;
+}
+
 // Call signatures (src/kernels/abi/signature.rs: collective, dtype, op, root, count, offsets in
 // a.sig). With a.check every kernel publishes this rank's at its entry in the words its peers
-// read there (the entry barrier's MCAST_SIG_OFFSET slots here; LL lines, ll.cuh; the push
+// read there (signature lines at the entry barrier here; beside the LL lines, ll.cuh; the push
 // all-reduce's first step, all_reduce.cu) and compares every peer's with its own before it
-// touches any data. Every rank compares every peer, so every rank finds a disagreement.
+// touches any data (before it reads a peer's memory or writes its own out). Every rank compares
+// every peer, so every rank finds a disagreement. Where the lines carry their own flag (teams of
+// at most MCAST_BAR_SIG_MAX_RANKS; the LL kernels) no signal waits for them and they are read by
+// threads of the block's last warp while the others wait for the call's own signals or data:
+// only the vote before the first write is added to the critical path.
+
+// The signature is two lines; lane t (< nranks, not this rank) of the block's last warp carries
+// rank t's (measured: lanes of warp 0 cost the LL kernels 0.3 us where thread 0 also waits for
+// data, and the barrier's thread 0 waits for the signal count).
+__device__ __forceinline__ bool sig_thread(const McastArgs& a, u32* peer) {
+  const u32 q = threadIdx.x - (blockDim.x - 32);
+  *peer = q;
+  return threadIdx.x >= blockDim.x - 32 && q < a.nranks && q != a.rank;
+}
+__device__ __forceinline__ void sig_lines_store(const McastArgs& a, u64 at, u32 flag) {
+  ll_store(at, a.sig[0], flag);
+  ll_store(at + 16, a.sig[1], flag);
+}
+// Polls both signature lines at `at` (from rank `writer`) until they carry flag: false as
+// poll_on (wait `index`).
+__device__ bool sig_lines_wait(const McastArgs& a, u64 at, u32 flag, u64* s0, u64* s1, u32 writer, u32 index) {
+  u32 spins = 0;
+  u64 start = 0;
+  while (true) {
+    const bool h0 = ll_load(at, flag, s0), h1 = ll_load(at + 16, flag, s1);
+    if (h0 && h1) return true;
+    if ((++spins & 255u) == 0 && !poll_on(a, &start, writer, index)) return false;
+  }
+}
 
 // A 16-byte store of this rank's signature at `at` (a peer's sync region).
 __device__ __forceinline__ void sig_store(const McastArgs& a, u64 at) {
@@ -70,14 +146,59 @@ __device__ void record_mismatch(const McastArgs& a, u32 peer, u64 s0, u64 s1) {
   mcast_dev__cas_sys(own + MCAST_STATE_OFFSET, MCAST_STATE_OK, MCAST_STATE_MISMATCH);
 }
 
+// This thread's verdict on rank `peer`'s signature (s0, s1), read unless `failed` (its wait
+// failed, recorded): true when it differs from this rank's (recorded) or the wait failed.
+__device__ __forceinline__ bool sig_bad(const McastArgs& a, bool failed, bool have, u32 peer, u64 s0, u64 s1) {
+  const bool bad = !failed && have && (s0 != a.sig[0] || s1 != a.sig[1]);
+  if (bad) record_mismatch(a, peer, s0, s1);
+  return failed || bad;
+}
+
 // Called by every thread of the block; the thread with `have` holds rank threadIdx.x's
 // signature (s0, s1), and `failed` is set where its wait for it failed (recorded). True, on
 // every thread, when every signature equals this rank's and no wait failed; otherwise the
 // mismatch is recorded and the block must return without touching data.
 __device__ bool sig_agree(const McastArgs& a, bool failed, bool have, u64 s0, u64 s1) {
-  const bool bad = !failed && have && (s0 != a.sig[0] || s1 != a.sig[1]);
-  if (bad) record_mismatch(a, threadIdx.x, s0, s1);
-  return __syncthreads_or(failed || bad) == 0;
+  return __syncthreads_or(sig_bad(a, failed, have, threadIdx.x, s0, s1)) == 0;
+}
+
+// Rank p's signature lines from `writer` for block slot b (teams of at most
+// MCAST_BAR_SIG_MAX_RANKS): two lines flagged with slot b's barrier epoch of the entry barrier.
+__device__ __forceinline__ u64 bar_sig(const McastArgs& a, u32 p, u32 b, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;
+  return a.sync[p] + MCAST_BAR_SIG_OFFSET + 32ull * ((u64)b * (MCAST_BAR_SIG_MAX_RANKS - 1) + w);
+}
+
+// The entry barrier with the call signature, teams of at most MCAST_BAR_SIG_MAX_RANKS: the
+// barrier's two halves (mcast_dev__barrier_arrive, _await); between them the last warp's thread
+// t stores this rank's signature lines into rank t (flagged with the epoch k the barrier just
+// took: every rank's k agrees, as its counter's target does) and polls rank t's, and the
+// await's vote carries the verdict. The lines need no order with the signal, so it waits for no
+// extra store. A writer stores a slot's next lines only in a later call's entry barrier, after
+// every rank passed this call's exit barrier on that slot (every checked kernel has one), so a
+// line read carries this call's flag or an older one.
+template <bool MC>
+__device__ bool checked_barrier(const McastArgs& a, u64 mc) {
+  const u32 slot = blockIdx.x;
+  const u64 own = sync_local(a, 0), epoch = sync_local(a, MCAST_EPOCH_OFFSET + 4 * slot);
+  const u64 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
+  const u32 info = error_info(slot, 0);
+  u32 k = 0;
+  if (mcast_dev__barrier_arrive(own, epoch, soff, a.sync[0], sync_stride(a), a.nranks, mc, 1, 1, info, &k) !=
+      MCAST_DEV_ERR_NONE)
+    return false;
+  u32 q;
+  const bool have = sig_thread(a, &q);
+  bool failed = false;
+  u64 s0 = 0, s1 = 0;
+  if (have) {
+    sig_lines_store(a, bar_sig(a, q, slot, a.rank), k);
+    failed = !sig_lines_wait(a, bar_sig(a, a.rank, slot, q), k, &s0, &s1, q, 0);
+  }
+  int any = 0;
+  const u32 done = mcast_dev__barrier_await(own, epoch, soff, a.sync[0], sync_stride(a), a.nranks, mc, 1, a.timeout_ns,
+                                            info, k, sig_bad(a, failed, have, q, s0, s1), &any);
+  return done == MCAST_DEV_ERR_NONE && any == 0;
 }
 
 // The barrier of block slot `blockIdx.x`: mcast/device.h's counting barrier (mcast_dev__barrier_cta,
@@ -86,16 +207,23 @@ __device__ bool sig_agree(const McastArgs& a, bool failed, bool have, u64 s0, u6
 // caller must then return from the kernel (uniformly for the block). Its first barrier in a kernel
 // also checks the error word: a rank whose previous collective failed does nothing (and never
 // signals). MC: one multimem.red on the multicast sync region (emulated builds: a red per rank).
-// The first barrier (index 0) with a.check also carries the call signature: thread p stores it
-// into rank p's MCAST_SIG_OFFSET slot of this rank before the barrier's release signal, and after
-// the barrier thread t compares rank t's (sig_agree). A writer stores its next signature only at
-// a later kernel's entry, after every rank passed this kernel's last barrier (the copy-engine
-// forms' exit barrier kernel runs with check 0), so the slot read is this call's.
+// The first barrier (index 0) with a.check also carries the call signature: checked_barrier for
+// teams of at most MCAST_BAR_SIG_MAX_RANKS; in larger ones thread p stores it into rank p's
+// MCAST_SIG_OFFSET slot of this rank before the barrier's release signal, and after the barrier
+// thread t compares rank t's (sig_agree). A writer stores its next signature only at a later
+// kernel's entry, after every rank passed this kernel's last barrier (the copy-engine forms'
+// exit barrier kernel runs with check 0), so the slot read is this call's.
 template <bool MC>
 __device__ bool barrier(const McastArgs& a, u32 index) {
   const u32 slot = blockIdx.x, t = threadIdx.x;
   const u64 soff = MCAST_SIGNAL_OFFSET + slot * MCAST_SIGNAL_STRIDE;
   const bool sig = index == 0 && a.check != 0;
+#if defined(MCAST_EMULATE_MULTIMEM)
+  const u64 mc = 0;
+#else
+  const u64 mc = MC ? a.sync_mc : 0;
+#endif
+  if (sig && a.nranks <= MCAST_BAR_SIG_MAX_RANKS) return checked_barrier<MC>(a, mc);
   const bool peer = t < a.nranks && t != a.rank;
   if (sig && peer) {
     sig_store(a, a.sync[t] + MCAST_SIG_OFFSET + 16 * a.rank);
@@ -104,11 +232,6 @@ __device__ bool barrier(const McastArgs& a, u32 index) {
     if (MC) asm volatile("fence.proxy.alias;" ::: "memory");
 #endif
   }
-#if defined(MCAST_EMULATE_MULTIMEM)
-  const u64 mc = 0;
-#else
-  const u64 mc = MC ? a.sync_mc : 0;
-#endif
   if (mcast_dev__barrier_cta(sync_local(a, 0), sync_local(a, MCAST_EPOCH_OFFSET + 4 * slot), soff, a.sync[0],
                              sync_stride(a), a.nranks, mc, 1, 1, a.timeout_ns, index == 0,
                              error_info(slot, index)) != MCAST_DEV_ERR_NONE)

@@ -183,6 +183,28 @@ fn one_rank_of_several_is_named_by_every_rank() {
     }
 }
 
+/// Teams of more than eight ranks (10 and 9 here) carry the entry barrier's signature in per-writer words stored
+/// before the signal, smaller ones in flagged lines stored after it (`kernels/sync.cuh`): both
+/// catch a rank that differs (8 ranks: the lines), on the barrier kernels and multicast.
+#[test]
+fn teams_past_the_signature_lines_are_checked_too() {
+    for route in [BARRIER, MULTICAST] {
+        let ctx = runtime_context(Config {
+            ll: LlMode::Off,
+            ce_min_bytes: Some(0),
+            sim_device_memory: 64 << 20,
+            ..sim_runtime(route.multicast, 10, TIMEOUT_MS)
+        });
+        load_every_module(sim(&ctx));
+        let mut calls = vec![(F32_SUM, 2048, 0); 10];
+        calls[9] = (F32_SUM, 1024, 0);
+        disagree(&ctx, &calls, "rank 9 has 1024", true);
+        disagree(&ctx, &calls[1..], "rank 8 has 1024", true);
+        disagree(&ctx, &calls[2..], "rank 7 has 1024", true);
+        assert_clean(&ctx);
+    }
+}
+
 /// The out-of-place form: send and recv offsets (recv buffers untouched).
 #[test]
 fn send_and_recv_offsets_are_named() {

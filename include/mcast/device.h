@@ -504,17 +504,15 @@ MCAST_DEV__FN void mcast_dev__mm_signal(unsigned long long mc, int release) {
  * state word (an abort, a rank's timeout) and, with `check_error`, this rank's error word are
  * read: a failed team returns at once without signalling. A wait that times out tells every rank
  * (mcast_dev__timed_out: the ranks behind are those whose counter at `epoch` is behind). Returns MCAST_DEV_ERR_NONE or the error code (recorded,
- * detail `info`), the same on every thread.
+ * detail `info`), the same on every thread. In two halves, arrive (checks, the epoch, the signal)
+ * and await (the wait), so a caller can work between them (kernels/sync.cuh's checked barrier).
  */
-MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsigned long long epoch,
-                                                  unsigned long long arrive, unsigned long long peer0,
-                                                  unsigned long long stride, unsigned int nranks,
-                                                  unsigned long long mc, int release, int acquire,
-                                                  unsigned long long timeout_ns, int check_error,
-                                                  unsigned int info) {
-  /* s_code: the team's state before signalling; s_done: the wait's result. Two words, since
-   * thread 0 writes the result while other threads may still be reading s_code. */
-  __shared__ unsigned int s_code, s_target, s_done;
+MCAST_DEV__FN unsigned int mcast_dev__barrier_arrive(unsigned long long own, unsigned long long epoch,
+                                                     unsigned long long arrive, unsigned long long peer0,
+                                                     unsigned long long stride, unsigned int nranks,
+                                                     unsigned long long mc, int release, int check_error,
+                                                     unsigned int info, unsigned int *k) {
+  __shared__ unsigned int s_code, s_k;
   const unsigned int tid = mcast_dev__tid();
   __syncthreads();
   if (tid == 0) {
@@ -527,14 +525,14 @@ MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsign
     }
     if (code == MCAST_DEV_ERR_NONE) {
       volatile unsigned int *e = (volatile unsigned int *)epoch;
-      const unsigned int k = *e + 1;
-      *e = k;
-      s_target = k * nranks;
+      s_k = *e + 1;
+      *e = s_k;
     }
     s_code = code;
   }
   __syncthreads();
   if (s_code != MCAST_DEV_ERR_NONE) return s_code;
+  *k = s_k;
   /* Signal every rank. No fence first: a release reduction orders the CTA's earlier writes (made
    * visible to the signalling thread by __syncthreads; release is cumulative) before the signal. */
   if (mc != 0) {
@@ -543,18 +541,49 @@ MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsign
     for (unsigned int p = tid; p < nranks; p += mcast_dev__nthreads())
       mcast_dev__red_add(peer0 + p * stride + arrive, 1u, release);
   }
-  if (tid == 0) {
-    s_done = mcast_dev__wait_count(own, own + arrive, s_target, acquire, timeout_ns, info);
+  return MCAST_DEV_ERR_NONE;
+}
+
+/* The barrier's second half (internal): one thread waits until this rank's counter reaches
+ * k * nranks (k from mcast_dev__barrier_arrive); meanwhile the CTA's other threads may do work of
+ * their own, whose `vote` (nonzero on any thread) comes back in *any. Returns the wait's code, the
+ * same on every thread. */
+MCAST_DEV__FN unsigned int mcast_dev__barrier_await(unsigned long long own, unsigned long long epoch,
+                                                    unsigned long long arrive, unsigned long long peer0,
+                                                    unsigned long long stride, unsigned int nranks,
+                                                    unsigned long long mc, int acquire,
+                                                    unsigned long long timeout_ns, unsigned int info,
+                                                    unsigned int k, int vote, int *any) {
+  __shared__ unsigned int s_done;
+  if (mcast_dev__tid() == 0) {
+    s_done = mcast_dev__wait_count(own, own + arrive, k * nranks, acquire, timeout_ns, info);
     if (s_done == MCAST_DEV_ERR_TIMEOUT && mcast_dev__ld_volatile(own + MCAST_DEV_STATE_OFFSET) == MCAST_DEV_STATE_OK)
       mcast_dev__timed_out(own, peer0, stride, nranks, stride != 0 ? (unsigned int)((own - peer0) / stride) : 0u, -1,
                            epoch - own);
   }
-  __syncthreads();
+  const int v = __syncthreads_or(vote);
+  if (any) *any = v;
 #if MCAST_DEV__HW
   /* Unicast and multicast mappings are different proxies. */
   if (acquire && mc != 0) asm volatile("fence.proxy.alias;" ::: "memory");
+#else
+  (void)mc;
 #endif
   return s_done;
+}
+
+/* Both halves, nothing between. */
+MCAST_DEV__FN unsigned int mcast_dev__barrier_cta(unsigned long long own, unsigned long long epoch,
+                                                  unsigned long long arrive, unsigned long long peer0,
+                                                  unsigned long long stride, unsigned int nranks,
+                                                  unsigned long long mc, int release, int acquire,
+                                                  unsigned long long timeout_ns, int check_error,
+                                                  unsigned int info) {
+  unsigned int k = 0;
+  const unsigned int code =
+      mcast_dev__barrier_arrive(own, epoch, arrive, peer0, stride, nranks, mc, release, check_error, info, &k);
+  if (code != MCAST_DEV_ERR_NONE) return code;
+  return mcast_dev__barrier_await(own, epoch, arrive, peer0, stride, nranks, mc, acquire, timeout_ns, info, k, 0, 0);
 }
 
 /**

@@ -47,8 +47,9 @@ pub const MISMATCH_OFFSET: usize = 5120;
 /// was aborted (the host writes it in every rank's region, through the peer mappings for ranks
 /// of other processes). Outside the local state: peers write it.
 pub const STATE_OFFSET: usize = 8192;
-/// 16 bytes per writer `w` at `SIG_OFFSET + 16 * w`: the call signature
-/// ([`signature`](super::signature)) rank `w` stored before its entry barrier, read after it.
+/// 16 bytes per writer `w` at `SIG_OFFSET + 16 * w`, teams larger than [`BAR_SIG_MAX_RANKS`]:
+/// the call signature ([`signature`](super::signature)) rank `w` stored before its entry
+/// barrier, read after it.
 /// Written by peers; a writer stores the next only after every rank passed the exit barrier
 /// of the kernel that read it (`MCAST_SIG_OFFSET`).
 pub const SIG_OFFSET: usize = 8448;
@@ -57,13 +58,20 @@ pub const SIG_OFFSET: usize = 8448;
 /// `LL_SIG_OFFSET + 32 * ((b * 2 + s) * (LL_MAX_RANKS - 1) + w)`, reused like the landing rows
 /// (`MCAST_LL_SIG_OFFSET`).
 pub const LL_SIG_OFFSET: usize = 9728;
-/// The push all-reduce's signatures: per block slot `b`, scratch slot `s` and writer `w`, 16
-/// bytes at `PUSH_SIG_OFFSET + 16 * ((b * PUSH_SLOTS + s) * PUSH_MAX_RANKS + w)`, stored with the
-/// first step of a call into the scratch slot of that step (reused like the scratch rows)
-/// (`MCAST_PUSH_SIG_OFFSET`).
+/// The push all-reduce's signature lines: per block slot `b`, parity `s` (of the call's first
+/// sequence number) and writer row `w` (the writers other than the rank), two flagged lines (32
+/// bytes) at `PUSH_SIG_OFFSET + 32 * ((b * 2 + s) * (PUSH_MAX_RANKS - 1) + w)`, flagged with that
+/// sequence number and stored after the call's first publish (`MCAST_PUSH_SIG_OFFSET`).
 pub const PUSH_SIG_OFFSET: usize = 24576;
+/// The entry barriers' signature lines, teams of at most [`BAR_SIG_MAX_RANKS`]: per block slot
+/// `b` and writer row `w` (the writers other than the rank), two flagged lines (32 bytes) at
+/// `BAR_SIG_OFFSET + 32 * (b * (BAR_SIG_MAX_RANKS - 1) + w)`, flagged with slot `b`'s barrier
+/// epoch (`MCAST_BAR_SIG_OFFSET`; larger teams use [`SIG_OFFSET`]).
+pub const BAR_SIG_OFFSET: usize = 36864;
+/// Most ranks whose entry barriers carry the signature in flagged lines (`MCAST_BAR_SIG_MAX_RANKS`).
+pub const BAR_SIG_MAX_RANKS: u32 = 8;
 /// End of the used part of the sync region; the rest is reserved.
-pub const SYNC_USED_BYTES: usize = 36864;
+pub const SYNC_USED_BYTES: usize = BAR_SIG_OFFSET + 32 * MAX_BLOCKS as usize * (BAR_SIG_MAX_RANKS as usize - 1);
 /// Start of the push all-reduce scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
@@ -235,8 +243,7 @@ const _: () = assert!(MISMATCH_OFFSET + 32 <= STATE_OFFSET);
 const _: () = assert!(STATE_OFFSET + 64 <= SIG_OFFSET);
 const _: () = assert!(SIG_OFFSET + 16 * crate::kernels::MAX_RANKS <= LL_SIG_OFFSET);
 const _: () = assert!(LL_SIG_OFFSET + 32 * 2 * LL_MAX_BLOCKS as usize * (LL_MAX_RANKS as usize - 1) <= PUSH_SIG_OFFSET);
-const _: () =
-    assert!(PUSH_SIG_OFFSET + 16 * PUSH_SLOTS * MAX_BLOCKS as usize * PUSH_MAX_RANKS as usize <= SYNC_USED_BYTES);
+const _: () = assert!(PUSH_SIG_OFFSET + 32 * 2 * MAX_BLOCKS as usize * (PUSH_MAX_RANKS as usize - 1) <= BAR_SIG_OFFSET);
 const _: () = assert!(SIGNAL_OFFSET + SIGNAL_STRIDE * MAX_BLOCKS as usize <= LOCAL_OFFSET);
 const _: () = assert!(SYNC_USED_BYTES <= SYNC_BYTES);
 const _: () = assert!(SCRATCH_OFFSET == SYNC_BYTES);
@@ -294,6 +301,8 @@ mod tests {
         assert_eq!(define("MCAST_SIG_OFFSET"), SIG_OFFSET as u64);
         assert_eq!(define("MCAST_LL_SIG_OFFSET"), LL_SIG_OFFSET as u64);
         assert_eq!(define("MCAST_PUSH_SIG_OFFSET"), PUSH_SIG_OFFSET as u64);
+        assert_eq!(define("MCAST_BAR_SIG_OFFSET"), BAR_SIG_OFFSET as u64);
+        assert_eq!(define("MCAST_BAR_SIG_MAX_RANKS"), BAR_SIG_MAX_RANKS as u64);
         assert!(SOURCE.contains("sizeof(McastArgs) == 80 + 24 * MCAST_MAX_RANKS"));
     }
 }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, EPOCH_OFFSET,
-    ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT, MISMATCH_OFFSET, MISSING_OFFSET,
-    PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, SIG_OFFSET,
-    STATE_MISMATCH, STATE_OFFSET, STATE_OK,
+    plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, BAR_SIG_MAX_RANKS,
+    BAR_SIG_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT,
+    MISMATCH_OFFSET, MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET,
+    SIGNAL_OFFSET, SIG_OFFSET, STATE_MISMATCH, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -44,6 +44,16 @@ enum Awaited {
     Barrier,
     /// One rank (an LL line it stores).
     Rank(usize),
+}
+
+/// Where an entry barrier's signatures land (kernels/sync.cuh, all_reduce.cu).
+#[derive(Clone, Copy)]
+enum SigAt {
+    /// Two flagged lines per writer at this offset (block slot 0), stored after the signal and
+    /// awaited: flagged with `flag`, or with the barrier's epoch where `None`.
+    Lines { at: usize, flag: Option<u32> },
+    /// 16 bytes per writer at this offset, stored before the signal.
+    Words(usize),
 }
 
 /// Everything one rank's job needs, captured at launch.
@@ -229,14 +239,18 @@ impl Job {
         }
         let esize = self.red.map_or(1, |(d, _)| d.size());
         let (n, r, count) = (self.nranks, self.rank, self.count);
-        // Where the signatures of the entry barrier land (kernels/sync.cuh): the push all-reduce's
-        // beside its first step's scratch slot (block slot 0 here), the others' per writer.
+        // Where the signatures of the entry barrier land (kernels/sync.cuh, all_reduce.cu): the
+        // push all-reduce's as lines beside its first step (block slot 0 here), flagged with its
+        // first sequence number; the barrier kernels' as lines flagged with the barrier's epoch,
+        // or per writer in teams past BAR_SIG_MAX_RANKS.
         let sig_at = match self.kind {
             KernelKind::AllReduceP2pPush => {
-                let s = (word(me, PUSH_SEQ_OFFSET).load(Ordering::Relaxed) as usize + 1) % PUSH_SLOTS;
-                PUSH_SIG_OFFSET + 16 * s * PUSH_MAX_RANKS as usize
+                let y0 = word(me, PUSH_SEQ_OFFSET).load(Ordering::Relaxed).wrapping_add(1);
+                let at = PUSH_SIG_OFFSET + 32 * (y0 as usize & 1) * (PUSH_MAX_RANKS as usize - 1);
+                SigAt::Lines { at, flag: Some(y0) }
             }
-            _ => SIG_OFFSET,
+            _ if n <= BAR_SIG_MAX_RANKS as usize => SigAt::Lines { at: BAR_SIG_OFFSET, flag: None },
+            _ => SigAt::Words(SIG_OFFSET),
         };
         let mut barrier = 0u32;
         let mut sync = || -> bool {
@@ -405,14 +419,15 @@ impl Job {
 
     /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
     /// False after a timeout, which is recorded in this rank's error word. With `sig_at` and a
-    /// signature (the entry barrier), this rank's signature is stored first at `sig_at + 16 *
-    /// rank` of every peer's sync region, and every peer's is compared with it after the wait
-    /// (false on a difference, recorded by [`Job::mismatch`]).
-    fn barrier(&self, index: u32, sig_at: Option<usize>) -> bool {
+    /// signature (the entry barrier), this rank's signature goes to every peer and every peer's is
+    /// compared with it after the wait (false on a difference, recorded by [`Job::mismatch`]),
+    /// where [`SigAt`] says.
+    fn barrier(&self, index: u32, sig_at: Option<SigAt>) -> bool {
         let me = self.sync.0[self.rank];
         let sig = sig_at.zip(self.sig);
-        if let Some((at, s)) = sig {
-            for &p in self.sync.0.iter().enumerate().filter(|&(q, _)| q != self.rank).map(|(_, p)| p) {
+        let peers = || (0..self.nranks).filter(|&q| q != self.rank);
+        if let Some((SigAt::Words(at), s)) = sig {
+            for p in peers().map(|q| self.sync.0[q]) {
                 dword(p, at + 16 * self.rank).store(s[0], Ordering::Relaxed);
                 dword(p, at + 16 * self.rank + 8).store(s[1], Ordering::Relaxed);
             }
@@ -428,6 +443,22 @@ impl Job {
                 word(s, SIGNAL_OFFSET).fetch_add(1, Ordering::Release);
             }),
         }
+        // Rank p's signature lines from `writer` at `at` (block slot 0): two lines of two lanes.
+        let line = |p: usize, at: usize, writer: usize| -> [&AtomicU64; 4] {
+            let w = if writer < p { writer } else { writer - 1 };
+            let at = self.sync.0[p].wrapping_add(at + 32 * w);
+            // SAFETY: the lines lie in the sync region; 8-byte aligned, accessed atomically.
+            unsafe { [0, 8, 16, 24].map(|o| &*(at.add(o) as *const AtomicU64)) }
+        };
+        if let Some((SigAt::Lines { at, flag }, s)) = sig {
+            let flag = flag.unwrap_or(k);
+            for q in peers() {
+                let lanes = [s[0] & 0xffff_ffff, s[0] >> 32, s[1] & 0xffff_ffff, s[1] >> 32];
+                for (w, v) in line(q, at, self.rank).iter().zip(lanes) {
+                    w.store(v | u64::from(flag) << 32, Ordering::Relaxed);
+                }
+            }
+        }
         let target = k.wrapping_mul(self.nranks as u32);
         let counter = word(me, SIGNAL_OFFSET);
         if !self
@@ -436,9 +467,21 @@ impl Job {
             return false;
         }
         let Some((at, s)) = sig else { return true };
-        (0..self.nranks).filter(|&q| q != self.rank).all(|q| {
-            let theirs =
-                [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)];
+        peers().all(|q| {
+            let theirs = match at {
+                SigAt::Lines { at, flag } => {
+                    let (l, flag) = (line(self.rank, at, q), flag.unwrap_or(k));
+                    let current = || l.iter().all(|w| (w.load(Ordering::Relaxed) >> 32) as u32 == flag);
+                    if !self.wait_until(index, Awaited::Rank(q), current) {
+                        return false;
+                    }
+                    let lane = |i: usize| l[i].load(Ordering::Relaxed) & 0xffff_ffff;
+                    [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32]
+                }
+                SigAt::Words(at) => {
+                    [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)]
+                }
+            };
             self.agrees(q, s, theirs)
         })
     }
