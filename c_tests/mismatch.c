@@ -4,14 +4,14 @@
  * MCAST_ERROR_INVALID_ARGUMENT, the message names the field, the values and the ranks, no
  * rank's data changes, and the team refuses its next call (sticky). Runs with MULTICAST and P2P
  * on the simulator, and on GPUs (P2P, the barrier and the LL kernels; a team of one GPU twice
- * where there is one). */
+ * where there is one), including counts so far apart that the ranks choose different kernels. */
 #include <stdint.h>
 #include <string.h>
 
 #include "check.h"
 
 #define RANKS 2
-#define BYTES 65536
+#define BYTES (1 << 20)
 
 static unsigned char pattern(int r, int i) { return (unsigned char)(((r * 31 + i * 7) % 251) | 1); }
 
@@ -87,6 +87,9 @@ int main(void) {
   disagree(ctx, c, "ranks disagree on root: rank 0 has 0, rank 1 has 1");
   c[0] = f32, c[1] = f32, c[1].offset = 4096;
   disagree(ctx, c, "ranks disagree on offset: rank 0 has 0, rank 1 has 4096");
+  /* Counts that choose different kernels where LL is on (LL against a barrier kernel). */
+  c[0] = f32, c[1] = f32, c[1].count = BYTES / 4;
+  disagree(ctx, c, "ranks disagree on count: rank 0 has 1024, rank 1 has 262144");
 
   check_no_leaks(ctx);
   CHECK_OK(mcast_context_destroy(ctx));

@@ -158,11 +158,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
   const u32 y0 = seq0 + 1;
   u32 sq;
   const bool sig = a.check != 0 && sig_thread(a, &sq);
-  auto push_sig = [&](u32 p, u32 writer) {
-    const u32 w = writer < p ? writer : writer - 1;
-    return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)slot * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);
-  };
-  if (sig) sig_lines_store(a, push_sig(sq, me), y0);
+  if (sig) sig_lines_store(a, push_sig(a, sq, slot, y0, me), y0);
   for (u32 j = 0; j < steps; ++j) {
     // Step j + 1's stores drain while step j is awaited and reduced; they are published after.
     if (j + 1 < steps) push(j + 1);
@@ -176,7 +172,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     bool bad = false;
     if (j == 0 && sig) {
       u64 s0 = 0, s1 = 0;
-      const bool failed = !sig_lines_wait(a, push_sig(me, sq), y0, &s0, &s1, sq, 0);
+      const bool failed = !sig_lines_wait(a, push_sig(a, me, slot, y0, sq), y0, &s0, &s1, sq, 0, MCAST_KIND_PUSH);
       bad = sig_bad(a, failed, true, sq, s0, s1);
     }
     if (__syncthreads_or(bad) || !s_ok) return;

@@ -150,7 +150,7 @@ __device__ bool ll_wait_sig(const McastArgs& a, u64 addr, u32 flag, u64* v, u64*
       return d || ll_wait(a, addr, flag, v, start, writer);
     }
     if (d) return true;
-    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, MCAST_KIND_LL, sp.peer)) return false;
   }
 }
 // The thread's verdict on its signature lines once its data waits are done: true where they
@@ -158,8 +158,32 @@ __device__ bool ll_wait_sig(const McastArgs& a, u64 addr, u32 flag, u64* v, u64*
 __device__ bool ll_sig_done(const McastArgs& a, SigPoll& sp, u32 flag, bool failed) {
   if (failed) return true;
   if (!sp.pending) return false;
-  if (!sig_lines_wait(a, sp.at, flag, &sp.s0, &sp.s1, sp.peer, 1)) return true;
+  if (!sig_lines_wait(a, sp.at, flag, &sp.s0, &sp.s1, sp.peer, 1, MCAST_KIND_LL)) return true;
   return !sig_arrived(a, sp);
+}
+
+// sync.cuh's cross_found: rank `writer`'s signature lines of the kinds other than `kind`, for
+// this block slot, under the flag each would give this call.
+__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind) {
+  const u32 b = blockIdx.x, n = a.nranks;
+  u64 s0 = 0, s1 = 0;
+  const auto seen = [&](u64 at, u32 flag) {
+    return ll_load(at, flag, &s0) && ll_load(at + 16, flag, &s1) && (s0 != a.sig[0] || s1 != a.sig[1]);
+  };
+  const auto local = [&](u32 off) { return *(volatile u32*)sync_local(a, off + 4 * b); };
+  bool found = false;
+  if (kind != MCAST_KIND_BARRIER && n <= MCAST_BAR_SIG_MAX_RANKS)
+    found = seen(bar_sig(a, a.rank, b, writer), local(MCAST_EPOCH_OFFSET) + 1);
+  if (!found && kind != MCAST_KIND_LL && n <= MCAST_LL_MAX_RANKS && b < MCAST_LL_MAX_BLOCKS) {
+    const u32 seq = local(MCAST_LL_SEQ_OFFSET), f = seq >= 0xfffffffeu ? 1u : seq + 1u;
+    found = seen(ll_sig(a, a.rank, b, f & 1u, writer), f);
+  }
+  if (!found && kind != MCAST_KIND_PUSH && n <= MCAST_PUSH_MAX_RANKS) {
+    const u32 y0 = local(MCAST_PUSH_SEQ_OFFSET) + 1;
+    found = seen(push_sig(a, a.rank, b, y0, writer), y0);
+  }
+  if (found) record_mismatch(a, writer, s0, s1);
+  return found;
 }
 
 // Payload bytes of line i of part p (8 but for the last line of the message).

@@ -55,25 +55,44 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
   return true;
 }
 
+// Ranks whose calls differ so much that they chose different kinds of kernel (the LL kernels on
+// one, a barrier kernel or the push all-reduce on another) wait in words the other never writes.
+// A signature thread that has waited MCAST_CROSS_NS for its peer looks at the peer's signature
+// lines of the other kinds, under the flag each kind would give this call (the counts of every
+// kind agree across ranks until calls disagree): one that carries it, with another signature, is
+// the peer's call, recorded as a mismatch (true). Not sooner: a peer may run one call ahead of a
+// rank still waiting for the last lines of the call before (the LL kernels wait for no one), but
+// not after MCAST_CROSS_NS, when every store of the peer's earlier call has landed. `kind`: the
+// kernel's own (MCAST_KIND_*), whose lines the wait already reads. In ll.cuh (it needs the LL
+// layout).
+#define MCAST_CROSS_NS 100000ull
+#define MCAST_KIND_BARRIER 1
+#define MCAST_KIND_LL 2
+#define MCAST_KIND_PUSH 3
+__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind);
+
 // The slow path of a poll of lines stored by rank `writer`, every 256 spins: false once the team
 // failed (aborted, a rank timed out), the timeout passes (both recorded, as wait `index` of the
-// collective) or another thread of this rank recorded an error; *start is the thread's first
-// timer reading (0 before).
-__device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index) {
+// collective), another thread of this rank recorded an error or, for a signature thread (`kind`
+// nonzero) checking rank `peer`, cross_found finds that peer in another kind of kernel; *start
+// is the thread's first timer reading (0 before).
+__device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index, u32 kind, u32 peer) {
   const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
   if (state != MCAST_STATE_OK) {
     record_error(a, state_error(state), blockIdx.x, index);
     return false;
   }
   if (*(volatile u32*)sync_local(a, MCAST_ERROR_OFFSET) != MCAST_ERR_NONE) return false;
-  if (a.timeout_ns != 0) {
-    const u64 now = globaltimer();
-    if (*start == 0) {
-      *start = now;
-    } else if (now - *start > a.timeout_ns) {
-      record_timeout(a, blockIdx.x, index, (int)writer);
-      return false;
-    }
+  if (a.timeout_ns == 0 && kind == 0) return true;
+  const u64 now = globaltimer();
+  if (*start == 0) {
+    *start = now;
+    return true;
+  }
+  if (kind != 0 && now - *start > MCAST_CROSS_NS && cross_found(a, peer, kind)) return false;
+  if (a.timeout_ns != 0 && now - *start > a.timeout_ns) {
+    record_timeout(a, blockIdx.x, index, (int)writer);
+    return false;
   }
   return true;
 }
@@ -83,7 +102,7 @@ __device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index) {
 __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer) {
   u32 spins = 0;
   while (!ll_load(addr, flag, v))
-    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, 0, 0)) return false;
   return true;
 }
 
@@ -110,14 +129,15 @@ __device__ __forceinline__ void sig_lines_store(const McastArgs& a, u64 at, u32 
   ll_store(at + 16, a.sig[1], flag);
 }
 // Polls both signature lines at `at` (from rank `writer`) until they carry flag: false as
-// poll_on (wait `index`).
-__device__ bool sig_lines_wait(const McastArgs& a, u64 at, u32 flag, u64* s0, u64* s1, u32 writer, u32 index) {
+// poll_on (wait `index`, in a kernel of `kind`).
+__device__ bool sig_lines_wait(const McastArgs& a, u64 at, u32 flag, u64* s0, u64* s1, u32 writer, u32 index,
+                               u32 kind) {
   u32 spins = 0;
   u64 start = 0;
   while (true) {
     const bool h0 = ll_load(at, flag, s0), h1 = ll_load(at + 16, flag, s1);
     if (h0 && h1) return true;
-    if ((++spins & 255u) == 0 && !poll_on(a, &start, writer, index)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, &start, writer, index, kind, writer)) return false;
   }
 }
 
@@ -169,6 +189,13 @@ __device__ __forceinline__ u64 bar_sig(const McastArgs& a, u32 p, u32 b, u32 wri
   return a.sync[p] + MCAST_BAR_SIG_OFFSET + 32ull * ((u64)b * (MCAST_BAR_SIG_MAX_RANKS - 1) + w);
 }
 
+// Rank p's signature lines from `writer` for block slot b of the push all-reduce call whose first
+// sequence number is y0 (all_reduce.cu): parity y0 & 1, flagged with y0.
+__device__ __forceinline__ u64 push_sig(const McastArgs& a, u32 p, u32 b, u32 y0, u32 writer) {
+  const u32 w = writer < p ? writer : writer - 1;
+  return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)b * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);
+}
+
 // The entry barrier with the call signature, teams of at most MCAST_BAR_SIG_MAX_RANKS: the
 // barrier's two halves (mcast_dev__barrier_arrive, _await); between them the last warp's thread
 // t stores this rank's signature lines into rank t (flagged with the epoch k the barrier just
@@ -193,7 +220,7 @@ __device__ bool checked_barrier(const McastArgs& a, u64 mc) {
   u64 s0 = 0, s1 = 0;
   if (have) {
     sig_lines_store(a, bar_sig(a, q, slot, a.rank), k);
-    failed = !sig_lines_wait(a, bar_sig(a, a.rank, slot, q), k, &s0, &s1, q, 0);
+    failed = !sig_lines_wait(a, bar_sig(a, a.rank, slot, q), k, &s0, &s1, q, 0, MCAST_KIND_BARRIER);
   }
   int any = 0;
   const u32 done = mcast_dev__barrier_await(own, epoch, soff, a.sync[0], sync_stride(a), a.nranks, mc, 1, a.timeout_ns,

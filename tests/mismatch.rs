@@ -269,6 +269,44 @@ fn the_pointer_form_is_checked_on_the_ll_and_push_routes() {
     }
 }
 
+/// Counts so far apart that the ranks choose different kinds of kernel (the LL kernels on one, a
+/// barrier kernel or the push all-reduce on the other) wait in words the other never writes: a
+/// waiting signature thread finds the peer's signature among the other kind's lines after
+/// 100 us, so every rank reports the mismatch, not a timeout, and nothing is written.
+#[test]
+fn counts_that_choose_different_kernels_are_caught() {
+    let ctx = context(LL);
+    let big = BYTES / 4;
+    for calls in [[(F32_SUM, 1024, 0), (F32_SUM, big, 0)], [(F32_SUM, big, 0), (F32_SUM, 1024, 0)]] {
+        let says = format!("count: rank 0 has {}, rank 1 has {}", calls[0].1, calls[1].1);
+        disagree(&ctx, &calls, &says, true);
+    }
+    // The pointer form on plain memory: LL against the push all-reduce.
+    let driver = ctx.driver().clone();
+    let counts = [1024, BYTES / 8];
+    let team = Team::create(&ctx, &[0, 1]).unwrap();
+    let buf = Buffer::alloc(&team, 4096).unwrap();
+    let mem: Vec<DevicePtr> = (0..2).map(|d| driver.mem_alloc(d, 2 * BYTES).unwrap()).collect();
+    for (r, &m) in mem.iter().enumerate() {
+        fill(m, r, 2 * BYTES);
+    }
+    let started = Instant::now();
+    for r in 0..2 {
+        run_ptr(&team, r as i32, mem[r], mem[r] + BYTES as u64, counts[r], F32_SUM, Stream::DEFAULT).unwrap();
+    }
+    let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
+    assert_caught(&team, &buf, &says, started, "LL against push");
+    for (r, &m) in mem.iter().enumerate() {
+        assert_eq!(changed(m, r, 2 * BYTES), None, "rank {r}");
+    }
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
+    }
+    assert_clean(&ctx);
+}
+
 /// The copy-engine forms: their entry barrier kernel compares the calls, so every rank reports
 /// the mismatch (the peer copies enqueued after it still run: a kernel cannot cancel them).
 #[test]

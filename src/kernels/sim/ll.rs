@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::sync::Kind;
 use super::{copy, word, write, Awaited, Job};
 use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
@@ -106,10 +107,23 @@ impl Job {
         if let Some(sig) = self.sig {
             for b in 0..g {
                 for q in (0..n).filter(|&q| q != r) {
-                    let (Some(s0), Some(s1)) = (take(sig_line(r, b, q, 0), b, q), take(sig_line(r, b, q, 1), b, q))
-                    else {
-                        return;
+                    // Block slot 0's wait also looks for the peer in another kind of kernel
+                    // (kernels/ll.cuh, cross_found).
+                    let ([x0, y0], [x1, y1]) = (sig_line(r, b, q, 0), sig_line(r, b, q, 1));
+                    let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flags[b];
+                    let both = || [x0, y0, x1, y1].into_iter().all(carries);
+                    let arrived = if b == 0 {
+                        self.wait_checked(1, Awaited::Rank(q), Kind::Ll, Some(q), both)
+                    } else {
+                        self.wait_until(1, Awaited::Rank(q), both)
                     };
+                    if !arrived {
+                        return;
+                    }
+                    let payload = |x: &AtomicU64, y: &AtomicU64| {
+                        x.load(Ordering::Relaxed) & 0xffff_ffff | y.load(Ordering::Relaxed) << 32
+                    };
+                    let (s0, s1) = (payload(x0, y0), payload(x1, y1));
                     if !self.agrees(q, sig, [s0, s1]) {
                         return;
                     }

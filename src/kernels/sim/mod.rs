@@ -12,9 +12,9 @@ use half::{bf16, f16};
 
 use super::abi::{
     plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, BAR_SIG_MAX_RANKS,
-    BAR_SIG_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT,
-    MISMATCH_OFFSET, MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET,
-    SIGNAL_OFFSET, SIG_OFFSET, STATE_MISMATCH, STATE_OFFSET, STATE_OK,
+    BAR_SIG_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, MISSING_OFFSET,
+    PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, SIG_OFFSET,
+    STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -23,6 +23,9 @@ use crate::driver::Device;
 
 mod ll;
 mod mem;
+mod sync;
+
+use sync::SigAt;
 
 use mem::{copy, load, max, min, slice, to_bytes, write};
 
@@ -44,16 +47,6 @@ enum Awaited {
     Barrier,
     /// One rank (an LL line it stores).
     Rank(usize),
-}
-
-/// Where an entry barrier's signatures land (kernels/sync.cuh, all_reduce.cu).
-#[derive(Clone, Copy)]
-enum SigAt {
-    /// Two flagged lines per writer at this offset (block slot 0), stored after the signal and
-    /// awaited: flagged with `flag`, or with the barrier's epoch where `None`.
-    Lines { at: usize, flag: Option<u32> },
-    /// 16 bytes per writer at this offset, stored before the signal.
-    Words(usize),
 }
 
 /// Everything one rank's job needs, captured at launch.
@@ -415,97 +408,6 @@ impl Job {
                 sync();
             }
         }
-    }
-
-    /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
-    /// False after a timeout, which is recorded in this rank's error word. With `sig_at` and a
-    /// signature (the entry barrier), this rank's signature goes to every peer and every peer's is
-    /// compared with it after the wait (false on a difference, recorded by [`Job::mismatch`]),
-    /// where [`SigAt`] says.
-    fn barrier(&self, index: u32, sig_at: Option<SigAt>) -> bool {
-        let me = self.sync.0[self.rank];
-        let sig = sig_at.zip(self.sig);
-        let peers = || (0..self.nranks).filter(|&q| q != self.rank);
-        if let Some((SigAt::Words(at), s)) = sig {
-            for p in peers().map(|q| self.sync.0[q]) {
-                dword(p, at + 16 * self.rank).store(s[0], Ordering::Relaxed);
-                dword(p, at + 16 * self.rank + 8).store(s[1], Ordering::Relaxed);
-            }
-        }
-        let epoch = word(me, EPOCH_OFFSET);
-        let k = epoch.load(Ordering::Relaxed).wrapping_add(1);
-        epoch.store(k, Ordering::Relaxed);
-        match &self.mc_signal {
-            Some(mc) => mc.0.iter().for_each(|&t| {
-                word(t, 0).fetch_add(1, Ordering::Release);
-            }),
-            None => self.sync.0.iter().for_each(|&s| {
-                word(s, SIGNAL_OFFSET).fetch_add(1, Ordering::Release);
-            }),
-        }
-        // Rank p's signature lines from `writer` at `at` (block slot 0): two lines of two lanes.
-        let line = |p: usize, at: usize, writer: usize| -> [&AtomicU64; 4] {
-            let w = if writer < p { writer } else { writer - 1 };
-            let at = self.sync.0[p].wrapping_add(at + 32 * w);
-            // SAFETY: the lines lie in the sync region; 8-byte aligned, accessed atomically.
-            unsafe { [0, 8, 16, 24].map(|o| &*(at.add(o) as *const AtomicU64)) }
-        };
-        if let Some((SigAt::Lines { at, flag }, s)) = sig {
-            let flag = flag.unwrap_or(k);
-            for q in peers() {
-                let lanes = [s[0] & 0xffff_ffff, s[0] >> 32, s[1] & 0xffff_ffff, s[1] >> 32];
-                for (w, v) in line(q, at, self.rank).iter().zip(lanes) {
-                    w.store(v | u64::from(flag) << 32, Ordering::Relaxed);
-                }
-            }
-        }
-        let target = k.wrapping_mul(self.nranks as u32);
-        let counter = word(me, SIGNAL_OFFSET);
-        if !self
-            .wait_until(index, Awaited::Barrier, || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0)
-        {
-            return false;
-        }
-        let Some((at, s)) = sig else { return true };
-        peers().all(|q| {
-            let theirs = match at {
-                SigAt::Lines { at, flag } => {
-                    let (l, flag) = (line(self.rank, at, q), flag.unwrap_or(k));
-                    let current = || l.iter().all(|w| (w.load(Ordering::Relaxed) >> 32) as u32 == flag);
-                    if !self.wait_until(index, Awaited::Rank(q), current) {
-                        return false;
-                    }
-                    let lane = |i: usize| l[i].load(Ordering::Relaxed) & 0xffff_ffff;
-                    [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32]
-                }
-                SigAt::Words(at) => {
-                    [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)]
-                }
-            };
-            self.agrees(q, s, theirs)
-        })
-    }
-
-    /// Compares rank `peer`'s signature `theirs` with this rank's `mine`: false on a difference,
-    /// recorded as the kernels' `record_mismatch` does (kernels/sync.cuh): [`ERR_MISMATCH`]
-    /// (first error wins) with the peer as detail and both signatures at [`MISMATCH_OFFSET`],
-    /// then [`STATE_MISMATCH`] in this rank's state word.
-    fn agrees(&self, peer: usize, mine: [u64; 2], theirs: [u64; 2]) -> bool {
-        if mine == theirs {
-            return true;
-        }
-        let me = self.sync.0[self.rank];
-        if word(me, ERROR_WORD_OFFSET)
-            .compare_exchange(ERR_NONE, ERR_MISMATCH, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            for (i, w) in [theirs[0], theirs[1], mine[0], mine[1]].into_iter().enumerate() {
-                dword(me, MISMATCH_OFFSET + 8 * i).store(w, Ordering::Relaxed);
-            }
-            word(me, ERROR_INFO_OFFSET).store(peer as u32, Ordering::Release);
-        }
-        let _ = word(me, STATE_OFFSET).compare_exchange(STATE_OK, STATE_MISMATCH, Ordering::AcqRel, Ordering::Acquire);
-        false
     }
 
     /// Spins (then yields, then sleeps) until `done`; false once the team failed (the state
