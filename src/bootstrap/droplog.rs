@@ -38,7 +38,7 @@ impl DropLog {
             None => s.counts.push((reason, 1)),
         }
         s.last = detail;
-        if s.logged.map_or(true, |t| t.elapsed() >= INTERVAL) {
+        if s.logged.is_none_or(|t| t.elapsed() >= INTERVAL) {
             self.emit(&mut s);
         }
     }
@@ -46,7 +46,7 @@ impl DropLog {
     /// Writes the pending counts when the interval has passed since the last line.
     pub fn flush_if_due(&self) {
         let mut s = self.state.lock();
-        if !s.counts.is_empty() && s.logged.map_or(true, |t| t.elapsed() >= INTERVAL) {
+        if !s.counts.is_empty() && s.logged.is_none_or(|t| t.elapsed() >= INTERVAL) {
             self.emit(&mut s);
         }
     }

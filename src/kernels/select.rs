@@ -149,10 +149,10 @@ impl Unit {
             v.push(flag(f.name(), f == self.family));
         }
         for d in DType::ALL {
-            v.push(flag(d.name(), self.red.map_or(true, |(x, _)| x == d)));
+            v.push(flag(d.name(), self.red.is_none_or(|(x, _)| x == d)));
         }
         for o in RedOp::ALL {
-            v.push(flag(o.name(), self.red.map_or(true, |(_, x)| x == o)));
+            v.push(flag(o.name(), self.red.is_none_or(|(_, x)| x == o)));
         }
         v.push(flag("ll", self.ll));
         v

@@ -40,7 +40,7 @@ fn check_range(
     blocks: usize,
     align: usize,
 ) -> Result<usize> {
-    if offset % align != 0 {
+    if !offset.is_multiple_of(align) {
         return Err(Error::invalid_argument(format!("{what}offset {offset} is not a multiple of {align} bytes")));
     }
     let extent = count.checked_mul(esize).and_then(|b| b.checked_mul(blocks));

@@ -330,7 +330,9 @@ impl Fuzzer {
             1..=3 => {
                 let rank = self.rank(n);
                 let peer = self.rank(n);
-                let mut ptr: *mut c_void = 1 as *mut c_void;
+                // A non-NULL marker (address 1, c_void's alignment) that a failing query must leave as it is.
+                let unset = std::ptr::dangling_mut::<c_void>();
+                let mut ptr: *mut c_void = unset;
                 let p = if null { std::ptr::null_mut() } else { &mut ptr as *mut _ };
                 let which = self.rng.below(3);
                 // SAFETY: NULL or valid out pointers; the pointers returned are not dereferenced.
@@ -344,7 +346,7 @@ impl Fuzzer {
                 let name = ["mcast_buffer_local_ptr", "mcast_buffer_peer_ptr", "mcast_buffer_multicast_ptr"];
                 let s = self.status(|| format!("{}({:#x}, {rank}, {peer})", name[which as usize], h.id), s);
                 if s.0 != 0 {
-                    self.check(ptr == 1 as *mut c_void, || "a pointer query wrote on failure".into());
+                    self.check(ptr == unset, || "a pointer query wrote on failure".into());
                 } else {
                     self.check(!ptr.is_null(), || "a NULL pointer returned".into());
                 }

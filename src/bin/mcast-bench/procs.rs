@@ -53,7 +53,7 @@ pub struct RankOf {
 
 /// True where this process prints the header and the table: one process, or rank 0.
 pub fn prints() -> bool {
-    RANK.get().map_or(true, |&r| r == 0)
+    RANK.get().is_none_or(|&r| r == 0)
 }
 
 /// `"rank r: "` before a message of a process holding one rank, else `""`.

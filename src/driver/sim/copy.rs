@@ -116,7 +116,7 @@ fn check_access(st: &State, dev: Device, ptr: u64, len: usize) -> R<()> {
 /// The 32-bit word at `addr`, which must be 4-byte aligned and lie in memory `dev` may access,
 /// for as long as the state lock `st` is held.
 fn word(st: &State, dev: Device, addr: DevicePtr) -> R<&AtomicU32> {
-    if addr % 4 != 0 {
+    if !addr.is_multiple_of(4) {
         return Err(INVALID_VALUE);
     }
     check_access(st, dev, addr, 4)?;

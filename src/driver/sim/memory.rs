@@ -85,7 +85,7 @@ impl SimDriver {
             }
             (true, obj.prop.size, self.mc_gran())
         };
-        if size == 0 || size % g != 0 || offset % g != 0 || ptr % g as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(g) || !offset.is_multiple_of(g) || !ptr.is_multiple_of(g as u64) {
             return Err(INVALID_VALUE);
         }
         if offset.checked_add(size).exceeds(total) {
@@ -116,7 +116,7 @@ impl MemoryOps for SimDriver {
     fn mem_create(&self, dev: Device, size: usize, handle_types: HandleTypes) -> DResult<MemHandle> {
         self.call("cuMemCreate", || {
             self.check_dev(dev)?;
-            if size == 0 || size % self.config.mem_granularity != 0 {
+            if size == 0 || !size.is_multiple_of(self.config.mem_granularity) {
                 return Err(INVALID_VALUE);
             }
             if handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
@@ -163,7 +163,7 @@ impl MemoryOps for SimDriver {
     fn mem_address_reserve(&self, size: usize, alignment: usize) -> DResult<DevicePtr> {
         self.call("cuMemAddressReserve", || {
             let g = self.config.mem_granularity;
-            if size == 0 || size % g != 0 || (alignment != 0 && !alignment.is_power_of_two()) {
+            if size == 0 || !size.is_multiple_of(g) || (alignment != 0 && !alignment.is_power_of_two()) {
                 return Err(INVALID_VALUE);
             }
             let align = alignment.max(g).next_power_of_two();

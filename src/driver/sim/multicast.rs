@@ -129,7 +129,7 @@ impl SimDriver {
             self.check_dev(dev)?;
         }
         let g = self.mc_gran();
-        if flags != 0 || size == 0 || size % g != 0 || mc_offset % g != 0 {
+        if flags != 0 || size == 0 || !size.is_multiple_of(g) || !mc_offset.is_multiple_of(g) {
             return Err(INVALID_VALUE);
         }
         // BindMem: `memOffset` must be a multiple; BindAddr: `memptr` itself must be.
@@ -242,7 +242,7 @@ impl MulticastOps for SimDriver {
                 return Err(CuResult::ERROR_NOT_SUPPORTED);
             }
             let g = self.mc_gran();
-            if prop.num_devices == 0 || prop.flags != 0 || prop.size == 0 || prop.size % g != 0 {
+            if prop.num_devices == 0 || prop.flags != 0 || prop.size == 0 || !prop.size.is_multiple_of(g) {
                 return Err(INVALID_VALUE);
             }
             if prop.handle_types.contains(HandleTypes::FABRIC) && !self.config.fabric_supported {
@@ -358,7 +358,11 @@ impl MulticastOps for SimDriver {
             let obj = st.live_mc(mc)?;
             self.check_dev(dev)?;
             let g = self.mc_gran();
-            if size == 0 || size % g != 0 || mc_offset % g != 0 || mc_offset.checked_add(size).exceeds(obj.prop.size) {
+            if size == 0
+                || !size.is_multiple_of(g)
+                || !mc_offset.is_multiple_of(g)
+                || mc_offset.checked_add(size).exceeds(obj.prop.size)
+            {
                 return Err(INVALID_VALUE);
             }
             let Some(i) = obj.bindings.iter().position(|b| b.dev == dev && b.mc_offset == mc_offset && b.size == size)

@@ -111,7 +111,7 @@ fn block_cap(l: &Launch) -> u64 {
 /// or-ed) in the buffer forms: a team it keeps scratch for and 16-byte aligned vectors (it
 /// would run element by element otherwise, where the pulling one-shot runs vectors).
 fn push_fits(l: &Launch, me: u64) -> bool {
-    l.nranks <= PUSH_MAX_RANKS && me % 16 == 0
+    l.nranks <= PUSH_MAX_RANKS && me.is_multiple_of(16)
 }
 
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
@@ -175,7 +175,10 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             }
             let fb = if !mc {
                 None
-            } else if l.count % 4 != 0 || mc_addr % 4 != 0 || l.out_mc.unwrap_or(mc_addr) % 4 != 0 {
+            } else if !l.count.is_multiple_of(4)
+                || !mc_addr.is_multiple_of(4)
+                || !l.out_mc.unwrap_or(mc_addr).is_multiple_of(4)
+            {
                 Some("multimem.st needs 4-byte aligned ranges")
             } else if skewed {
                 Some(SKEW)
@@ -193,7 +196,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             let total = l.count.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             let fb = if !mc {
                 None
-            } else if l.count % 4 != 0 || l.out_mc.unwrap_or(out_me) % 4 != 0 {
+            } else if !l.count.is_multiple_of(4) || !l.out_mc.unwrap_or(out_me).is_multiple_of(4) {
                 Some("multimem.st needs 4-byte aligned blocks")
             } else if skewed {
                 Some(SKEW)
@@ -214,7 +217,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             if rs {
                 bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             }
-            if me % es != 0 || out_me % es != 0 {
+            if !me.is_multiple_of(es) || !out_me.is_multiple_of(es) {
                 return Err(format!("address {me:#x} or {out_me:#x} not aligned to the {}-byte element", es));
             }
             let unit = es.max(4);
@@ -222,7 +225,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
                 None
             } else if !multimem_has_reduction(dtype, op) {
                 Some("multimem.ld_reduce has no min/max for f32/f64")
-            } else if bytes % unit != 0 || mc_addr % unit != 0 || out_me % unit != 0 {
+            } else if !bytes.is_multiple_of(unit) || !mc_addr.is_multiple_of(unit) || !out_me.is_multiple_of(unit) {
                 Some("multimem has no 16-bit scalar forms (odd 16-bit count or 2-byte aligned start)")
             } else if skewed {
                 Some(SKEW)

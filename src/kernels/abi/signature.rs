@@ -105,7 +105,7 @@ pub fn describe_record(me: usize, peer: u32, bytes: &[u8; MISMATCH_BYTES]) -> St
     describe(me, [w(2), w(3)], peer as usize, [w(0), w(1)])
 }
 
-const _: () = assert!(ERR_MISMATCH != 0 && MISMATCH_OFFSET % 8 == 0);
+const _: () = assert!(ERR_MISMATCH != 0 && MISMATCH_OFFSET.is_multiple_of(8));
 
 #[cfg(test)]
 mod tests {

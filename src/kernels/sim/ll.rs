@@ -87,7 +87,7 @@ impl Job {
                 (0..n).filter(|&q| q != r).for_each(|q| store(q, b, 0, 0));
             }
         }
-        if root.map_or(true, |root| root == r) {
+        if root.is_none_or(|root| root == r) {
             for b in 0..g {
                 let (lo, hi) = part(b);
                 for q in (0..n).filter(|&q| q != r) {
@@ -146,7 +146,7 @@ impl Job {
                 }
             }
             let mut rows: Vec<Vec<u8>> = vec![Vec::new(); n];
-            for q in (0..n).filter(|&q| q != r && root.map_or(true, |root| root == q)) {
+            for q in (0..n).filter(|&q| q != r && root.is_none_or(|root| root == q)) {
                 let mut got = vec![0u8; (hi - lo).div_ceil(8) * 8];
                 for (i, chunk) in got.chunks_mut(8).enumerate() {
                     let Some(v) = fetch(b, q, i) else { return };
