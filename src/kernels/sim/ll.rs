@@ -105,12 +105,12 @@ impl Job {
         }
         // Every peer's signature, compared before anything of out is written.
         if let Some(sig) = self.sig {
-            for b in 0..g {
+            for (b, &flag) in flags.iter().enumerate() {
                 for q in (0..n).filter(|&q| q != r) {
                     // Block slot 0's wait also looks for the peer in another kind of kernel
                     // (kernels/ll.cuh, cross_found).
                     let ([x0, y0], [x1, y1]) = (sig_line(r, b, q, 0), sig_line(r, b, q, 1));
-                    let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flags[b];
+                    let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flag;
                     let both = || [x0, y0, x1, y1].into_iter().all(carries);
                     let arrived = if b == 0 {
                         self.wait_checked(1, Awaited::Rank(q), Kind::Ll, Some(q), both)
