@@ -16,6 +16,38 @@
 
 #define FUSED_MAX_VPT 4
 
+// rsqrt(mean of squares + eps) of one token from each thread's sum of squares `ss`: a sum across
+// the CTA (warps, then the first warp) through s_warp, free again for the next token on return.
+static __device__ __forceinline__ float cta_rstd(float ss, float *s_warp, unsigned hidden, float eps) {
+  for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+  if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float t = threadIdx.x < (blockDim.x + 31) / 32 ? s_warp[threadIdx.x] : 0.0f;
+    for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+    if (threadIdx.x == 0) s_warp[0] = t;
+  }
+  __syncthreads();
+  const float rstd = rsqrtf(s_warp[0] / (float)hidden + eps);
+  __syncthreads();
+  return rstd;
+}
+
+// out = bf16(h * rstd * w) for this thread's vectors of one token (vector v of the token is
+// h[k], v = threadIdx.x + k * blockDim.x), each handed to store(v, packed).
+template <class Store>
+static __device__ __forceinline__ void scale_out(const float (&h)[FUSED_MAX_VPT][8], float rstd,
+                                                 const unsigned short *w, unsigned vecs, Store store) {
+  for (int k = 0; k < FUSED_MAX_VPT; ++k) {
+    const unsigned v = threadIdx.x + k * blockDim.x;
+    if (v >= vecs) break;
+    const mcast_dev_v16_t wv = *(const mcast_dev_v16_t *)(w + 8 * v);
+    float y[8];
+    for (int i = 0; i < 8; ++i) y[i] = h[k][i] * rstd * mcast_dev_bf16x8_get(wv, i);
+    store(v, mcast_dev_pack_bf16x8(y));
+  }
+}
+
 extern "C" __global__ void fused_all_reduce_rmsnorm(const __grid_constant__ mcast_dev_team_t team,
                                                     const __grid_constant__ mcast_dev_buffer_t x,
                                                     const __grid_constant__ mcast_dev_buffer_t res,
@@ -42,27 +74,10 @@ extern "C" __global__ void fused_all_reduce_rmsnorm(const __grid_constant__ mcas
         }
         mcast_dev_mm_st_bf16x8(&res, off, mcast_dev_pack_bf16x8(h[k]));
       }
-      // Sum of squares across the CTA: warps, then the first warp.
-      for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-      if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = ss;
-      __syncthreads();
-      if (threadIdx.x < 32) {
-        float t = threadIdx.x < (blockDim.x + 31) / 32 ? s_warp[threadIdx.x] : 0.0f;
-        for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-        if (threadIdx.x == 0) s_warp[0] = t;
-      }
-      __syncthreads();
-      const float rstd = rsqrtf(s_warp[0] / (float)hidden + eps);
-      __syncthreads();  // s_warp is reused by the next token
-      for (int k = 0; k < FUSED_MAX_VPT; ++k) {
-        const unsigned v = threadIdx.x + k * blockDim.x;
-        if (v >= vecs) break;
-        const size_t off = 2 * ((size_t)tok * hidden + 8 * v);
-        const mcast_dev_v16_t wv = *(const mcast_dev_v16_t *)(w + 8 * v);
-        float y[8];
-        for (int i = 0; i < 8; ++i) y[i] = h[k][i] * rstd * mcast_dev_bf16x8_get(wv, i);
-        mcast_dev_mm_st_bf16x8(&x, off, mcast_dev_pack_bf16x8(y));
-      }
+      const float rstd = cta_rstd(ss, s_warp, hidden, eps);
+      scale_out(h, rstd, w, vecs, [&](unsigned v, mcast_dev_v16_t y) {
+        mcast_dev_mm_st_bf16x8(&x, 2 * ((size_t)tok * hidden + 8 * v), y);
+      });
     }
     st = mcast_dev_barrier(&team, blockIdx.x, MCAST_DEV_ACQ_REL, 0);
   }
@@ -103,26 +118,10 @@ static __device__ void push_norm_cta(const mcast_dev_buffer_t &x, const mcast_de
       for (int i = 0; i < 8; ++i) ss += h[k][i] * h[k][i];
       *(mcast_dev_v16_t *)mcast_dev_local(&res, off) = mcast_dev_pack_bf16x8(h[k]);
     }
-    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-    if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float t = threadIdx.x < (blockDim.x + 31) / 32 ? s_warp[threadIdx.x] : 0.0f;
-      for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-      if (threadIdx.x == 0) s_warp[0] = t;
-    }
-    __syncthreads();
-    const float rstd = rsqrtf(s_warp[0] / (float)hidden + eps);
-    __syncthreads();  // s_warp is reused by the next token
-    for (int k = 0; k < FUSED_MAX_VPT; ++k) {
-      const unsigned v = threadIdx.x + k * blockDim.x;
-      if (v >= vecs) break;
-      const size_t off = 2 * ((size_t)tok * hidden + 8 * v);
-      const mcast_dev_v16_t wv = *(const mcast_dev_v16_t *)(w + 8 * v);
-      float y[8];
-      for (int i = 0; i < 8; ++i) y[i] = h[k][i] * rstd * mcast_dev_bf16x8_get(wv, i);
-      *(mcast_dev_v16_t *)mcast_dev_local(&x, off) = mcast_dev_pack_bf16x8(y);
-    }
+    const float rstd = cta_rstd(ss, s_warp, hidden, eps);
+    scale_out(h, rstd, w, vecs, [&](unsigned v, mcast_dev_v16_t y) {
+      *(mcast_dev_v16_t *)mcast_dev_local(&x, 2 * ((size_t)tok * hidden + 8 * v)) = y;
+    });
   }
 }
 
@@ -243,25 +242,8 @@ extern "C" __global__ void rmsnorm_residual(unsigned short *x, unsigned short *r
       }
       *(mcast_dev_v16_t *)(res + e) = mcast_dev_pack_bf16x8(h[k]);
     }
-    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-    if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float t = threadIdx.x < (blockDim.x + 31) / 32 ? s_warp[threadIdx.x] : 0.0f;
-      for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-      if (threadIdx.x == 0) s_warp[0] = t;
-    }
-    __syncthreads();
-    const float rstd = rsqrtf(s_warp[0] / (float)hidden + eps);
-    __syncthreads();
-    for (int k = 0; k < FUSED_MAX_VPT; ++k) {
-      const unsigned v = threadIdx.x + k * blockDim.x;
-      if (v >= vecs) break;
-      const size_t e = (size_t)tok * hidden + 8 * v;
-      const mcast_dev_v16_t wv = *(const mcast_dev_v16_t *)(w + 8 * v);
-      float y[8];
-      for (int i = 0; i < 8; ++i) y[i] = h[k][i] * rstd * mcast_dev_bf16x8_get(wv, i);
-      *(mcast_dev_v16_t *)(x + e) = mcast_dev_pack_bf16x8(y);
-    }
+    const float rstd = cta_rstd(ss, s_warp, hidden, eps);
+    scale_out(h, rstd, w, vecs,
+              [&](unsigned v, mcast_dev_v16_t y) { *(mcast_dev_v16_t *)(x + (size_t)tok * hidden + 8 * v) = y; });
   }
 }
