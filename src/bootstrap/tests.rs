@@ -136,9 +136,10 @@ fn a_failure_told_by_one_rank_ends_every_rank_s_waits() {
         boots[2].fail(Kind::Timeout, "rank 2 timed out first");
     });
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    // Rank 3 waits in nothing: it is told all the same.
-    while boots[3].failure().is_none() {
-        assert!(t.elapsed() < Duration::from_secs(2), "the failure did not reach rank 3");
+    // Rank 3 waits in nothing: it is told all the same. The hub relays the failure; a rank whose
+    // exchange the hub ended with it may record the relayed word a moment later.
+    while let Some(b) = boots.iter().find(|b| b.failure().is_none()) {
+        assert!(t.elapsed() < Duration::from_secs(2), "the failure did not reach rank {}", b.rank());
         std::thread::sleep(Duration::from_millis(1));
     }
     for b in &boots {
