@@ -327,7 +327,8 @@ fn child(parent: &Comm, team: mcast_team_t, fallback: Option<usize>) -> Outcome<
     let (rank, nranks) = (t.local_rank().unwrap_or(0) as c_int, t.size() as c_int);
     let ctx: ContextRef = comm::acquire_context()?;
     let c = Comm::new(ctx, rank, nranks, parent.device, parent.nonblocking);
-    c.adopt(team, fallback);
+    let no_fallback = if fallback.is_none() { parent.ready()?.no_fallback.clone() } else { None };
+    c.adopt(team, fallback, no_fallback);
     Ok(comm::publish(c))
 }
 
