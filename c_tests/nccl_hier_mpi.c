@@ -106,8 +106,8 @@ static void collectives(ncclComm_t comm) {
 }
 
 /* Calls that would go to the flat fallback communicator fail, saying why (the stand-in's own
- * error on a rank whose creation failed, the failing rank on the others); the communicator still
- * serves collectives. */
+ * error on a rank whose creation failed, the failing rank on the others), on the communicator and
+ * on one split from it; both still serve collectives. */
 static void no_flat_calls(ncclComm_t comm) {
   float buf[4] = {0};
   int peer = (rank + 1) % n;
@@ -129,6 +129,17 @@ static void no_flat_calls(ncclComm_t comm) {
   NCHECK_OK(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm, NULL));
   NCHECK_OK(ncclCommFinalize(comm));
   NCHECK(*one == (float)n);
+  /* A communicator split from it has none either, and says why. */
+  ncclComm_t child = NULL;
+  NCHECK_OK(ncclCommSplit(comm, 0, rank, &child, NULL));
+  NCHECK(child != NULL);
+  NCHECK_RESULT(ncclSend(buf, 4, ncclFloat32, peer, child, NULL), ncclInvalidUsage);
+  NCHECK(strstr(ncclGetLastError(NULL), why) != NULL);
+  *one = 1.0f;
+  NCHECK_OK(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, child, NULL));
+  NCHECK_OK(ncclCommFinalize(child));
+  NCHECK(*one == (float)n);
+  NCHECK_OK(ncclCommDestroy(child));
   NCHECK_OK(ncclMemFree(one));
 }
 
