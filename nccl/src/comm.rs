@@ -175,7 +175,8 @@ fn cuda_current_device() -> Outcome<c_int> {
 pub struct Ready {
     /// The mcast team (this process holds one rank of it).
     pub team: mcast_team_t,
-    /// The fallback NCCL communicator, when `MCAST_NCCL_FALLBACK` is set.
+    /// The fallback NCCL communicator, when `MCAST_NCCL_FALLBACK` is set (and, with
+    /// `MCAST_NCCL_HIER=on`, every rank could make it).
     pub fallback: Option<usize>,
     /// Why there is none although the fallback NCCL is set: with `MCAST_NCCL_HIER=on` the flat
     /// fallback communicator over all ranks is optional (a real NCCL refuses it with two ranks
