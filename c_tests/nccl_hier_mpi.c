@@ -7,9 +7,16 @@
  *               communicator made with maxCTAs 4, beside the whole fallback communicator)
  *   MODE whole  MCAST_NCCL_HIER unset: the communicator is the stand-in's whole (no rail)
  *   MODE bad    MCAST_NCCL_HIER=maybe: ncclCommInitRank is ncclInvalidUsage naming the variable
- * hier and whole run ncclAllReduce (sum, min, max), ncclReduceScatter, ncclAllGather and
- * ncclBroadcast on ncclMemAlloc memory, in and out of place, for f32, bf16 and i64, against a host
- * reference; destroying the communicator leaves no stand-in communicator alive. */
+ *   MODE noflat as hier, but the stand-in refuses communicators of P ranks on every process
+ *               (STANDIN_NCCL_FAIL_INIT_NRANKS=P): the flat fallback communicator is not made, the
+ *               communicator comes up without it (the rail's only), and ncclSend / ncclRecv, which
+ *               would need it, are ncclInvalidUsage saying why
+ *   MODE partflat as noflat, but only process 1 fails (STANDIN_NCCL_FAIL_INIT_RANK=1): the other
+ *               ranks made theirs and destroy it, so no rank holds a communicator its peers lack
+ * hier, noflat, partflat and whole run ncclAllReduce (sum, min, max), ncclReduceScatter,
+ * ncclAllGather and ncclBroadcast on ncclMemAlloc memory, in and out of place, for f32, bf16 and
+ * i64, against a host reference; destroying the communicator leaves no stand-in communicator
+ * alive. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -19,7 +26,7 @@
 
 #include "nccl_check.h"
 
-static int rank, n;
+static int rank, n, partflat_mode;
 
 static long value(int r, size_t i) { return (long)((i * 11 + (size_t)r * 5) % 23) - 11; }
 
@@ -98,6 +105,44 @@ static void collectives(ncclComm_t comm) {
   free(want);
 }
 
+/* Calls that would go to the flat fallback communicator fail, saying why (the stand-in's own
+ * error on a rank whose creation failed, the failing rank on the others), on the communicator and
+ * on one split from it; both still serve collectives. */
+static void no_flat_calls(ncclComm_t comm) {
+  float buf[4] = {0};
+  int peer = (rank + 1) % n;
+  const char *why = "the flat fallback communicator could not be made";
+  NCHECK_RESULT(ncclSend(buf, 4, ncclFloat32, peer, comm, NULL), ncclInvalidUsage);
+  NCHECK(strstr(ncclGetLastError(NULL), "ncclSend") != NULL);
+  NCHECK(strstr(ncclGetLastError(NULL), why) != NULL);
+  if (rank == 1 || !partflat_mode)
+    NCHECK(strstr(ncclGetLastError(NULL), "failure injected for communicators of") != NULL);
+  else
+    NCHECK(strstr(ncclGetLastError(NULL), "rank 1") != NULL);
+  NCHECK_RESULT(ncclRecv(buf, 4, ncclFloat32, peer, comm, NULL), ncclInvalidUsage);
+  NCHECK(strstr(ncclGetLastError(NULL), "ncclRecv") != NULL);
+  NCHECK(strstr(ncclGetLastError(NULL), why) != NULL);
+  /* The communicator still serves collectives after the refusals. */
+  float *one;
+  NCHECK_OK(ncclMemAlloc((void **)&one, sizeof *one));
+  *one = 1.0f;
+  NCHECK_OK(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm, NULL));
+  NCHECK_OK(ncclCommFinalize(comm));
+  NCHECK(*one == (float)n);
+  /* A communicator split from it has none either, and says why. */
+  ncclComm_t child = NULL;
+  NCHECK_OK(ncclCommSplit(comm, 0, rank, &child, NULL));
+  NCHECK(child != NULL);
+  NCHECK_RESULT(ncclSend(buf, 4, ncclFloat32, peer, child, NULL), ncclInvalidUsage);
+  NCHECK(strstr(ncclGetLastError(NULL), why) != NULL);
+  *one = 1.0f;
+  NCHECK_OK(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, child, NULL));
+  NCHECK_OK(ncclCommFinalize(child));
+  NCHECK(*one == (float)n);
+  NCHECK_OK(ncclCommDestroy(child));
+  NCHECK_OK(ncclMemFree(one));
+}
+
 int main(int argc, char **argv) {
   /* preloaded: the NCCL is in the process before libmcast_nccl looks for it, as PyTorch's
      libtorch_cuda.so loads libnccl.so.2 at start: libmcast_nccl then uses that copy as it was
@@ -114,9 +159,18 @@ int main(int argc, char **argv) {
   char label[16];
   snprintf(label, sizeof label, "D%d", rank / (n / ndomains));
   NCHECK(setenv("MCAST_DOMAIN", label, 1) == 0);
-  int hier = strcmp(mode, "hier") == 0 || strcmp(mode, "preloaded") == 0, bad = strcmp(mode, "bad") == 0;
+  int noflat = strcmp(mode, "noflat") == 0, partflat = strcmp(mode, "partflat") == 0;
+  int hier = strcmp(mode, "hier") == 0 || strcmp(mode, "preloaded") == 0 || noflat || partflat;
+  int bad = strcmp(mode, "bad") == 0;
   NCHECK(hier || bad || strcmp(mode, "whole") == 0);
   if (hier) NCHECK(setenv("MCAST_NCCL_HIER", "on", 1) == 0);
+  if (noflat || partflat) {
+    char nranks[16];
+    snprintf(nranks, sizeof nranks, "%d", n); /* the flat communicator's size, not the rails' */
+    NCHECK(setenv("STANDIN_NCCL_FAIL_INIT_NRANKS", nranks, 1) == 0);
+    if (partflat) NCHECK(setenv("STANDIN_NCCL_FAIL_INIT_RANK", "1", 1) == 0);
+    partflat_mode = partflat;
+  }
   if (bad) NCHECK(setenv("MCAST_NCCL_HIER", "maybe", 1) == 0);
 
   ncclUniqueId id;
@@ -132,13 +186,18 @@ int main(int argc, char **argv) {
   NCHECK_OK(ncclCommInitRank(&comm, n, id, rank));
   int live, made, colls, max_ctas;
   standin_stats(standin, &live, &made, &colls, &max_ctas);
-  if (hier) {
+  if (noflat || partflat) {
+    /* The rail's only; in partflat the ranks but 1 made a flat one and destroyed it. */
+    NCHECK(live == 1 && made == (partflat && rank != 1 ? 2 : 1));
+    NCHECK(max_ctas == 4);
+  } else if (hier) {
     NCHECK(live == 2 && made == 2); /* the rail's and the whole fallback communicator */
     NCHECK(max_ctas == 4);          /* the rail's, made by the NCCL engine */
   } else {
     NCHECK(live == 1 && made == 1 && max_ctas == -1); /* the whole communicator only */
   }
   collectives(comm);
+  if (noflat || partflat) no_flat_calls(comm);
   int before = colls;
   standin_stats(standin, &live, &made, &colls, &max_ctas);
   NCHECK(colls > before); /* between domains (hier) or everything (whole) went through the stand-in */

@@ -19,7 +19,9 @@
  * ncclCommFinalize and ncclGroupStart/End have nothing to wait for (libmcast_nccl forwards them to
  * its fallback). ncclGetVersion says 2.27.7; ncclCommInitRankConfig records the config's maxCTAs, and
  * standinNcclStats() tells a test how many communicators and collectives there were.
- * STANDIN_NCCL_FAIL_RANK makes one process's all-reduces fail (see failing_here). */
+ * STANDIN_NCCL_FAIL_RANK makes one process's all-reduces fail (see failing_here);
+ * STANDIN_NCCL_FAIL_INIT_NRANKS makes the creation of communicators of that size fail (see
+ * init_fails_here). */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -102,6 +104,22 @@ API ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   return ncclSuccess;
 }
 
+/* STANDIN_NCCL_FAIL_INIT_NRANKS=<N>: ncclCommInitRank and ncclCommInitRankConfig fail with
+ * ncclInvalidUsage for communicators of exactly N ranks (as a real NCCL refuses a communicator
+ * with two ranks on one GPU), on every process, or with STANDIN_NCCL_FAIL_INIT_RANK=<MPI_COMM_WORLD
+ * rank> on that process only. The failure comes after the members met (MPI_Comm_split stays
+ * collective over MPI_COMM_WORLD), so the other members' calls return and their communicators
+ * are complete. */
+static int init_fails_here(int nranks) {
+  const char *n = getenv("STANDIN_NCCL_FAIL_INIT_NRANKS");
+  const char *r = getenv("STANDIN_NCCL_FAIL_INIT_RANK");
+  if (n == NULL || *n == 0 || atoi(n) != nranks) return 0;
+  if (r == NULL || *r == 0) return 1;
+  int world = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  return atoi(r) == world;
+}
+
 static ncclResult_t init(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
   if (comm == NULL) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   *comm = NULL;
@@ -128,6 +146,15 @@ static ncclResult_t init(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank
     char why[160];
     snprintf(why, sizeof why, "ncclCommInitRank: %d processes came with this id, asked for %d (rank %d), ids %s", size,
              nranks, rank, lo[0] == hi[0] ? "equal" : "differ");
+    return fail(ncclInvalidUsage, why);
+  }
+  if (init_fails_here(nranks)) {
+    MPI_Comm_free(&mpi);
+    char why[160];
+    snprintf(why, sizeof why,
+             "ncclCommInitRank: failure injected for communicators of %d ranks "
+             "(STANDIN_NCCL_FAIL_INIT_NRANKS)",
+             nranks);
     return fail(ncclInvalidUsage, why);
   }
   struct ncclComm *c = calloc(1, sizeof *c);

@@ -14,7 +14,10 @@ use std::sync::{Arc, OnceLock};
 use mcast::capi::buffer::{
     mcast_buffer_alloc, mcast_buffer_free, mcast_buffer_read, mcast_buffer_register, mcast_buffer_t, mcast_buffer_write,
 };
-use mcast::capi::collective::{mcast_broadcast, mcast_stream_t, mcast_synchronize};
+use mcast::capi::collective::{
+    mcast_all_reduce, mcast_broadcast, mcast_dtype_t, mcast_op_t, mcast_stream_t, mcast_synchronize, McastDtype,
+    McastOp,
+};
 use mcast::capi::config::{mcast_config_init, mcast_config_t};
 use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_context_t};
 use mcast::capi::mcast_status_t;
@@ -172,8 +175,13 @@ fn cuda_current_device() -> Outcome<c_int> {
 pub struct Ready {
     /// The mcast team (this process holds one rank of it).
     pub team: mcast_team_t,
-    /// The fallback NCCL communicator, when `MCAST_NCCL_FALLBACK` is set.
+    /// The fallback NCCL communicator, when `MCAST_NCCL_FALLBACK` is set (and, with
+    /// `MCAST_NCCL_HIER=on`, every rank could make it).
     pub fallback: Option<usize>,
+    /// Why there is none although the fallback NCCL is set: with `MCAST_NCCL_HIER=on` the flat
+    /// fallback communicator over all ranks is optional (a real NCCL refuses it with two ranks
+    /// on one GPU), and the calls that need it fail with this message.
+    pub no_fallback: Option<String>,
 }
 
 /// A buffer registered with `ncclCommRegister`, bound to the team.
@@ -239,7 +247,7 @@ impl Comm {
     pub fn finish_init(&self, id: &ncclUniqueId) -> Outcome {
         let outcome = self.make_team(id);
         let result = match &outcome {
-            Ok(r) => Ok(Ready { team: r.team, fallback: r.fallback }),
+            Ok(r) => Ok(Ready { team: r.team, fallback: r.fallback, no_fallback: r.no_fallback.clone() }),
             Err(f) => Err(f.clone()),
         };
         if self.ready.set(result).is_err() {
@@ -250,7 +258,8 @@ impl Comm {
 
     fn make_team(&self, id: &ncclUniqueId) -> Outcome<Ready> {
         // Ranks in several NVLink domains: see `domains`.
-        let team = if domains::hierarchical()? {
+        let hier = domains::hierarchical()?;
+        let team = if hier {
             domains::use_fallback_between_domains(&self.ctx)?;
             let mut mid = mcast_unique_id_t { internal: [0; 128] };
             mid.internal.copy_from_slice(&id.internal);
@@ -272,21 +281,34 @@ impl Comm {
                 }
             }
         };
-        let fallback = match fallback::library() {
-            None => None,
+        let (fallback, no_fallback) = match fallback::library() {
+            None => (None, None),
             Some(Err(e)) => {
                 tracing::warn!("mcast_nccl: {e}; calls mcast does not serve will fail with ncclInvalidUsage");
-                None
+                (None, None)
             }
-            Some(Ok(lib)) => match self.fallback_comm(lib, team) {
-                Ok(c) => Some(c),
-                Err(e) => {
+            // Served hierarchically, the team needs no flat communicator: without one (every rank
+            // agreed) only the calls mcast does not serve fail.
+            Some(Ok(lib)) => match self.fallback_comm(lib, team, hier) {
+                Ok(Ok(c)) => (Some(c), None),
+                Ok(Err(f)) if hier => {
+                    let why = format!("the flat fallback communicator could not be made: {}", f.message);
+                    tracing::warn!(
+                        "mcast_nccl: rank {} of {}: {why}; the communicator is served without it ({}=on), and \
+                         calls mcast does not serve will fail with ncclInvalidUsage",
+                        self.rank,
+                        self.nranks,
+                        domains::HIER_ENV
+                    );
+                    (None, Some(why))
+                }
+                Ok(Err(e)) | Err(e) => {
                     let _ = mcast_team_destroy(team);
                     return Err(e);
                 }
             },
         };
-        Ok(Ready { team, fallback })
+        Ok(Ready { team, fallback, no_fallback })
     }
 
     /// Joins the team through the runtime (`Team::join_rank`): the team's handle, or, when the
@@ -312,67 +334,166 @@ impl Comm {
     }
 
     /// Creates the fallback NCCL communicator beside `team`: rank 0 makes its unique id and
-    /// the team broadcasts it (an mcast broadcast of 128 bytes).
-    fn fallback_comm(&self, lib: &fallback::Nccl, team: mcast_team_t) -> Outcome<usize> {
+    /// the team broadcasts it (an mcast broadcast of its 128 bytes and whether rank 0 has one).
+    ///
+    /// The outer error is the team's (an mcast collective failed); the inner one says why this
+    /// rank has no fallback communicator. With `agree` (the team is served hierarchically, and
+    /// the communicator may come up without it) the ranks agree twice over the team: whether
+    /// every rank can call `ncclCommInitRank` (or none does), and whether every rank's call
+    /// succeeded; if one failed, the ranks that made theirs destroy it, so every rank has one
+    /// or none has.
+    fn fallback_comm(&self, lib: &fallback::Nccl, team: mcast_team_t, agree: bool) -> Outcome<Outcome<usize>> {
         type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
         type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-        let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
-        // SAFETY: the types are NCCL's documented signatures.
-        let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
-        // SAFETY: as above.
-        let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
-        if !self.ctx.sim {
-            // NCCL uses the calling thread's current device.
-            if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
-                c.driver()
-                    .bind_thread(self.device)
-                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+        // What this rank needs; a failure skips its own steps, never the team's collectives.
+        let prepare = || -> Outcome<(GetId, InitRank)> {
+            let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
+            // SAFETY: the types are NCCL's documented signatures.
+            let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
+            // SAFETY: as above.
+            let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
+            if !self.ctx.sim {
+                // NCCL uses the calling thread's current device.
+                if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
+                    c.driver()
+                        .bind_thread(self.device)
+                        .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+                }
             }
-        }
+            Ok((get_id, init))
+        };
+        let mut local = prepare();
         let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
         if self.rank == 0 {
-            // SAFETY: a valid out-pointer.
-            let r = unsafe { get_id(&mut fid) };
-            if r != types::SUCCESS {
-                return Err(Failure::new(r, "the fallback NCCL's ncclGetUniqueId failed"));
+            if let Ok((get_id, _)) = local {
+                // SAFETY: a valid out-pointer.
+                let r = unsafe { get_id(&mut fid) };
+                if r != types::SUCCESS {
+                    let detail = fallback_last_error(lib);
+                    local = Err(Failure::new(r, format!("the fallback NCCL's ncclGetUniqueId failed: {detail}")));
+                }
             }
         }
-        self.broadcast_id(team, &mut fid)?;
-        let mut comm: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
-        let r = unsafe { init(&mut comm, self.nranks, fid, self.rank) };
-        if r != types::SUCCESS {
-            return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
+        let root_has_id = self.broadcast_id(team, &mut fid, local.is_ok())?;
+        if !root_has_id && local.is_ok() {
+            local = Err(Failure::new(types::INVALID_USAGE, "rank 0 could not make the fallback NCCL's unique id"));
         }
-        track_fallback(comm as usize);
-        Ok(comm as usize)
+        if agree {
+            let first = self.first_failed(team, local.is_ok())?;
+            if let (Some(r), true) = (first, local.is_ok()) {
+                local = Err(Failure::new(
+                    types::INVALID_USAGE,
+                    format!("rank {r} could not take part in the fallback NCCL's ncclCommInitRank"),
+                ));
+            }
+        }
+        let made = local.and_then(|(_, init)| {
+            let mut comm: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
+            let r = unsafe { init(&mut comm, self.nranks, fid, self.rank) };
+            if r != types::SUCCESS {
+                let detail = fallback_last_error(lib);
+                return Err(Failure::new(
+                    r,
+                    format!("rank {}: the fallback NCCL's ncclCommInitRank failed: {detail}", self.rank),
+                ));
+            }
+            track_fallback(comm as usize);
+            Ok(comm as usize)
+        });
+        if !agree {
+            return Ok(made);
+        }
+        match (self.first_failed(team, made.is_ok())?, made) {
+            (None, made) => Ok(made),
+            (Some(_), Err(f)) => Ok(Err(f)),
+            (Some(r), Ok(fc)) => {
+                type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+                // SAFETY: NCCL's signature of ncclCommDestroy.
+                if let Ok(destroy) = unsafe { lib.function::<Destroy>("ncclCommDestroy") } {
+                    // SAFETY: the communicator made above, destroyed once; it stays known while
+                    // NCCL's own calls on it may come back here (as in `release`).
+                    let d = unsafe { destroy(fc as *mut c_void) };
+                    if d != types::SUCCESS {
+                        tracing::warn!(
+                            "mcast_nccl: rank {}: the fallback NCCL's ncclCommDestroy of the unused flat \
+                             communicator failed: {}",
+                            self.rank,
+                            fallback_last_error(lib)
+                        );
+                    }
+                }
+                untrack_fallback(fc);
+                Ok(Err(Failure::new(
+                    types::INVALID_USAGE,
+                    format!("rank {r}'s ncclCommInitRank failed (its log says why), so no rank keeps one"),
+                )))
+            }
+        }
     }
 
-    /// Rank 0's `id` to every rank, through an mcast buffer of the team.
-    fn broadcast_id(&self, team: mcast_team_t, id: &mut ncclUniqueId) -> Outcome {
+    /// Rank 0's `id` to every rank, through an mcast buffer of the team, with whether rank 0
+    /// has one (`root_has_id`, rank 0's argument): the result.
+    fn broadcast_id(&self, team: mcast_team_t, id: &mut ncclUniqueId, root_has_id: bool) -> Outcome<bool> {
         let n = types::UNIQUE_ID_BYTES;
+        let mut bytes = vec![0u8; n + 1];
+        for (d, s) in bytes.iter_mut().zip(id.internal.iter()) {
+            *d = *s as u8;
+        }
+        bytes[n] = u8::from(root_has_id);
         let mut buf = mcast_buffer_t { id: 0 };
         // SAFETY: a valid out-pointer.
-        check(unsafe { mcast_buffer_alloc(team, n, &mut buf) }, "allocating the id exchange buffer")?;
+        check(unsafe { mcast_buffer_alloc(team, n + 1, &mut buf) }, "allocating the id exchange buffer")?;
         let stream: mcast_stream_t = std::ptr::null_mut();
         let mut steps = || -> Outcome {
             if self.rank == 0 {
-                // SAFETY: `id` holds n readable bytes.
-                check(unsafe { mcast_buffer_write(buf, 0, 0, id.internal.as_ptr().cast(), n) }, "writing the id")?;
+                // SAFETY: `bytes` holds n + 1 readable bytes.
+                check(unsafe { mcast_buffer_write(buf, 0, 0, bytes.as_ptr().cast(), n + 1) }, "writing the id")?;
             }
-            check(mcast_broadcast(buf, self.rank, 0, 0, n, stream), "broadcasting the fallback id")?;
+            check(mcast_broadcast(buf, self.rank, 0, 0, n + 1, stream), "broadcasting the fallback id")?;
             check(mcast_synchronize(team, self.rank, stream), "broadcasting the fallback id")?;
-            // SAFETY: `id` holds n writable bytes.
-            check(unsafe { mcast_buffer_read(buf, self.rank, 0, id.internal.as_mut_ptr().cast(), n) }, "reading the id")
+            // SAFETY: `bytes` holds n + 1 writable bytes.
+            check(unsafe { mcast_buffer_read(buf, self.rank, 0, bytes.as_mut_ptr().cast(), n + 1) }, "reading the id")
         };
         let outcome = steps();
         let freed = check(mcast_buffer_free(buf), "freeing the id exchange buffer");
-        outcome.and(freed)
+        outcome.and(freed)?;
+        for (d, s) in id.internal.iter_mut().zip(&bytes) {
+            *d = *s as _;
+        }
+        Ok(bytes[n] != 0)
     }
 
-    /// Takes `team` (made by a split) and `fallback` as this communicator's.
-    pub fn adopt(&self, team: mcast_team_t, fallback: Option<usize>) {
-        let _ = self.ready.set(Ok(Ready { team, fallback }));
+    /// The lowest rank of the team whose `ok` is false, or `None` when every rank's is true: a
+    /// min all-reduce over the team of `rank` or `i32::MAX`.
+    fn first_failed(&self, team: mcast_team_t, ok: bool) -> Outcome<Option<c_int>> {
+        let mut value: i32 = if ok { i32::MAX } else { self.rank };
+        let size = std::mem::size_of::<i32>();
+        let mut buf = mcast_buffer_t { id: 0 };
+        // SAFETY: a valid out-pointer.
+        check(unsafe { mcast_buffer_alloc(team, size, &mut buf) }, "allocating the agreement buffer")?;
+        let stream: mcast_stream_t = std::ptr::null_mut();
+        let what = "agreeing on the fallback NCCL communicator";
+        let mut steps = || -> Outcome {
+            let p: *mut i32 = &mut value;
+            // SAFETY: `value` holds `size` readable bytes.
+            check(unsafe { mcast_buffer_write(buf, self.rank, 0, p.cast_const().cast(), size) }, what)?;
+            let (dtype, op) = (mcast_dtype_t(McastDtype::MCAST_INT32 as u32), mcast_op_t(McastOp::MCAST_MIN as u32));
+            check(mcast_all_reduce(buf, self.rank, 0, 1, dtype, op, stream), what)?;
+            check(mcast_synchronize(team, self.rank, stream), what)?;
+            // SAFETY: `value` holds `size` writable bytes.
+            check(unsafe { mcast_buffer_read(buf, self.rank, 0, p.cast(), size) }, what)
+        };
+        let outcome = steps();
+        let freed = check(mcast_buffer_free(buf), "freeing the agreement buffer");
+        outcome.and(freed)?;
+        Ok((value != i32::MAX).then_some(value))
+    }
+
+    /// Takes `team` (made by a split), `fallback` and why there is none (`no_fallback`, the
+    /// parent's) as this communicator's.
+    pub fn adopt(&self, team: mcast_team_t, fallback: Option<usize>, no_fallback: Option<String>) {
+        let _ = self.ready.set(Ok(Ready { team, fallback, no_fallback }));
     }
 
     /// The team, once creation succeeded.

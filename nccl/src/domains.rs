@@ -7,7 +7,10 @@
 //!   `ncclInvalidUsage` naming the domains and the variable, never at the first collective.
 //! - `on`: served hierarchically, mcast inside each domain and the fallback NCCL between them:
 //!   the fallback library is registered on the process context as its engine between domains
-//!   (`mcast::runtime::net::nccl`), and the team is made as any other.
+//!   (`mcast::runtime::net::nccl`), and the team is made as any other. The flat fallback
+//!   communicator over all ranks beside it (for the calls mcast does not serve) is optional
+//!   there: if the fallback NCCL refuses it on any rank, no rank keeps one (`Comm::fallback_comm`
+//!   agrees over the team) and those calls fail with `ncclInvalidUsage` saying why.
 
 use std::ffi::{c_int, c_void};
 
@@ -117,6 +120,6 @@ impl Comm {
             return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
         }
         track_fallback(fc as usize);
-        Ok(Ready { team: mcast::capi::team::mcast_team_t { id: 0 }, fallback: Some(fc as usize) })
+        Ok(Ready { team: mcast::capi::team::mcast_team_t { id: 0 }, fallback: Some(fc as usize), no_fallback: None })
     }
 }

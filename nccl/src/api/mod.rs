@@ -144,8 +144,12 @@ fn forward(
             ))
         }
     };
-    let fc = comm.ready()?.fallback.ok_or_else(|| {
-        Failure::new(types::INVALID_USAGE, format!("{what}: the communicator has no fallback NCCL communicator"))
+    let ready = comm.ready()?;
+    let fc = ready.fallback.ok_or_else(|| match &ready.no_fallback {
+        Some(why) => Failure::new(types::INVALID_USAGE, format!("{what} is not served by mcast, and {why}")),
+        None => {
+            Failure::new(types::INVALID_USAGE, format!("{what}: the communicator has no fallback NCCL communicator"))
+        }
     })?;
     tracing::debug!("mcast_nccl: rank {}: {what} forwarded to {}", comm.rank, lib.path);
     group::submit(Op {
