@@ -71,10 +71,20 @@ int main(void) {
   call_t c[RANKS];
 
   int n = 0;
+  mcast_status_t status;
 
-  CHECK_OK(mcast_context_create(NULL, &ctx));
+  status = mcast_context_create(NULL, &ctx);
+  if (status == MCAST_ERROR_DRIVER_UNAVAILABLE) {
+    fprintf(stderr, "skipped: %s\n", mcast_last_error());
+    return 77;
+  }
+  CHECK_OK(status);
   CHECK_OK(mcast_device_count(ctx, &n));
-  if (n < 1) return 77;
+  if (n < 1) {
+    fprintf(stderr, "skipped: no device\n");
+    CHECK_OK(mcast_context_destroy(ctx));
+    return 77;
+  }
   if (n < 2) devices[1] = 0;
 
   c[0] = f32, c[1] = f32, c[1].count = 512;
