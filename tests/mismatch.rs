@@ -238,33 +238,41 @@ fn send_and_recv_offsets_are_named() {
     }
 }
 
+/// On a new team of two ranks with plain device memory filled with each rank's pattern, rank r
+/// runs the pointer-form f32 all-reduce of `counts[r]` elements (send and recv in its own
+/// memory): every rank must fail naming the counts, and no byte of either rank's memory may have
+/// changed. `what` names the case in failures.
+fn ptr_disagree(ctx: &Arc<Context>, counts: [usize; 2], what: &str) {
+    let driver = ctx.driver().clone();
+    let team = Team::create(ctx, &[0, 1]).unwrap();
+    let buf = Buffer::alloc(&team, 4096).unwrap();
+    let mem: Vec<DevicePtr> = (0..2).map(|d| driver.mem_alloc(d, 2 * BYTES).unwrap()).collect();
+    for (r, &m) in mem.iter().enumerate() {
+        fill(m, r, 2 * BYTES);
+    }
+    let started = Instant::now();
+    for r in 0..2 {
+        run_ptr(&team, r as i32, mem[r], mem[r] + BYTES as u64, counts[r], F32_SUM, Stream::DEFAULT).unwrap();
+    }
+    let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
+    assert_caught(&team, &buf, &says, started, what);
+    for (r, &m) in mem.iter().enumerate() {
+        assert_eq!(changed(m, r, 2 * BYTES), None, "{what}: rank {r}");
+    }
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    for (d, p) in mem.into_iter().enumerate() {
+        driver.mem_free(d as i32, p).unwrap();
+    }
+}
+
 /// The pointer form on plain memory: the LL kernels and the push all-reduce (offsets do not
 /// matter there: each rank reads only its own memory).
 #[test]
 fn the_pointer_form_is_checked_on_the_ll_and_push_routes() {
     for (route, counts) in [(LL, [1024, 512]), (BARRIER, [65536, 32768])] {
         let ctx = context(route);
-        let driver = ctx.driver().clone();
-        let team = Team::create(&ctx, &[0, 1]).unwrap();
-        let buf = Buffer::alloc(&team, 4096).unwrap();
-        let mem: Vec<DevicePtr> = (0..2).map(|d| driver.mem_alloc(d, 2 * BYTES).unwrap()).collect();
-        for (r, &m) in mem.iter().enumerate() {
-            fill(m, r, 2 * BYTES);
-        }
-        let started = Instant::now();
-        for r in 0..2 {
-            run_ptr(&team, r as i32, mem[r], mem[r] + BYTES as u64, counts[r], F32_SUM, Stream::DEFAULT).unwrap();
-        }
-        let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
-        assert_caught(&team, &buf, &says, started, &format!("{route:?}"));
-        for (r, &m) in mem.iter().enumerate() {
-            assert_eq!(changed(m, r, 2 * BYTES), None, "{route:?}: rank {r}");
-        }
-        buf.free().unwrap();
-        team.destroy().unwrap();
-        for (d, p) in mem.into_iter().enumerate() {
-            driver.mem_free(d as i32, p).unwrap();
-        }
+        ptr_disagree(&ctx, counts, &format!("{route:?}"));
         assert_clean(&ctx);
     }
 }
@@ -282,28 +290,7 @@ fn counts_that_choose_different_kernels_are_caught() {
         disagree(&ctx, &calls, &says, true);
     }
     // The pointer form on plain memory: LL against the push all-reduce.
-    let driver = ctx.driver().clone();
-    let counts = [1024, BYTES / 8];
-    let team = Team::create(&ctx, &[0, 1]).unwrap();
-    let buf = Buffer::alloc(&team, 4096).unwrap();
-    let mem: Vec<DevicePtr> = (0..2).map(|d| driver.mem_alloc(d, 2 * BYTES).unwrap()).collect();
-    for (r, &m) in mem.iter().enumerate() {
-        fill(m, r, 2 * BYTES);
-    }
-    let started = Instant::now();
-    for r in 0..2 {
-        run_ptr(&team, r as i32, mem[r], mem[r] + BYTES as u64, counts[r], F32_SUM, Stream::DEFAULT).unwrap();
-    }
-    let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
-    assert_caught(&team, &buf, &says, started, "LL against push");
-    for (r, &m) in mem.iter().enumerate() {
-        assert_eq!(changed(m, r, 2 * BYTES), None, "rank {r}");
-    }
-    buf.free().unwrap();
-    team.destroy().unwrap();
-    for (d, p) in mem.into_iter().enumerate() {
-        driver.mem_free(d as i32, p).unwrap();
-    }
+    ptr_disagree(&ctx, [1024, BYTES / 8], "LL against push");
     assert_clean(&ctx);
 }
 
