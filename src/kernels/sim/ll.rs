@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sync::Kind;
+use super::sync::{load_sig, store_sig, Kind};
 use super::{copy, word, write, Awaited, Job};
 use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
@@ -45,14 +45,11 @@ impl Job {
             // lines are 16-byte aligned and only accessed atomically.
             unsafe { [&*(at as *const AtomicU64), &*(at.add(8) as *const AtomicU64)] }
         };
-        // Rank p's signature line i (0, 1) from `writer` on block slot b (kernels/ll.cuh, ll_sig).
-        let sig_line = |p: usize, b: usize, writer: usize, i: usize| -> [&AtomicU64; 2] {
+        // Rank p's signature lines from `writer` on block slot b (kernels/ll.cuh, ll_sig).
+        let sig_lines = |p: usize, b: usize, writer: usize| {
             let w = if writer < p { writer } else { writer - 1 };
             let at = LL_SIG_OFFSET + 32 * ((b * 2 + (flags[b] & 1) as usize) * (LL_MAX_RANKS as usize - 1) + w);
-            let at = self.sync.0[p].wrapping_add(at + 16 * i);
-            // SAFETY: the signature lines lie in the sync region; 16-byte aligned, accessed
-            // atomically.
-            unsafe { [&*(at as *const AtomicU64), &*(at.add(8) as *const AtomicU64)] }
+            self.sync.0[p].wrapping_add(at)
         };
         // What this rank sends receiver q: its data from this byte offset.
         let source = |q: usize| match self.collective {
@@ -74,10 +71,9 @@ impl Job {
         let fetch = |b: usize, writer: usize, i: usize| take(line(r, b, writer, i), b, writer);
         // The call's signature, first, as two lines to every peer on every block slot.
         if let Some(sig) = self.sig {
-            for b in 0..g {
+            for (b, &flag) in flags.iter().enumerate() {
                 for q in (0..n).filter(|&q| q != r) {
-                    put(sig_line(q, b, r, 0), b, sig[0]);
-                    put(sig_line(q, b, r, 1), b, sig[1]);
+                    store_sig(sig_lines(q, b, r), sig, flag);
                 }
             }
         }
@@ -109,9 +105,8 @@ impl Job {
                 for q in (0..n).filter(|&q| q != r) {
                     // Block slot 0's wait also looks for the peer in another kind of kernel
                     // (kernels/ll.cuh, cross_found).
-                    let ([x0, y0], [x1, y1]) = (sig_line(r, b, q, 0), sig_line(r, b, q, 1));
-                    let carries = |w: &AtomicU64| (w.load(Ordering::Relaxed) >> 32) as u32 == flag;
-                    let both = || [x0, y0, x1, y1].into_iter().all(carries);
+                    let at = sig_lines(r, b, q);
+                    let both = || load_sig(at, flag).is_some();
                     let arrived = if b == 0 {
                         self.wait_checked(1, Awaited::Rank(q), Kind::Ll, Some(q), both)
                     } else {
@@ -120,10 +115,7 @@ impl Job {
                     if !arrived {
                         return;
                     }
-                    let payload = |x: &AtomicU64, y: &AtomicU64| {
-                        x.load(Ordering::Relaxed) & 0xffff_ffff | y.load(Ordering::Relaxed) << 32
-                    };
-                    let (s0, s1) = (payload(x0, y0), payload(x1, y1));
+                    let [s0, s1] = load_sig(at, flag).expect("the lines carry the flag awaited");
                     if !self.agrees(q, sig, [s0, s1]) {
                         return;
                     }

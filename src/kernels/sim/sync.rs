@@ -2,7 +2,7 @@
 //! comparison of signatures, and the look for a peer that runs another kind of kernel.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{dword, word, Awaited, Job};
@@ -35,6 +35,22 @@ pub(super) enum Kind {
 /// (`MCAST_CROSS_NS`).
 const CROSS: Duration = Duration::from_micros(100);
 
+/// Stores signature `s` as two flagged lines at `at` (kernels/sync.cuh, sig_lines_store): four
+/// 8-byte lanes {4 payload bytes, `flag`}, each written in one access.
+pub(super) fn store_sig(at: *mut u8, s: [u64; 2], flag: u32) {
+    let lanes = [s[0] & 0xffff_ffff, s[0] >> 32, s[1] & 0xffff_ffff, s[1] >> 32];
+    for (i, v) in lanes.into_iter().enumerate() {
+        dword(at, 8 * i).store(v | u64::from(flag) << 32, Ordering::Relaxed);
+    }
+}
+
+/// The signature the two flagged lines at `at` carry, once every lane carries `flag`.
+pub(super) fn load_sig(at: *mut u8, flag: u32) -> Option<[u64; 2]> {
+    let l = [0, 1, 2, 3].map(|i| dword(at, 8 * i).load(Ordering::Relaxed));
+    let lane = |i: usize| l[i] & 0xffff_ffff;
+    l.iter().all(|v| (v >> 32) as u32 == flag).then(|| [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32])
+}
+
 impl Job {
     /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
     /// False after a timeout, which is recorded in this rank's error word. With `sig_at` and a
@@ -62,20 +78,14 @@ impl Job {
                 word(s, SIGNAL_OFFSET).fetch_add(1, Ordering::Release);
             }),
         }
-        // Rank p's signature lines from `writer` at `at` (block slot 0): two lines of two lanes.
-        let line = |p: usize, at: usize, writer: usize| -> [&AtomicU64; 4] {
+        // Rank p's signature lines from `writer` at `at` (block slot 0).
+        let line = |p: usize, at: usize, writer: usize| {
             let w = if writer < p { writer } else { writer - 1 };
-            let at = self.sync.0[p].wrapping_add(at + 32 * w);
-            // SAFETY: the lines lie in the sync region; 8-byte aligned, accessed atomically.
-            unsafe { [0, 8, 16, 24].map(|o| &*(at.add(o) as *const AtomicU64)) }
+            self.sync.0[p].wrapping_add(at + 32 * w)
         };
         if let Some((SigAt::Lines { at, flag }, s)) = sig {
-            let flag = flag.unwrap_or(k);
             for q in peers() {
-                let lanes = [s[0] & 0xffff_ffff, s[0] >> 32, s[1] & 0xffff_ffff, s[1] >> 32];
-                for (w, v) in line(q, at, self.rank).iter().zip(lanes) {
-                    w.store(v | u64::from(flag) << 32, Ordering::Relaxed);
-                }
+                store_sig(line(q, at, self.rank), s, flag.unwrap_or(k));
             }
         }
         let target = k.wrapping_mul(self.nranks as u32);
@@ -101,12 +111,10 @@ impl Job {
                 SigAt::Lines { at, flag } => {
                     let kind = if flag.is_some() { Kind::Push } else { Kind::Barrier };
                     let (l, flag) = (line(self.rank, at, q), flag.unwrap_or(k));
-                    let current = || l.iter().all(|w| (w.load(Ordering::Relaxed) >> 32) as u32 == flag);
-                    if !self.wait_checked(index, Awaited::Rank(q), kind, Some(q), current) {
+                    if !self.wait_checked(index, Awaited::Rank(q), kind, Some(q), || load_sig(l, flag).is_some()) {
                         return false;
                     }
-                    let lane = |i: usize| l[i].load(Ordering::Relaxed) & 0xffff_ffff;
-                    [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32]
+                    load_sig(l, flag).expect("the lines carry the flag awaited")
                 }
                 SigAt::Words(at) => {
                     [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)]
@@ -174,13 +182,7 @@ impl Job {
         let (me, n) = (self.sync.0[self.rank], self.nranks);
         let w = if peer < self.rank { peer } else { peer - 1 };
         let local = |off: usize| word(me, off).load(Ordering::Relaxed);
-        // The two lines at `at` when all four lanes carry `flag`.
-        let lines = |at: usize, flag: u32| -> Option<[u64; 2]> {
-            let l: [&AtomicU64; 4] = [0, 8, 16, 24].map(|o| dword(me, at + o));
-            let l = l.map(|x| x.load(Ordering::Relaxed));
-            let lane = |i: usize| l[i] & 0xffff_ffff;
-            l.iter().all(|v| (v >> 32) as u32 == flag).then(|| [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32])
-        };
+        let lines = |at: usize, flag: u32| load_sig(me.wrapping_add(at), flag);
         let mut found = None;
         if kind != Kind::Barrier && n <= BAR_SIG_MAX_RANKS as usize {
             let epoch = local(EPOCH_OFFSET);
