@@ -408,22 +408,9 @@ impl Comm {
             (None, made) => Ok(made),
             (Some(_), Err(f)) => Ok(Err(f)),
             (Some(r), Ok(fc)) => {
-                type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
-                // SAFETY: NCCL's signature of ncclCommDestroy.
-                if let Ok(destroy) = unsafe { lib.function::<Destroy>("ncclCommDestroy") } {
-                    // SAFETY: the communicator made above, destroyed once; it stays known while
-                    // NCCL's own calls on it may come back here (as in `release`).
-                    let d = unsafe { destroy(fc as *mut c_void) };
-                    if d != types::SUCCESS {
-                        tracing::warn!(
-                            "mcast_nccl: rank {}: the fallback NCCL's ncclCommDestroy of the unused flat \
-                             communicator failed: {}",
-                            self.rank,
-                            fallback_last_error(lib)
-                        );
-                    }
+                if let Err(e) = destroy_fallback(lib, fc, false) {
+                    tracing::warn!("mcast_nccl: rank {}: the unused flat communicator: {}", self.rank, e.message);
                 }
-                untrack_fallback(fc);
                 Ok(Err(Failure::new(
                     types::INVALID_USAGE,
                     format!("rank {r}'s ncclCommInitRank failed (its log says why), so no rank keeps one"),
@@ -553,20 +540,7 @@ impl Comm {
                 first = first.and(r);
             }
             if let (Some(fc), Some(Ok(lib))) = (ready.fallback, fallback::library()) {
-                type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
-                let name = if abort { "ncclCommAbort" } else { "ncclCommDestroy" };
-                // SAFETY: NCCL's signature of both functions.
-                if let Ok(f) = unsafe { lib.function::<Destroy>(name) } {
-                    // NCCL calls its own exported functions (ncclCommGetAsyncError) on `fc` while
-                    // it destroys it; they may arrive here, so `fc` stays known until it returns.
-                    // SAFETY: the fallback communicator made at init, released once.
-                    let r = unsafe { f(fc as *mut c_void) };
-                    untrack_fallback(fc);
-                    if r != types::SUCCESS && first.is_ok() {
-                        let detail = fallback_last_error(lib);
-                        first = Err(Failure::new(r, format!("the fallback NCCL's {name} failed: {detail}")));
-                    }
-                }
+                first = first.and(destroy_fallback(lib, fc, abort));
             }
             let r = check(mcast_team_destroy(ready.team), "destroying the team");
             first = first.and(r);
@@ -645,6 +619,28 @@ pub fn unpublish(ptr: *const c_void) -> Outcome<Arc<Comm>> {
 
 /// Communicators of the fallback NCCL made by this library (beside a team, or by a split).
 static FALLBACK_COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// Destroys (`abort`: aborts) the fallback communicator `fc`, made by this process, once, and
+/// forgets it: the fallback NCCL's error with its last-error text when the call fails (where the
+/// library lacks the function, `fc` is only forgotten). Untracked only after the call returns:
+/// NCCL calls its own exported functions (`ncclCommGetAsyncError`) on `fc` while it destroys
+/// it, and they may arrive here.
+fn destroy_fallback(lib: &fallback::Nccl, fc: usize, abort: bool) -> Outcome {
+    type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+    let name = if abort { "ncclCommAbort" } else { "ncclCommDestroy" };
+    // SAFETY: NCCL's signature of both functions.
+    let Ok(f) = (unsafe { lib.function::<Destroy>(name) }) else {
+        untrack_fallback(fc);
+        return Ok(());
+    };
+    // SAFETY: a fallback communicator this process made, destroyed once (the caller's promise).
+    let r = unsafe { f(fc as *mut c_void) };
+    untrack_fallback(fc);
+    if r != types::SUCCESS {
+        return Err(Failure::new(r, format!("the fallback NCCL's {name} failed: {}", fallback_last_error(lib))));
+    }
+    Ok(())
+}
 
 /// Records `fc`, a communicator the fallback NCCL made for this library.
 pub fn track_fallback(fc: usize) {
