@@ -186,6 +186,14 @@ __device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind) {
   return found;
 }
 
+// Whether the block stops before writing out, `bad` this thread's verdict: with a.check the
+// block's vote (no thread writes unless every signature agreed), without it the thread's own
+// (a thread whose wait failed writes nothing; no barrier is needed). a.check is the same on
+// every thread.
+__device__ __forceinline__ bool ll_stop(const McastArgs& a, bool bad) {
+  return a.check != 0 ? __syncthreads_or(bad) != 0 : bad;
+}
+
 // Payload bytes of line i of part p (8 but for the last line of the message).
 __device__ __forceinline__ u32 ll_line_bytes(const LlPart& p, u64 i) {
   const u64 left = p.hi - p.lo - i * 8;
@@ -267,7 +275,7 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     }
     res[k] = acc.pack();
   }
-  if (__syncthreads_or(ll_sig_done(a, sp, p.flag, bad))) return;
+  if (ll_stop(a, ll_sig_done(a, sp, p.flag, bad))) return;
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = threadIdx.x + (u64)k * blockDim.x;
@@ -322,7 +330,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
       got[k][q] = v;
     }
   }
-  if (__syncthreads_or(ll_sig_done(a, sp, p.flag, bad))) return;
+  if (ll_stop(a, ll_sig_done(a, sp, p.flag, bad))) return;
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = t + (u64)k * blockDim.x;
