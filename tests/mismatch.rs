@@ -238,32 +238,41 @@ fn send_and_recv_offsets_are_named() {
     }
 }
 
-/// On a new team of two ranks with plain device memory filled with each rank's pattern, rank r
-/// runs the pointer-form f32 all-reduce of `counts[r]` elements (send and recv in its own
-/// memory): every rank must fail naming the counts, and no byte of either rank's memory may have
-/// changed. `what` names the case in failures.
-fn ptr_disagree(ctx: &Arc<Context>, counts: [usize; 2], what: &str) {
+/// On a new team of `calls.len()` ranks (one per device) with plain device memory filled
+/// with each rank's pattern, rank r runs the pointer form of `calls[r]` (collective, count; send
+/// at the start of its memory, recv `PTR_RECV` bytes in): every rank must fail saying `says`,
+/// and no byte of any rank's memory may have changed. `what` names the case in failures.
+fn ptr_disagree(ctx: &Arc<Context>, calls: &[(Collective, usize)], says: &str, what: &str) {
     let driver = ctx.driver().clone();
-    let team = Team::create(ctx, &[0, 1]).unwrap();
+    let devices: Vec<i32> = (0..calls.len() as i32).collect();
+    let team = Team::create(ctx, &devices).unwrap();
     let buf = Buffer::alloc(&team, 4096).unwrap();
-    let mem: Vec<DevicePtr> = (0..2).map(|d| driver.mem_alloc(d, 2 * BYTES).unwrap()).collect();
+    let mem: Vec<DevicePtr> = devices.iter().map(|&d| driver.mem_alloc(d, 2 * PTR_RECV).unwrap()).collect();
     for (r, &m) in mem.iter().enumerate() {
-        fill(m, r, 2 * BYTES);
+        fill(m, r, 2 * PTR_RECV);
     }
     let started = Instant::now();
-    for r in 0..2 {
-        run_ptr(&team, r as i32, mem[r], mem[r] + BYTES as u64, counts[r], F32_SUM, Stream::DEFAULT).unwrap();
+    for (r, &(c, count)) in calls.iter().enumerate() {
+        run_ptr(&team, r as i32, mem[r], mem[r] + PTR_RECV as u64, count, c, Stream::DEFAULT).unwrap();
     }
-    let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
-    assert_caught(&team, &buf, &says, started, what);
+    assert_caught(&team, &buf, says, started, what);
     for (r, &m) in mem.iter().enumerate() {
-        assert_eq!(changed(m, r, 2 * BYTES), None, "{what}: rank {r}");
+        assert_eq!(changed(m, r, 2 * PTR_RECV), None, "{what}: rank {r}");
     }
     buf.free().unwrap();
     team.destroy().unwrap();
-    for (d, p) in mem.into_iter().enumerate() {
-        driver.mem_free(d as i32, p).unwrap();
+    for (&d, p) in devices.iter().zip(mem) {
+        driver.mem_free(d, p).unwrap();
     }
+}
+
+/// Where [`ptr_disagree`]'s recv starts in each rank's memory (which is twice this).
+const PTR_RECV: usize = 2 * BYTES;
+
+/// [`ptr_disagree`] of two ranks' f32 all-reduces of `counts`.
+fn ptr_counts_disagree(ctx: &Arc<Context>, counts: [usize; 2], what: &str) {
+    let says = format!("count: rank 0 has {}, rank 1 has {}", counts[0], counts[1]);
+    ptr_disagree(ctx, &[(F32_SUM, counts[0]), (F32_SUM, counts[1])], &says, what);
 }
 
 /// The pointer form on plain memory: the LL kernels and the push all-reduce (offsets do not
@@ -272,9 +281,35 @@ fn ptr_disagree(ctx: &Arc<Context>, counts: [usize; 2], what: &str) {
 fn the_pointer_form_is_checked_on_the_ll_and_push_routes() {
     for (route, counts) in [(LL, [1024, 512]), (BARRIER, [65536, 32768])] {
         let ctx = context(route);
-        ptr_disagree(&ctx, counts, &format!("{route:?}"));
+        ptr_counts_disagree(&ctx, counts, &format!("{route:?}"));
         assert_clean(&ctx);
     }
+}
+
+/// The pointer form's staged route (plain memory: every collective but the all-reduce of up to
+/// four ranks, which pushes): the results leave the staging area through a kernel that writes
+/// nothing once the collective failed, so `recv` keeps its bytes; in one chunk and in several.
+#[test]
+fn the_staged_route_writes_nothing() {
+    let ctx = runtime_context(Config { ll: LlMode::Off, ce_min_bytes: Some(0), ..sim_runtime(false, 5, TIMEOUT_MS) });
+    load_every_module(sim(&ctx));
+    let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Sum };
+    let (ag, bc) = (Collective::AllGather, |root| Collective::Broadcast { root });
+    let cases: [(&[(Collective, usize)], &str); 5] = [
+        (&[(ag, 8192), (ag, 4096)], "count: rank 0 has 8192, rank 1 has 4096"),
+        // Two chunks of the staging area each.
+        (&[(ag, 3 * BYTES / 4), (ag, BYTES)], "count: rank 0 has 786432, rank 1 has 1048576"),
+        (&[(rs, 2048), (rs, 1024)], "count: rank 0 has 2048, rank 1 has 1024"),
+        (&[(bc(0), 65536), (bc(1), 65536)], "root: rank 0 has 0, rank 1 has 1"),
+        (
+            &[(F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, BYTES / 2)],
+            "rank 4 has 524288",
+        ),
+    ];
+    for (calls, says) in cases {
+        ptr_disagree(&ctx, calls, says, &format!("{calls:?}"));
+    }
+    assert_clean(&ctx);
 }
 
 /// Counts so far apart that the ranks choose different kinds of kernel (the LL kernels on one, a
@@ -290,7 +325,7 @@ fn counts_that_choose_different_kernels_are_caught() {
         disagree(&ctx, &calls, &says, true);
     }
     // The pointer form on plain memory: LL against the push all-reduce.
-    ptr_disagree(&ctx, [1024, BYTES / 8], "LL against push");
+    ptr_counts_disagree(&ctx, [1024, BYTES / 8], "LL against push");
     assert_clean(&ctx);
 }
 

@@ -270,24 +270,47 @@ pub fn resolve(driver: &dyn Driver, l: &Launch) -> Result<Option<Resolved>, Kern
 /// `nranks` addresses, any). Capturable, like
 /// [`launch`].
 pub fn launch_barrier(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
+    launch_fixed(driver, l, abi::KernelKind::BarrierP2p, 1)
+}
+
+/// Most blocks of the copy-out kernel: 32 x 32 KiB (512 threads, four 16-byte vectors each) in
+/// flight, a staging chunk (1 MiB) in one pass.
+const COPY_OUT_MAX_BLOCKS: u64 = 32;
+
+/// Enqueues rank `l.rank`'s copy-out kernel (`mcast_copy_out`) on `l.stream`: for every rank
+/// slot k with `l.data[k] != 0`, `l.count` bytes from `l.data[k]` to `l.out[k]` (addresses on
+/// `l.dev`), unless this rank's error word (in `l.sync[l.rank]`) is set. No peer is waited for.
+/// Capturable, like [`launch`].
+pub fn launch_copy_out(driver: &dyn Driver, l: &Launch) -> Result<(), KernelError> {
+    let rows = l.data.iter().filter(|&&a| a != 0).count() as u64;
+    let bytes = rows.saturating_mul(l.count);
+    let blocks = bytes.div_ceil(u64::from(abi::THREADS) * 64).clamp(1, COPY_OUT_MAX_BLOCKS);
+    launch_fixed(driver, l, abi::KernelKind::CopyOut, blocks as u32)
+}
+
+/// Enqueues `kind`, an entry point of the all-gather module without a (dtype, operator), with
+/// `blocks` blocks and the arguments of `l`.
+fn launch_fixed(driver: &dyn Driver, l: &Launch, kind: abi::KernelKind, blocks: u32) -> Result<(), KernelError> {
     if driver.as_sim().is_some() {
         return Err(KernelError::Unsupported("the simulator runs collectives on the host, not with kernels".into()));
     }
     let n = l.nranks as usize;
-    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || n > super::MAX_RANKS {
+    let out_ok = l.out.is_empty() || l.out.len() == n;
+    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || !out_ok || n > super::MAX_RANKS {
         return Err(KernelError::Unsupported(format!(
-            "barrier of rank {} with {} sync and {} data addresses for {n} ranks",
+            "{kind:?} of rank {} with {} sync, {} data and {} out addresses for {n} ranks",
             l.rank,
             l.sync.len(),
-            l.data.len()
+            l.data.len(),
+            l.out.len()
         )));
     }
-    let kernel = abi::KernelId { kind: abi::KernelKind::BarrierP2p, red: None };
+    let kernel = abi::KernelId { kind, red: None };
     let module = prepare(driver, l.dev, Variant::Emulated, Unit::of(kernel, l.ll))?;
     let func = module.functions[kernel.index()]
         .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, Variant::Emulated);
-    let config = LaunchConfig { grid: [1, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
+    let config = LaunchConfig { grid: [blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
     let mut params = [&mut args as *mut KernelArgs as *mut c_void];
     driver.launch(l.dev, func, &config, l.stream, &mut params)?;
     Ok(())

@@ -55,11 +55,13 @@ impl Family {
                 Family::ReduceScatter
             }
             KernelKind::BroadcastP2p | KernelKind::BroadcastMc | KernelKind::BroadcastLl => Family::Broadcast,
-            // The barrier kernel lives in the all-gather module (the copy-engine all-gather is
-            // its main user).
-            KernelKind::AllGatherP2p | KernelKind::AllGatherMc | KernelKind::AllGatherLl | KernelKind::BarrierP2p => {
-                Family::AllGather
-            }
+            // The barrier and copy-out kernels live in the all-gather module (the copy-engine
+            // all-gather is the barrier's main user).
+            KernelKind::AllGatherP2p
+            | KernelKind::AllGatherMc
+            | KernelKind::AllGatherLl
+            | KernelKind::BarrierP2p
+            | KernelKind::CopyOut => Family::AllGather,
         }
     }
 }
@@ -166,7 +168,10 @@ mod tests {
 
     #[test]
     fn a_collectives_unit_holds_every_kernel_of_it() {
-        for k in KernelId::all().into_iter().filter(|k| k.exists() && k.kind != KernelKind::BarrierP2p) {
+        for k in KernelId::all()
+            .into_iter()
+            .filter(|k| k.exists() && !matches!(k.kind, KernelKind::BarrierP2p | KernelKind::CopyOut))
+        {
             let family = Family::of(k.kind);
             let c = match (family, k.red) {
                 (Family::AllReduce, Some((dtype, op))) => Collective::AllReduce { dtype, op },

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use super::buffer::Buffer;
 use super::ce;
 use super::error::{Error, ErrorKind, Result};
-use super::launch::{launch_kernel, ADMIT_REFUSED};
+use super::launch::{kernel_error_at, launch_copy_out, launch_kernel, ADMIT_REFUSED};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::signature::{signature, Offsets};
+use crate::kernels::abi::{KernelId, KernelKind, Variant};
 use crate::kernels::abi::{ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_MISMATCH, ERR_NONE, ERR_TIMEOUT};
-use crate::kernels::{Collective, RankPtrs};
+use crate::kernels::select::Unit;
+use crate::kernels::{self, Collective, RankPtrs};
 
 /// Element size, offset alignment and number of per-rank blocks of the symmetric range of
 /// `collective` (after checking its root).
@@ -383,6 +385,12 @@ fn run_staged(
     };
     let chunk = (STAGE_BYTES / blocks) / 16 * 16;
     debug_assert!(chunk >= 16);
+    // The copy-out kernel's module (the all-gather one), loaded before this call's first kernel:
+    // loaded after it, it would wait for that kernel, which waits for ranks this thread may not
+    // have issued yet (README, "One thread driving several ranks").
+    let copy_out_unit = Unit::of(KernelId { kind: KernelKind::CopyOut, red: None }, team.ll());
+    kernels::load_module(driver.as_ref(), dev, Variant::Emulated, copy_out_unit)
+        .map_err(|e| kernel_error_at(e, r, collective, dev))?;
     let copy = |dst: DevicePtr, src: DevicePtr, len: usize, what: &str| -> Result<()> {
         driver
             .memcpy_dtod_async(dev, dst, src, len, stream)
@@ -405,15 +413,37 @@ fn run_staged(
         };
         let sig = signature(collective, (block / esize) as u64, Offsets::Free);
         launch_with(team, r, len / esize, collective, stream, stage, stage_mc, None, false, Some(&copy_in), sig)?;
-        match collective {
-            Collective::AllReduce { .. } => copy(recv + o as u64, me, len, "result")?,
-            Collective::Broadcast { root } if root as usize == r && in_place => {}
-            Collective::Broadcast { .. } => copy(recv + o as u64, me, len, "result")?,
-            Collective::ReduceScatter { .. } => copy(recv + o as u64, me + (r * len) as u64, len, "result")?,
-            Collective::AllGather if whole => copy(recv, me, n * block, "result")?,
-            Collective::AllGather => (0..n)
-                .filter(|&q| !(in_place && q == r))
-                .try_for_each(|q| copy(recv + (q * block + o) as u64, me + (q * len) as u64, len, "result block"))?,
+        // The results leave the staging area through the copy-out kernel, which writes nothing
+        // where the collective failed on the device (a mismatch, a timeout, an abort): rows of
+        // `row` bytes, from `src[k]` to `dst[k]`.
+        let (mut dst, mut src) = (RankPtrs::EMPTY, RankPtrs::EMPTY);
+        let mut add = |d: DevicePtr, s: DevicePtr| {
+            dst.push(d);
+            src.push(s);
+        };
+        let row = match collective {
+            Collective::Broadcast { root } if root as usize == r && in_place => 0,
+            Collective::AllReduce { .. } | Collective::Broadcast { .. } => {
+                add(recv + o as u64, me);
+                len
+            }
+            Collective::ReduceScatter { .. } => {
+                add(recv + o as u64, me + (r * len) as u64);
+                len
+            }
+            Collective::AllGather if whole => {
+                add(recv, me);
+                n * block
+            }
+            Collective::AllGather => {
+                for q in (0..n).filter(|&q| !(in_place && q == r)) {
+                    add(recv + (q * block + o) as u64, me + (q * len) as u64);
+                }
+                len
+            }
+        };
+        if !dst.is_empty() {
+            launch_copy_out(team, r, collective, stream, &dst, &src, row)?;
         }
         o += len;
     }

@@ -80,6 +80,58 @@ pub(super) fn launch_kernel(
     })
 }
 
+/// Enqueues rank `r`'s copy-out kernel on `stream` (the pointer form's staged route): `len`
+/// bytes from `src[k]` to `dst[k]` for every row k (addresses on this rank's device, at most one
+/// row per rank of the team), skipped by the kernel when this rank's error word is set, so that a
+/// collective that failed on the device (a mismatch, a timeout, an abort) leaves the caller's
+/// memory as it was. Its module is the all-gather one, loaded by the caller before the call's
+/// first kernel (README, "One thread driving several ranks").
+pub(super) fn launch_copy_out(
+    team: &Arc<Team>,
+    r: usize,
+    collective: Collective,
+    stream: Stream,
+    dst: &RankPtrs,
+    src: &RankPtrs,
+    len: usize,
+) -> Result<()> {
+    let n = team.size();
+    debug_assert!(dst.len() == src.len() && src.len() <= n && src.iter().all(|&s| s != 0));
+    // The kernel takes one slot per rank of the team; the empty ones (source 0) are no rows.
+    let pad = |rows: &RankPtrs| {
+        let mut a = RankPtrs::zeroed(n);
+        a[..rows.len()].copy_from_slice(rows);
+        a
+    };
+    let (src, dst) = (pad(src), pad(dst));
+    let launch = Launch {
+        collective,
+        path: Path::P2P,
+        rank: r as u32,
+        nranks: n as u32,
+        dev: team.devices()[r],
+        stream,
+        data: src,
+        data_mc: None,
+        out: dst,
+        out_mc: None,
+        sync: RankPtrs::from_slice(team.sync_bases(r)),
+        sync_mc: None,
+        count: len as u64,
+        timeout_ns: 0,
+        max_blocks: team.max_blocks(),
+        local_only: true,
+        ll: team.ll(),
+        signature: None,
+    };
+    let driver = team.context().driver();
+    let result = match driver.as_sim() {
+        Some(sim) => kernels::sim::launch_copy_out(sim, &launch),
+        None => kernels::cuda::launch_copy_out(driver.as_ref(), &launch),
+    };
+    result.map_err(|e| kernel_error(e, &launch))
+}
+
 thread_local! {
     /// Set while a team across NVLink domains issues its domain stage (see [`unchecked`]).
     static UNCHECKED: Cell<bool> = const { Cell::new(false) };

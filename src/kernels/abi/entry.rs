@@ -38,6 +38,10 @@ pub enum KernelKind {
     /// copy-engine forms of the collectives run it around their peer copies. Compiled with the
     /// all-gather module.
     BarrierP2p,
+    /// `mcast_copy_out`: the pointer form's staged route copies its results out of the staging
+    /// area with it, skipped when the rank's error word is set (no peer, no wait). Compiled with
+    /// the all-gather module.
+    CopyOut,
 }
 
 const REDUCING: [KernelKind; 8] = [
@@ -50,7 +54,7 @@ const REDUCING: [KernelKind; 8] = [
     KernelKind::AllReduceLl,
     KernelKind::ReduceScatterLl,
 ];
-const COPYING: [KernelKind; 7] = [
+const COPYING: [KernelKind; 8] = [
     KernelKind::BroadcastP2p,
     KernelKind::BroadcastMc,
     KernelKind::AllGatherP2p,
@@ -58,6 +62,7 @@ const COPYING: [KernelKind; 7] = [
     KernelKind::BroadcastLl,
     KernelKind::AllGatherLl,
     KernelKind::BarrierP2p,
+    KernelKind::CopyOut,
 ];
 
 impl KernelKind {
@@ -138,6 +143,7 @@ impl KernelId {
             KernelKind::BroadcastLl => "broadcast_ll",
             KernelKind::AllGatherLl => "all_gather_ll",
             KernelKind::BarrierP2p => "barrier_p2p",
+            KernelKind::CopyOut => "copy_out",
         };
         match self.red {
             Some((d, o)) => format!("mcast_{stem}_{}_{}", d.name(), o.name()),
@@ -162,7 +168,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 7);
+        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 8);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(

@@ -154,30 +154,45 @@ pub fn load_module(sim: &SimDriver, dev: Device, variant: Variant, unit: Unit) {
 /// `nranks`, `dev`, `stream`, `sync` and `timeout_ns` of `l` are used (`data` must hold `nranks`
 /// addresses, any).
 pub fn launch_barrier(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
+    launch_fixed(sim, l, KernelKind::BarrierP2p)
+}
+
+/// Enqueues rank `l.rank`'s copy-out kernel (`mcast_copy_out`) on `l.stream`: for every rank
+/// slot k with `l.data[k] != 0`, `l.count` bytes from `l.data[k]` to `l.out[k]`, unless this
+/// rank's error word is set (a collective before it failed); as `kernels/all_gather.cu`.
+pub fn launch_copy_out(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
+    launch_fixed(sim, l, KernelKind::CopyOut)
+}
+
+/// Enqueues `kind`, a kernel of the all-gather module without a (dtype, operator), with the
+/// arguments of `l`.
+fn launch_fixed(sim: &SimDriver, l: &Launch, kind: KernelKind) -> Result<(), KernelError> {
     let n = l.nranks as usize;
-    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n {
+    let out_ok = l.out.is_empty() || l.out.len() == n;
+    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || !out_ok {
         return Err(KernelError::Unsupported(format!(
-            "barrier of rank {} with {} sync and {} data addresses for {n} ranks",
+            "{kind:?} of rank {} with {} sync, {} data and {} out addresses for {n} ranks",
             l.rank,
             l.sync.len(),
-            l.data.len()
+            l.data.len(),
+            l.out.len()
         )));
     }
     let _device = crate::driver::sim::DeviceWork::enter();
-    let barrier = KernelId { kind: KernelKind::BarrierP2p, red: None };
-    load_module(sim, l.dev, Variant::Emulated, Unit::of(barrier, l.ll));
+    load_module(sim, l.dev, Variant::Emulated, Unit::of(KernelId { kind, red: None }, l.ll));
+    let out: &[u64] = if l.out.is_empty() { &l.data } else { &l.out };
     let job = Job {
-        kind: KernelKind::BarrierP2p,
+        kind,
         red: None,
         collective: l.collective,
         rank: l.rank as usize,
         nranks: n,
-        count: 0,
+        count: l.count as usize,
         blocks: 1,
         push_row: 0,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
-        data: Targets(vec![]),
-        out: Targets(vec![]),
+        data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
+        out: Targets(out.iter().map(|&a| a as *mut u8).collect()),
         sync: Targets(l.sync.iter().map(|&a| a as *mut u8).collect()),
         mc_data: None,
         mc_out: None,
@@ -223,6 +238,13 @@ impl Job {
     fn run(&self) {
         let me = self.sync.0[self.rank];
         if word(me, ERROR_WORD_OFFSET).load(Ordering::Acquire) != ERR_NONE {
+            return;
+        }
+        if self.kind == KernelKind::CopyOut {
+            // No wait and no peer: the error word alone decides, as in the kernel.
+            for (&src, &dst) in self.data.0.iter().zip(&self.out.0).filter(|(s, _)| !s.is_null()) {
+                copy(src, dst, 0, self.count);
+            }
             return;
         }
         let state = word(me, STATE_OFFSET).load(Ordering::Acquire);
@@ -391,6 +413,7 @@ impl Job {
             KernelKind::BarrierP2p => {
                 sync();
             }
+            KernelKind::CopyOut => unreachable!("run before the state word is read"),
             KernelKind::BroadcastMc | KernelKind::AllGatherMc => {
                 let mc = &self.mc_out.as_ref().expect("multicast targets").0;
                 if !sync() {
