@@ -349,7 +349,9 @@ fn ptr_checked(
 /// per chunk, this rank's part of `send` is copied into its own staging slot
 /// (`cuMemcpyDtoDAsync` on `stream`, enqueued after the one-stream check), the in-place kernel
 /// runs on the staging area of every rank (any algorithm and transport, multicast included:
-/// the staging area is symmetric), and this rank's result is copied to `recv`. Every kernel
+/// the staging area is symmetric), and this rank's result reaches `recv`: written there by the
+/// kernel itself where the P2P kernels pull (all-gather in one chunk, broadcast,
+/// reduce-scatter), else copied out by the copy-out kernel; neither writes after a failure. Every kernel
 /// ends with a barrier that every peer crosses only after its last access to this rank's
 /// staging area, so the next chunk's copy-in (stream-ordered after this rank's kernel) never
 /// overwrites bytes a peer may still read. `block` is the per-rank block in bytes (the whole
@@ -412,10 +414,32 @@ fn run_staged(
             }
         };
         let sig = signature(collective, (block / esize) as u64, Offsets::Free);
-        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, None, false, Some(&copy_in), sig)?;
-        // The results leave the staging area through the copy-out kernel, which writes nothing
-        // where the collective failed on the device (a mismatch, a timeout, an abort): rows of
-        // `row` bytes, from `src[k]` to `dst[k]`.
+        // Where the P2P kernels write only this rank's own out (they pull from the peers'
+        // staging areas: all-gather, broadcast, reduce-scatter, LL or not), this rank's result
+        // goes straight into `recv` (the kernel's out, in the layout of its data); a failed
+        // kernel writes nothing. The all-gather only in one chunk (its blocks lie `block` apart
+        // in `recv`, `len` apart in the staging area).
+        let direct = match collective {
+            _ if stage_mc.is_some() || kernels::cuda::emulate_forced() => None,
+            Collective::Broadcast { root } if root as usize == r && in_place => None,
+            Collective::Broadcast { .. } => Some(recv + o as u64),
+            Collective::ReduceScatter { .. } => Some((recv + o as u64).wrapping_sub((r * len) as u64)),
+            Collective::AllGather if whole => Some(recv),
+            Collective::AllGather | Collective::AllReduce { .. } => None,
+        };
+        let out = direct.map(|at| {
+            let mut out = stage;
+            out[r] = at;
+            (out, None)
+        });
+        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, out, false, Some(&copy_in), sig)?;
+        if direct.is_some() {
+            o += len;
+            continue;
+        }
+        // Elsewhere the results leave the staging area through the copy-out kernel, which
+        // writes nothing where the collective failed on the device (a mismatch, a timeout, an
+        // abort): rows of `row` bytes, from `src[k]` to `dst[k]`.
         let (mut dst, mut src) = (RankPtrs::EMPTY, RankPtrs::EMPTY);
         let mut add = |d: DevicePtr, s: DevicePtr| {
             dst.push(d);
