@@ -94,6 +94,16 @@ fn an_engine_failure_is_every_ranks() {
     all_ok(&spawn("fail", &["A", "A", "B", "B"]));
 }
 
+/// Ranks of one domain that disagree on a call (here each domain's second rank passes half the
+/// count, so the rails, which join the ranks of equal local index, agree): the domain stage's
+/// kernels compare the user call's signature, so every rank's synchronize fails with
+/// INVALID_ARGUMENT naming the count and its domain's two ranks by their rank in the whole team.
+#[test]
+fn ranks_of_a_domain_that_disagree_are_caught() {
+    all_ok(&spawn("mismatch", &["A", "A", "B", "B"]));
+    all_ok(&spawn("mismatch", &["A", "B", "A", "B"]));
+}
+
 /// A rank killed before a collective: the others get TIMEOUT or ABORTED within timeout_ms + 1 s.
 #[test]
 fn a_killed_rank_ends_the_others_in_time() {
@@ -138,6 +148,7 @@ fn child() {
             }
         }
         "fail" => fail(&ctx, made.unwrap(), r),
+        "mismatch" => mismatch(&ctx, made.unwrap(), r),
         "killed" => killed(&ctx, made.unwrap(), r),
         _ => panic!("unknown case {case}"),
     }
@@ -282,6 +293,25 @@ fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
     };
     assert_eq!(e.kind, ErrorKind::Driver, "{e}");
     assert!(e.message.contains("all_reduce failed on rank 1"), "{e}");
+    d.mem_free(dev, buf).unwrap();
+    team.destroy().unwrap();
+}
+
+fn mismatch(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
+    let h = team.hier().expect("a team across domains");
+    let local = h.local;
+    let dev = team.devices()[local];
+    let d = ctx.driver();
+    let buf = d.mem_alloc(dev, 8192).unwrap();
+    let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let count = if local == 0 { 1024 } else { 512 };
+    run_ptr(&team, r as i32, buf, buf, count, c, Stream(0)).unwrap();
+    let e = synchronize(&team, local as i32, Stream(0)).expect_err("the domain's ranks disagree");
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    let (first, second) = (h.layout.rank_of(h.domain, 0), h.layout.rank_of(h.domain, 1));
+    let says = format!("ranks disagree on count: rank {first} has 1024, rank {second} has 512");
+    assert!(e.message.contains(&says), "rank {r}: {says:?} in {e}");
+    assert!(e.message.starts_with(&format!("rank {r}: ")), "rank {r}: {e}");
     d.mem_free(dev, buf).unwrap();
     team.destroy().unwrap();
 }

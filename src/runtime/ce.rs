@@ -278,7 +278,7 @@ fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective, s
         max_blocks: team.max_blocks(),
         local_only: false,
         ll: team.ll(),
-        signature: sig.filter(|_| super::launch::checked(team)),
+        signature: super::launch::signature_of(team, sig),
     };
     let round = admit(team, r, stream)?;
     let driver = team.context().driver();

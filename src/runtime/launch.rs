@@ -58,7 +58,7 @@ pub(super) fn launch_kernel(
         max_blocks: team.max_blocks(),
         local_only,
         ll: team.ll(),
-        signature: sig.filter(|_| checked(team)),
+        signature: signature_of(team, sig),
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
@@ -133,24 +133,29 @@ pub(super) fn launch_copy_out(
 }
 
 thread_local! {
-    /// Set while a team across NVLink domains issues its domain stage (see [`unchecked`]).
-    static UNCHECKED: Cell<bool> = const { Cell::new(false) };
+    /// The user call's signature while a team across NVLink domains issues its domain stages
+    /// (see [`signed_as`]).
+    static CALL_SIGNATURE: Cell<Option<[u64; 2]>> = const { Cell::new(None) };
 }
 
-/// Runs `f` with the call-signature check off for the collectives it issues on this thread: the
-/// domain stage of a team across NVLink domains, whose ranks legitimately pass different forms
-/// and offsets (each its own shard) for one user call; every rank of the domain issues its stage
-/// this way, so the ranks still agree on whether signatures travel.
-pub fn unchecked<T>(f: impl FnOnce() -> T) -> T {
-    UNCHECKED.set(true);
+/// Runs `f` with `sig` as the signature of every collective it issues on this thread: the domain
+/// stages of a team across NVLink domains, whose ranks legitimately pass different counts,
+/// forms and offsets (each its own shard) to each stage, but issue the same stages for the same
+/// user call. Each stage's kernels then compare the user call's signature (its collective,
+/// count, dtype, op, root and offsets), so ranks of one domain that disagree are caught at their
+/// first stage, named by their fields and values as the user passed them.
+pub fn signed_as<T>(sig: [u64; 2], f: impl FnOnce() -> T) -> T {
+    let before = CALL_SIGNATURE.replace(Some(sig));
     let out = f();
-    UNCHECKED.set(false);
+    CALL_SIGNATURE.set(before);
     out
 }
 
-/// Whether the collectives issued now carry their call signature.
-pub fn checked(team: &Team) -> bool {
-    team.check_calls() && !UNCHECKED.get()
+/// The signature a collective of `team` issued now carries: none with the check off
+/// (`MCAST_CHECK_CALLS=off`) or where the launch compares none (`sig` `None`), else the user
+/// call's inside [`signed_as`], else `sig`.
+pub fn signature_of(team: &Team, sig: Option<[u64; 2]>) -> Option<[u64; 2]> {
+    sig.filter(|_| team.check_calls()).map(|s| CALL_SIGNATURE.get().unwrap_or(s))
 }
 
 /// The last check before any collective form enqueues rank `r`'s part on `stream`: the team

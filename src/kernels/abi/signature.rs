@@ -99,10 +99,12 @@ pub fn describe(me: usize, mine: [u64; 2], peer: usize, theirs: [u64; 2]) -> Str
 pub const MISMATCH_BYTES: usize = 32;
 
 /// Decodes the mismatch record `bytes` ([`MISMATCH_BYTES`] read at [`MISMATCH_OFFSET`]) of rank
-/// `me`, whose error word is [`ERR_MISMATCH`] with detail `peer` (the rank that disagreed).
-pub fn describe_record(me: usize, peer: u32, bytes: &[u8; MISMATCH_BYTES]) -> String {
+/// `me`, whose error word is [`ERR_MISMATCH`] with detail `peer` (the rank that disagreed), the
+/// ranks named as `rank_of` maps them (a team across NVLink domains: the domain team's index to
+/// the whole team's rank).
+pub fn describe_record(me: usize, peer: u32, bytes: &[u8; MISMATCH_BYTES], rank_of: impl Fn(usize) -> usize) -> String {
     let w = |i: usize| u64::from_ne_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-    describe(me, [w(2), w(3)], peer as usize, [w(0), w(1)])
+    describe(rank_of(me), [w(2), w(3)], rank_of(peer as usize), [w(0), w(1)])
 }
 
 const _: () = assert!(ERR_MISMATCH != 0 && MISMATCH_OFFSET.is_multiple_of(8));
@@ -139,6 +141,8 @@ mod tests {
         for (i, w) in [into(0, 128)[0], into(0, 128)[1], into(0, 64)[0], into(0, 64)[1]].iter().enumerate() {
             rec[8 * i..8 * i + 8].copy_from_slice(&w.to_ne_bytes());
         }
-        assert!(describe_record(0, 1, &rec).contains("recv offset: rank 0 has 64, rank 1 has 128"));
+        assert!(describe_record(0, 1, &rec, |r| r).contains("recv offset: rank 0 has 64, rank 1 has 128"));
+        // Ranks mapped (a domain team's indices 0 and 1 as ranks 4 and 1): the lower first.
+        assert!(describe_record(0, 1, &rec, |r| [4, 1][r]).contains("recv offset: rank 1 has 128, rank 4 has 64"));
     }
 }

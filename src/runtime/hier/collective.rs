@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use super::{Hier, Pipe};
 use crate::driver::{DevicePtr, Stream};
+use crate::kernels::abi::signature::{signature, Offsets};
 use crate::kernels::{Collective, DType};
 use crate::runtime::buffer::Buffer;
 use crate::runtime::collective as domain;
@@ -110,7 +111,8 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, c: Collective, 
         _ => (base, base),
     };
     debug_assert!(blocks == 1 || blocks == p);
-    composed(team, h, send, recv, count, c, stream)
+    let sig = signature(c, count as u64, Offsets::InPlace(offset as u64));
+    composed(team, h, send, recv, count, c, stream, sig)
 }
 
 /// The `_into` buffer form on a team across domains (see `runtime::collective::run_into`).
@@ -145,7 +147,8 @@ pub fn run_into(
     check_extent(recv, "recv ", recv_offset, block, rb)?;
     let s = send.local_ptr(h.local as i32)? + send_offset as u64;
     let r = recv.local_ptr(h.local as i32)? + recv_offset as u64;
-    composed(team, h, s, r, count, c, stream)
+    let sig = signature(c, count as u64, Offsets::Into { send: send_offset as u64, recv: recv_offset as u64 });
+    composed(team, h, s, r, count, c, stream, sig)
 }
 
 /// The pointer form on a team across domains (see `runtime::collective::run_ptr`).
@@ -182,7 +185,7 @@ pub fn run_ptr(
             return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
         }
     }
-    composed(team, h, send, recv, count, c, stream)
+    composed(team, h, send, recv, count, c, stream, signature(c, count as u64, Offsets::Free))
 }
 
 fn hier(team: &Team) -> Result<&Hier> {
@@ -221,7 +224,9 @@ fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: u
     }
 }
 
-/// One rank's composed collective (arguments checked).
+/// One rank's composed collective (arguments checked); `sig` the user call's signature, which
+/// every domain stage's kernels compare across the domain (see [`Steps::domain`]).
+#[allow(clippy::too_many_arguments)]
 fn composed(
     team: &Arc<Team>,
     h: &Hier,
@@ -230,9 +235,10 @@ fn composed(
     count: usize,
     c: Collective,
     stream: Stream,
+    sig: [u64; 2],
 ) -> Result<()> {
     team.check_usable(format_args!("rank {}'s collective", h.rank))?;
-    let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false) };
+    let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false), sig };
     let result = match c {
         Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
         Collective::ReduceScatter { dtype, .. } => steps.reduce_scatter(send, recv, count, dtype, c),
@@ -260,11 +266,17 @@ struct Steps<'a> {
     g: i32,
     /// A rail call failed (the collective's error is then the team's, see `composed`).
     rail_failed: Cell<bool>,
+    /// The user call's signature.
+    sig: [u64; 2],
 }
 
 impl Steps<'_> {
+    /// A domain stage: the domain team's pointer form, its kernels comparing the user call's
+    /// signature (every rank of the domain issues the same stages for the same call, each its own
+    /// shard), so ranks of this domain that disagree are caught at their first stage. Ranks of
+    /// different domains meet only on the rails, which do not compare calls.
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
-        crate::runtime::launch::unchecked(|| {
+        crate::runtime::launch::signed_as(self.sig, || {
             domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
         })
     }

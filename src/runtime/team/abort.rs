@@ -121,10 +121,11 @@ impl Team {
             for (i, w) in record.chunks_mut(4).enumerate() {
                 w.copy_from_slice(&peek(MISMATCH_OFFSET + 4 * i).unwrap_or(0).to_ne_bytes());
             }
-            describe_record(r, peek(ERROR_INFO_OFFSET).unwrap_or(0), &record)
+            describe_record(r, peek(ERROR_INFO_OFFSET).unwrap_or(0), &record, |l| self.rank_in_team(l))
         };
+        let me = self.rank_in_team(r);
         self.set_error(Error::invalid_argument(format!(
-            "rank {r}: {what}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; \
+            "rank {me}: {what}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; \
              its kernels found it at their entry and wrote no data; every rank of the team reports this error until \
              it is destroyed (ranks that disagree may have run different kernels, whose barrier counts no longer \
              agree): destroy it and make a new one"

@@ -206,6 +206,12 @@ impl Team {
         self.hier.get()
     }
 
+    /// The rank the application knows for this team's index `r`: itself, or for a team across
+    /// NVLink domains (this team object is its domain team) that index's rank of the whole team.
+    pub fn rank_in_team(&self, r: usize) -> usize {
+        self.hier().map_or(r, |h| h.layout.rank_of(h.domain, r))
+    }
+
     /// The rank the application names (`rank` of a C call) as this team's runtime calls take
     /// it: itself, or for a team across NVLink domains (whose ranks the application numbers in
     /// the whole team, while this team object is its domain team) this process's index in the
