@@ -111,7 +111,7 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-// The kernel argument, passed by value: 80 + 24 * MCAST_MAX_RANKS = 1808 bytes, within the 4 KiB
+// The kernel argument, passed by value: 88 + 24 * MCAST_MAX_RANKS = 1816 bytes, within the 4 KiB
 // kernel parameter limit. Mirrors `KernelArgs`.
 struct McastArgs {
   u64 data[MCAST_MAX_RANKS];  // 0
@@ -129,5 +129,10 @@ struct McastArgs {
   u64 sig[2];                 // 1784: this rank's call signature (src/kernels/abi/signature.rs)
   u32 check;                  // 1800: 1: publish sig at the entry and compare every peer's (sync.cuh)
   u32 pad;                    // 1804
+  u64 out_stride;             // 1808: all-gather: bytes from one rank's block of out to the next (0: count)
 };
-static_assert(sizeof(McastArgs) == 80 + 24 * MCAST_MAX_RANKS, "McastArgs layout");
+static_assert(sizeof(McastArgs) == 88 + 24 * MCAST_MAX_RANKS, "McastArgs layout");
+
+// Bytes from one rank's block of an all-gather's out to the next: out_stride, or count (the
+// layout of data) where it is 0.
+__device__ __forceinline__ u64 out_stride(const McastArgs& a) { return a.out_stride != 0 ? a.out_stride : a.count; }

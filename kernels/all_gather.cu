@@ -2,12 +2,13 @@
 // mcast_all_gather_{p2p,ll,mc}.
 
 // All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
-// out, for every q != r (and q == r out of place).
+// out (at q*out_stride), for every q != r (and q == r out of place).
 __device__ void all_gather_p2p(const McastArgs& a) {
   if (!barrier<false>(a, 0)) return;
+  const u64 stride = out_stride(a);
   for (u32 q = 0; q < a.nranks; ++q)
     if (q != a.rank || a.out[a.rank] != a.data[a.rank])
-      copy_bytes(a.out[a.rank] + (u64)q * a.count, a.data[q] + (u64)q * a.count, a.count);
+      copy_bytes(a.out[a.rank] + (u64)q * stride, a.data[q] + (u64)q * a.count, a.count);
   barrier<false>(a, 1);
 }
 

@@ -296,7 +296,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
   const u32 me = a.rank, b = blockIdx.x, t = threadIdx.x;
   const u64 nl = ll_lines(p);
   const bool sends = gather || me == a.root;
-  const u64 blk = gather ? (u64)me * S : 0;
+  const u64 blk = gather ? (u64)me * S : 0, ostride = gather ? out_stride(a) : 0;
   ll_sig_send(a, p);
   if (!sends && t < a.nranks && t != me) ll_store(ll_row(a, t, b, p.parity, me), 0, p.flag);
   u64 mine[MCAST_LL_LINES];
@@ -337,12 +337,12 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     if (i >= nl) break;
     const u32 n = ll_line_bytes(p, i);
     // A sender out of place copies its own part.
-    if (sends && a.out[me] != a.data[me]) st_payload(a.out[me] + blk + p.lo + i * 8, mine[k], n);
+    if (sends && a.out[me] != a.data[me]) st_payload(a.out[me] + (u64)me * ostride + p.lo + i * 8, mine[k], n);
 #pragma unroll
     for (u32 q = 0; q < MCAST_LL_MAX_RANKS; ++q) {
       if (q >= a.nranks) break;
       if (q == me || (!gather && q != a.root)) continue;
-      st_payload(a.out[me] + (gather ? (u64)q * S : 0) + p.lo + i * 8, got[k][q], n);
+      st_payload(a.out[me] + (u64)q * ostride + p.lo + i * 8, got[k][q], n);
     }
   }
 }

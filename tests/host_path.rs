@@ -279,6 +279,7 @@ fn launch(collective: Collective, path: Path, out_of_place: bool) -> Launch {
         local_only: false,
         ll: false,
         signature: Some([1, 2]),
+        out_stride: 0,
     }
 }
 

@@ -37,5 +37,6 @@ pub(crate) fn test_launch(collective: super::Collective, path: super::Path, coun
         local_only: false,
         ll: false,
         signature: None,
+        out_stride: 0,
     }
 }

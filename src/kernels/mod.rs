@@ -249,4 +249,8 @@ pub struct Launch {
     /// The call's signature ([`abi::signature`]), published and compared with every peer's at
     /// the kernel's entry; `None` skips the check (the copy-engine forms' exit barrier).
     pub signature: Option<[u64; 2]>,
+    /// All-gather out of place: bytes from one rank's block of `out` to the next, where they lie
+    /// further apart than in `data` (the pointer form's staged route writes each chunk's blocks
+    /// straight into `recv`); 0: `count`. Only the P2P and LL all-gather kernels honour it.
+    pub out_stride: u64,
 }

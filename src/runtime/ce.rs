@@ -160,13 +160,27 @@ pub fn run(
                     false,
                     None,
                     Some(sig),
+                    0,
                 )?;
             }
             // Reduce-scatter in the SM kernel: the reduction of block q lands in rank q's out at
             // q * per elements (the all-reduce layout), between the kernel's own barriers.
             let rs = Collective::ReduceScatter { dtype, op };
             let rs_out = (!out.is_empty()).then(|| (RankPtrs::from_slice(out), None));
-            launch_kernel(team, r, per, rs, stream, RankPtrs::from_slice(data), None, rs_out, false, None, Some(sig))?;
+            launch_kernel(
+                team,
+                r,
+                per,
+                rs,
+                stream,
+                RankPtrs::from_slice(data),
+                None,
+                rs_out,
+                false,
+                None,
+                Some(sig),
+                0,
+            )?;
             // The reduce-scatter kernel ended with a barrier: every rank has finished reading
             // every copy, so the push needs no entry barrier.
             let block = (per * es) as u64;
@@ -279,6 +293,7 @@ fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective, s
         local_only: false,
         ll: team.ll(),
         signature: super::launch::signature_of(team, sig),
+        out_stride: 0,
     };
     let round = admit(team, r, stream)?;
     let driver = team.context().driver();

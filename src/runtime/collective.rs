@@ -347,15 +347,16 @@ fn ptr_checked(
 
 /// The pointer form through the team's staging area (see [`crate::kernels::abi::STAGE_BYTES`]):
 /// per chunk, this rank's part of `send` is copied into its own staging slot
-/// (`cuMemcpyDtoDAsync` on `stream`, enqueued after the one-stream check), the in-place kernel
-/// runs on the staging area of every rank (any algorithm and transport, multicast included:
-/// the staging area is symmetric), and this rank's result reaches `recv`: written there by the
-/// kernel itself where the P2P kernels pull (all-gather in one chunk, broadcast,
-/// reduce-scatter), else copied out by the copy-out kernel; neither writes after a failure. Every kernel
-/// ends with a barrier that every peer crosses only after its last access to this rank's
-/// staging area, so the next chunk's copy-in (stream-ordered after this rank's kernel) never
-/// overwrites bytes a peer may still read. `block` is the per-rank block in bytes (the whole
-/// message for broadcast and all-reduce).
+/// (`cuMemcpyDtoDAsync` on `stream`, enqueued after the one-stream check), the kernel runs on
+/// the staging area of every rank (any algorithm and transport, multicast included: the staging
+/// area is symmetric), and this rank's result reaches `recv`: written there by the kernel itself
+/// where the P2P kernels pull (all-gather, its blocks `block` apart in `recv`
+/// ([`Launch::out_stride`](crate::kernels::Launch::out_stride)); broadcast; reduce-scatter),
+/// else copied out by the copy-out kernel; neither writes after a failure. Every kernel ends
+/// with a barrier that every peer crosses only after its last access to this rank's staging
+/// area, so the next chunk's copy-in (stream-ordered after this rank's kernel) never overwrites
+/// bytes a peer may still read. `block` is the per-rank block in bytes (the whole message for
+/// broadcast and all-reduce).
 #[allow(clippy::too_many_arguments)]
 fn run_staged(
     team: &Arc<Team>,
@@ -416,23 +417,38 @@ fn run_staged(
         let sig = signature(collective, (block / esize) as u64, Offsets::Free);
         // Where the P2P kernels write only this rank's own out (they pull from the peers'
         // staging areas: all-gather, broadcast, reduce-scatter, LL or not), this rank's result
-        // goes straight into `recv` (the kernel's out, in the layout of its data); a failed
-        // kernel writes nothing. The all-gather only in one chunk (its blocks lie `block` apart
-        // in `recv`, `len` apart in the staging area).
+        // goes straight into `recv` (the kernel's out: the layout of its data, but for the
+        // all-gather's blocks, `block` apart in `recv` where they are `len` apart in the staging
+        // area); a failed kernel writes nothing.
         let direct = match collective {
             _ if stage_mc.is_some() || kernels::cuda::emulate_forced() => None,
             Collective::Broadcast { root } if root as usize == r && in_place => None,
             Collective::Broadcast { .. } => Some(recv + o as u64),
             Collective::ReduceScatter { .. } => Some((recv + o as u64).wrapping_sub((r * len) as u64)),
-            Collective::AllGather if whole => Some(recv),
-            Collective::AllGather | Collective::AllReduce { .. } => None,
+            Collective::AllGather => Some(recv + o as u64),
+            Collective::AllReduce { .. } => None,
         };
         let out = direct.map(|at| {
             let mut out = stage;
             out[r] = at;
             (out, None)
         });
-        launch_with(team, r, len / esize, collective, stream, stage, stage_mc, out, false, Some(&copy_in), sig)?;
+        let stride = if matches!(collective, Collective::AllGather) && direct.is_some() { block as u64 } else { 0 };
+        let sig = Some(sig);
+        launch_kernel(
+            team,
+            r,
+            len / esize,
+            collective,
+            stream,
+            stage,
+            stage_mc,
+            out,
+            false,
+            Some(&copy_in),
+            sig,
+            stride,
+        )?;
         if direct.is_some() {
             o += len;
             continue;
@@ -517,7 +533,7 @@ fn launch_with(
         let out = out.map(|(o, _)| o).unwrap_or_default();
         return ce::run(team, r, count, collective, stream, &data, &out, sig);
     }
-    launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before, Some(sig))
+    launch_kernel(team, r, count, collective, stream, data, data_mc, out, local_only, before, Some(sig), 0)
 }
 
 /// Waits for rank `rank`'s work on `stream`, then reports the first device-side error of the

@@ -13,7 +13,7 @@ use crate::kernels::{self, Collective, KernelError, Launch, Path, RankPtrs};
 
 /// Launches rank `r`'s part of `collective` as one kernel (the [`Launch`] descriptor; `out`
 /// `None` in place), after the work `before` enqueues; `sig` the call's signature, compared
-/// across ranks at the kernel's entry (`None`: not).
+/// across ranks at the kernel's entry (`None`: not); `out_stride` as [`Launch::out_stride`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_kernel(
     team: &Arc<Team>,
@@ -27,6 +27,7 @@ pub(super) fn launch_kernel(
     local_only: bool,
     before: Option<&dyn Fn() -> Result<()>>,
     sig: Option<[u64; 2]>,
+    out_stride: u64,
 ) -> Result<()> {
     let n = team.size();
     // MCAST_EMULATE_MULTIMEM=1 runs the multicast kernels on a P2P team with their multimem
@@ -59,6 +60,7 @@ pub(super) fn launch_kernel(
         local_only,
         ll: team.ll(),
         signature: signature_of(team, sig),
+        out_stride,
     };
     let round = admit(team, r, stream)?;
     // Work that must precede the kernel on the stream (the pointer form's copy-in), enqueued
@@ -123,6 +125,7 @@ pub(super) fn launch_copy_out(
         local_only: true,
         ll: team.ll(),
         signature: None,
+        out_stride: 0,
     };
     let driver = team.context().driver();
     let result = match driver.as_sim() {

@@ -40,10 +40,13 @@ pub struct KernelArgs {
     pub check: u32,
     /// Padding (0).
     pub pad: u32,
+    /// All-gather: bytes from one rank's block of `out` to the next ([`Launch::out_stride`]; 0:
+    /// `count`, the layout of `data`).
+    pub out_stride: u64,
 }
 
 /// Size of [`KernelArgs`] (`sizeof(McastArgs)`).
-pub const KERNEL_ARGS_SIZE: usize = 80 + 24 * MAX_RANKS;
+pub const KERNEL_ARGS_SIZE: usize = 88 + 24 * MAX_RANKS;
 const _: () = assert!(std::mem::size_of::<KernelArgs>() == KERNEL_ARGS_SIZE);
 const _: () = assert!(std::mem::align_of::<KernelArgs>() == 8);
 
@@ -98,6 +101,7 @@ pub fn kernel_args(l: &Launch, variant: Variant) -> KernelArgs {
         sig: l.signature.unwrap_or_default(),
         check: u32::from(l.signature.is_some()),
         pad: 0,
+        out_stride: l.out_stride,
     };
     for (i, (d, s)) in l.data.iter().zip(&l.sync).take(MAX_RANKS).enumerate() {
         a.data[i] = *d;
@@ -130,8 +134,8 @@ mod tests {
 
     #[test]
     fn kernel_args_layout() {
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 80 + 24 * MAX_RANKS);
-        assert_eq!(std::mem::size_of::<KernelArgs>(), 1808);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 88 + 24 * MAX_RANKS);
+        assert_eq!(std::mem::size_of::<KernelArgs>(), 1816);
         assert_eq!(offset_of!(KernelArgs, data), 0);
         assert_eq!(offset_of!(KernelArgs, sync), 576);
         assert_eq!(offset_of!(KernelArgs, data_mc), 1152);
@@ -146,6 +150,7 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, out_mc), 48 + 24 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, sig), 56 + 24 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, check), 72 + 24 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, out_stride), 80 + 24 * MAX_RANKS);
         // CUDA's kernel parameter limit (4 KiB before 12.1's large-argument support).
         assert!(std::mem::size_of::<KernelArgs>() <= 4096);
         // The C struct states the same offsets in comments; check they are there.

@@ -303,6 +303,6 @@ mod tests {
         assert_eq!(define("MCAST_PUSH_SIG_OFFSET"), PUSH_SIG_OFFSET as u64);
         assert_eq!(define("MCAST_BAR_SIG_OFFSET"), BAR_SIG_OFFSET as u64);
         assert_eq!(define("MCAST_BAR_SIG_MAX_RANKS"), BAR_SIG_MAX_RANKS as u64);
-        assert!(SOURCE.contains("sizeof(McastArgs) == 80 + 24 * MCAST_MAX_RANKS"));
+        assert!(SOURCE.contains("sizeof(McastArgs) == 88 + 24 * MCAST_MAX_RANKS"));
     }
 }

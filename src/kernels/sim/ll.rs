@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sync::{load_sig, store_sig, Kind};
-use super::{copy, word, write, Awaited, Job};
+use super::{copy_at, word, write, Awaited, Job};
 use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
 
@@ -24,6 +24,8 @@ impl Job {
             Collective::Broadcast { root } => (0, Some(root as usize)),
         };
         let gather = matches!(self.collective, Collective::AllGather);
+        // Where the all-gather's blocks lie in out (Launch::out_stride).
+        let ostride = if gather && self.out_stride != 0 { self.out_stride } else { block };
         let (data, out, me) = (&self.data.0, &self.out.0, self.sync.0[r]);
         let g = self.blocks;
         let flags: Vec<u32> = (0..g)
@@ -125,7 +127,7 @@ impl Job {
         if (gather || root == Some(r)) && out[r] != data[r] {
             for b in 0..g {
                 let (lo, hi) = part(b);
-                copy(data[r], out[r], r * block + lo, hi - lo);
+                copy_at(data[r], r * block + lo, out[r], r * ostride + lo, hi - lo);
             }
         }
         for b in 0..g {
@@ -157,7 +159,7 @@ impl Job {
                 }
                 Collective::AllGather => {
                     for q in (0..n).filter(|&q| q != r) {
-                        write(out[r], q * block + lo, &rows[q]);
+                        write(out[r], q * ostride + lo, &rows[q]);
                     }
                 }
                 Collective::Broadcast { root } => {

@@ -45,10 +45,17 @@ pub(super) fn write(base: *mut u8, offset: usize, bytes: &[u8]) {
 /// Copies `[offset, offset + len)` from `src` to `dst` (bases in the same layout; a base may
 /// lie before its memory when the kernel adds a block offset, hence the wrapping arithmetic).
 pub(super) fn copy(src: *mut u8, dst: *mut u8, offset: usize, len: usize) {
-    if src != dst {
+    copy_at(src, offset, dst, offset, len);
+}
+
+/// Copies `len` bytes from `src + from` to `dst + to` (as [`copy`], the offsets apart: an
+/// all-gather's out with its own block stride).
+pub(super) fn copy_at(src: *mut u8, from: usize, dst: *mut u8, to: usize, len: usize) {
+    let (s, d) = (src.wrapping_add(from), dst.wrapping_add(to));
+    if s != d {
         // SAFETY: both ranges lie in mapped memory of the collective; distinct copies that do
         // not overlap (out-of-place ranges are checked disjoint by the runtime).
-        unsafe { std::ptr::copy_nonoverlapping(src.wrapping_add(offset), dst.wrapping_add(offset), len) };
+        unsafe { std::ptr::copy_nonoverlapping(s, d, len) };
     }
 }
 

@@ -27,7 +27,7 @@ mod sync;
 
 use sync::SigAt;
 
-use mem::{copy, load, max, min, slice, to_bytes, write};
+use mem::{copy, copy_at, load, max, min, slice, to_bytes, write};
 
 /// Addresses of the same bytes in several ranks' memory.
 #[derive(Clone)]
@@ -61,6 +61,9 @@ struct Job {
     blocks: usize,
     /// The push all-reduce's bytes per block and step.
     push_row: usize,
+    /// An all-gather's bytes from one block of out to the next ([`Launch::out_stride`]; 0:
+    /// `count`).
+    out_stride: usize,
     timeout: Option<Duration>,
     /// Each rank's data as mapped on this device.
     data: Targets,
@@ -129,6 +132,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
         count: l.count as usize,
         blocks: p.blocks as usize,
         push_row: p.push_row as usize,
+        out_stride: l.out_stride as usize,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
         data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
         out: Targets(out.iter().map(|&a| a as *mut u8).collect()),
@@ -190,6 +194,7 @@ fn launch_fixed(sim: &SimDriver, l: &Launch, kind: KernelKind) -> Result<(), Ker
         count: l.count as usize,
         blocks: 1,
         push_row: 0,
+        out_stride: 0,
         timeout: (l.timeout_ns != 0).then(|| Duration::from_nanos(l.timeout_ns)),
         data: Targets(l.data.iter().map(|&a| a as *mut u8).collect()),
         out: Targets(out.iter().map(|&a| a as *mut u8).collect()),
@@ -402,8 +407,9 @@ impl Job {
                 match self.collective {
                     Collective::Broadcast { root } => copy(data[root as usize], out[r], 0, count),
                     Collective::AllGather => {
+                        let stride = if self.out_stride != 0 { self.out_stride } else { count };
                         for q in (0..n).filter(|&q| q != r || out[r] != data[r]) {
-                            copy(data[q], out[r], q * count, count);
+                            copy_at(data[q], q * count, out[r], q * stride, count);
                         }
                     }
                     _ => {}
