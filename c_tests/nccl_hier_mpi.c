@@ -13,6 +13,9 @@
  *               would need it, are ncclInvalidUsage saying why
  *   MODE partflat as noflat, but only process 1 fails (STANDIN_NCCL_FAIL_INIT_RANK=1): the other
  *               ranks made theirs and destroy it, so no rank holds a communicator its peers lack
+ *   MODE wholefail as whole, but the stand-in refuses communicators of P ranks on every process:
+ *               ncclCommInitRank fails on every rank, and ncclGetLastError carries the fallback
+ *               NCCL's own reason
  * hier, noflat, partflat and whole run ncclAllReduce (sum, min, max), ncclReduceScatter,
  * ncclAllGather and ncclBroadcast on ncclMemAlloc memory, in and out of place, for f32, bf16 and
  * i64, against a host reference; destroying the communicator leaves no stand-in communicator
@@ -161,10 +164,10 @@ int main(int argc, char **argv) {
   NCHECK(setenv("MCAST_DOMAIN", label, 1) == 0);
   int noflat = strcmp(mode, "noflat") == 0, partflat = strcmp(mode, "partflat") == 0;
   int hier = strcmp(mode, "hier") == 0 || strcmp(mode, "preloaded") == 0 || noflat || partflat;
-  int bad = strcmp(mode, "bad") == 0;
-  NCHECK(hier || bad || strcmp(mode, "whole") == 0);
+  int bad = strcmp(mode, "bad") == 0, wholefail = strcmp(mode, "wholefail") == 0;
+  NCHECK(hier || bad || wholefail || strcmp(mode, "whole") == 0);
   if (hier) NCHECK(setenv("MCAST_NCCL_HIER", "on", 1) == 0);
-  if (noflat || partflat) {
+  if (noflat || partflat || wholefail) {
     char nranks[16];
     snprintf(nranks, sizeof nranks, "%d", n); /* the flat communicator's size, not the rails' */
     NCHECK(setenv("STANDIN_NCCL_FAIL_INIT_NRANKS", nranks, 1) == 0);
@@ -180,6 +183,12 @@ int main(int argc, char **argv) {
   if (bad) {
     NCHECK(ncclCommInitRank(&comm, n, id, rank) == ncclInvalidUsage);
     NCHECK(strstr(ncclGetLastError(NULL), "MCAST_NCCL_HIER=\"maybe\": set it to on or off") != NULL);
+    MPI_Finalize();
+    return 0;
+  }
+  if (wholefail) {
+    NCHECK(ncclCommInitRank(&comm, n, id, rank) != ncclSuccess);
+    NCHECK(strstr(ncclGetLastError(NULL), "ncclCommInitRank failed: stand-in NCCL: ncclCommInitRank: failure injected") != NULL);
     MPI_Finalize();
     return 0;
   }

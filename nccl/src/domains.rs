@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void};
 
 use mcast::runtime::comm::Comm as RtComm;
 
-use crate::comm::{track_fallback, Comm, ContextRef, Failure, Outcome, Ready};
+use crate::comm::{fallback_last_error, track_fallback, Comm, ContextRef, Failure, Outcome, Ready};
 use crate::fallback;
 use crate::types::{self, ncclResult_t, ncclUniqueId};
 
@@ -117,7 +117,11 @@ impl Comm {
         // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
         let r = unsafe { init(&mut fc, self.nranks, fid, self.rank) };
         if r != types::SUCCESS {
-            return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed", self.rank)));
+            let detail = fallback_last_error(lib);
+            return Err(Failure::new(
+                r,
+                format!("rank {}: the fallback NCCL's ncclCommInitRank failed: {detail}", self.rank),
+            ));
         }
         track_fallback(fc as usize);
         Ok(Ready { team: mcast::capi::team::mcast_team_t { id: 0 }, fallback: Some(fc as usize), no_fallback: None })
