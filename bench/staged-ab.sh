@@ -20,10 +20,4 @@ for round in 1 2; do
     "$bin" "${common[@]}" --op broadcast >"$out/$which${round}_bc.txt" 2>&1
   done
 done
-for c in ag rs bc; do
-  echo "== $c: bytes | A1 | B1 | A2 | B2 (us; #wrong summed)"
-  paste <(awk '/^ +[0-9]/{print $1}' "$out/A1_$c.txt") \
-    <(awk '/^ +[0-9]/{print $6}' "$out/A1_$c.txt") <(awk '/^ +[0-9]/{print $6}' "$out/B1_$c.txt") \
-    <(awk '/^ +[0-9]/{print $6}' "$out/A2_$c.txt") <(awk '/^ +[0-9]/{print $6}' "$out/B2_$c.txt")
-  cat "$out"/[AB][12]_$c.txt | awk '/^# wrong elements/{w += $4} END {print "wrong:", w + 0}'
-done | tee "$out/table.txt"
+"$(dirname "$0")/ab-table.sh" "$out" ag rs bc | tee "$out/table.txt"

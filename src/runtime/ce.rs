@@ -47,12 +47,12 @@
 use std::sync::Arc;
 
 use super::error::{Error, Result};
-use super::launch::{admit, kernel_error, kernel_error_at, launch_kernel};
+use super::launch::{admit, kernel_error, kernel_error_at, launch_kernel, p2p_launch, signature_of};
 use super::team::{Team, Transport};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::Variant;
 use crate::kernels::select::Unit;
-use crate::kernels::{self, Collective, Launch, Path, RankPtrs};
+use crate::kernels::{self, Collective, RankPtrs};
 
 #[cfg(doc)]
 use super::config::Config;
@@ -95,7 +95,7 @@ pub fn wanted(team: &Team, collective: Collective, count: usize) -> bool {
 }
 
 /// Rank `r`'s part of `collective` in its copy-engine form (see the module doc). `data` and
-/// `out` are the [`Launch`] addresses (per rank, valid on this rank's device; `out` empty in
+/// `out` are the [`Launch`](crate::kernels::Launch) addresses (per rank, valid on this rank's device; `out` empty in
 /// place; all-gather `data` bases shifted back by each rank's block, as the kernels take them).
 /// `sig` is the call's signature: the entry barrier kernel (all-gather, broadcast) or the tail
 /// and reduce-scatter kernels (all-reduce) compare it across ranks; the exit barrier kernel does
@@ -272,29 +272,9 @@ fn fenced(
 /// Enqueues rank `r`'s barrier kernel on `stream` (one round of the one-stream check); with
 /// `sig`, the kernel compares the call's signature across ranks.
 fn barrier(team: &Arc<Team>, r: usize, stream: Stream, collective: Collective, sig: Option<[u64; 2]>) -> Result<()> {
-    let n = team.size();
     let sync = RankPtrs::from_slice(team.sync_bases(r));
-    let launch = Launch {
-        collective,
-        path: Path::P2P,
-        rank: r as u32,
-        nranks: n as u32,
-        dev: team.devices()[r],
-        stream,
-        data: sync,
-        data_mc: None,
-        out: RankPtrs::EMPTY,
-        out_mc: None,
-        sync,
-        sync_mc: None,
-        count: 0,
-        timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
-        max_blocks: team.max_blocks(),
-        local_only: false,
-        ll: team.ll(),
-        signature: super::launch::signature_of(team, sig),
-        out_stride: 0,
-    };
+    let timeout_ns = u64::from(team.context().config().timeout_ms) * 1_000_000;
+    let launch = p2p_launch(team, r, collective, stream, sync, RankPtrs::EMPTY, 0, timeout_ns, signature_of(team, sig));
     let round = admit(team, r, stream)?;
     let driver = team.context().driver();
     let result = match driver.as_sim() {

@@ -105,34 +105,51 @@ pub(super) fn launch_copy_out(
         a[..rows.len()].copy_from_slice(rows);
         a
     };
-    let (src, dst) = (pad(src), pad(dst));
-    let launch = Launch {
-        collective,
-        path: Path::P2P,
-        rank: r as u32,
-        nranks: n as u32,
-        dev: team.devices()[r],
-        stream,
-        data: src,
-        data_mc: None,
-        out: dst,
-        out_mc: None,
-        sync: RankPtrs::from_slice(team.sync_bases(r)),
-        sync_mc: None,
-        count: len as u64,
-        timeout_ns: 0,
-        max_blocks: team.max_blocks(),
-        local_only: true,
-        ll: team.ll(),
-        signature: None,
-        out_stride: 0,
-    };
+    let launch = p2p_launch(team, r, collective, stream, pad(src), pad(dst), len as u64, 0, None);
     let driver = team.context().driver();
     let result = match driver.as_sim() {
         Some(sim) => kernels::sim::launch_copy_out(sim, &launch),
         None => kernels::cuda::launch_copy_out(driver.as_ref(), &launch),
     };
     result.map_err(|e| kernel_error(e, &launch))
+}
+
+/// The descriptor of one of rank `r`'s own kernels beside the collectives' (the copy-engine
+/// forms' barrier, the staged route's copy-out): the P2P path, no multicast address, the team's
+/// sync regions and grid cap, `data`, `out`, `count`, `timeout_ns` and `signature` as given.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn p2p_launch(
+    team: &Team,
+    r: usize,
+    collective: Collective,
+    stream: Stream,
+    data: RankPtrs,
+    out: RankPtrs,
+    count: u64,
+    timeout_ns: u64,
+    signature: Option<[u64; 2]>,
+) -> Launch {
+    Launch {
+        collective,
+        path: Path::P2P,
+        rank: r as u32,
+        nranks: team.size() as u32,
+        dev: team.devices()[r],
+        stream,
+        data,
+        data_mc: None,
+        out,
+        out_mc: None,
+        sync: RankPtrs::from_slice(team.sync_bases(r)),
+        sync_mc: None,
+        count,
+        timeout_ns,
+        max_blocks: team.max_blocks(),
+        local_only: false,
+        ll: team.ll(),
+        signature,
+        out_stride: 0,
+    }
 }
 
 thread_local! {
