@@ -388,12 +388,17 @@ fn run_staged(
     };
     let chunk = (STAGE_BYTES / blocks) / 16 * 16;
     debug_assert!(chunk >= 16);
-    // The copy-out kernel's module (the all-gather one), loaded before this call's first kernel:
+    // Where the P2P kernels pull (all-gather, broadcast, reduce-scatter) they write this rank's
+    // result straight into `recv`; elsewhere (the all-reduce, multicast) a copy-out kernel
+    // follows, whose module (the all-gather one) is loaded before this call's first kernel:
     // loaded after it, it would wait for that kernel, which waits for ranks this thread may not
     // have issued yet (README, "One thread driving several ranks").
-    let copy_out_unit = Unit::of(KernelId { kind: KernelKind::CopyOut, red: None }, team.ll());
-    kernels::load_module(driver.as_ref(), dev, Variant::Emulated, copy_out_unit)
-        .map_err(|e| kernel_error_at(e, r, collective, dev))?;
+    let pulls = stage_mc.is_none() && !kernels::cuda::emulate_forced();
+    if !pulls || matches!(collective, Collective::AllReduce { .. }) {
+        let copy_out_unit = Unit::of(KernelId { kind: KernelKind::CopyOut, red: None }, team.ll());
+        kernels::load_module(driver.as_ref(), dev, Variant::Emulated, copy_out_unit)
+            .map_err(|e| kernel_error_at(e, r, collective, dev))?;
+    }
     let copy = |dst: DevicePtr, src: DevicePtr, len: usize, what: &str| -> Result<()> {
         driver
             .memcpy_dtod_async(dev, dst, src, len, stream)
@@ -421,7 +426,7 @@ fn run_staged(
         // all-gather's blocks, `block` apart in `recv` where they are `len` apart in the staging
         // area); a failed kernel writes nothing.
         let direct = match collective {
-            _ if stage_mc.is_some() || kernels::cuda::emulate_forced() => None,
+            _ if !pulls => None,
             Collective::Broadcast { root } if root as usize == r && in_place => None,
             Collective::Broadcast { .. } => Some(recv + o as u64),
             Collective::ReduceScatter { .. } => Some((recv + o as u64).wrapping_sub((r * len) as u64)),
