@@ -165,10 +165,16 @@ thread_local! {
 /// count, dtype, op, root and offsets), so ranks of one domain that disagree are caught at their
 /// first stage, named by their fields and values as the user passed them.
 pub fn signed_as<T>(sig: [u64; 2], f: impl FnOnce() -> T) -> T {
-    let before = CALL_SIGNATURE.replace(Some(sig));
-    let out = f();
-    CALL_SIGNATURE.set(before);
-    out
+    /// Puts the previous signature back however `f` ends (a panic caught at the C boundary
+    /// included), so no later call of this thread carries this one.
+    struct Restore(Option<[u64; 2]>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CALL_SIGNATURE.set(self.0);
+        }
+    }
+    let _restore = Restore(CALL_SIGNATURE.replace(Some(sig)));
+    f()
 }
 
 /// The signature a collective of `team` issued now carries: none with the check off
@@ -206,4 +212,25 @@ pub(super) fn kernel_error_at(e: KernelError, rank: usize, collective: Collectiv
 thread_local! {
     /// Set when this thread's last [`admit`] failed (see `collective.rs`'s `refusing`).
     pub(super) static ADMIT_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The user call's signature holds inside `signed_as` only, nested or not, and a panic
+    /// inside it (caught at the C boundary) does not leave it on the thread.
+    #[test]
+    fn the_call_signature_holds_inside_signed_as_only() {
+        assert_eq!(CALL_SIGNATURE.get(), None);
+        signed_as([1, 2], || {
+            assert_eq!(CALL_SIGNATURE.get(), Some([1, 2]));
+            signed_as([3, 4], || assert_eq!(CALL_SIGNATURE.get(), Some([3, 4])));
+            assert_eq!(CALL_SIGNATURE.get(), Some([1, 2]));
+        });
+        assert_eq!(CALL_SIGNATURE.get(), None);
+        let caught = std::panic::catch_unwind(|| signed_as([5, 6], || panic!("a stage panicked")));
+        assert!(caught.is_err());
+        assert_eq!(CALL_SIGNATURE.get(), None);
+    }
 }
