@@ -19,7 +19,8 @@ __device__ void all_gather_mc(const McastArgs& a) {
   barrier<true>(a, 1);
 }
 
-// The pointer form's staged route (src/runtime/collective.rs) copies its results out of the
+// Where the pointer form's staged route (src/runtime/collective.rs) does not write recv from
+// the collective's kernel itself (the all-reduce, multicast), it copies its results out of the
 // staging area with this kernel rather than a memcpy, so that a failed collective (a mismatch, a
 // timeout, an abort: this rank's error word) leaves the caller's memory as it was: row k of
 // `count` bytes from data[k] to out[k], for every k < nranks with data[k] != 0; nothing when the
