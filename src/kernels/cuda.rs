@@ -295,17 +295,7 @@ fn launch_fixed(driver: &dyn Driver, l: &Launch, kind: abi::KernelKind, blocks: 
     if driver.as_sim().is_some() {
         return Err(KernelError::Unsupported("the simulator runs collectives on the host, not with kernels".into()));
     }
-    let n = l.nranks as usize;
-    let out_ok = l.out.is_empty() || l.out.len() == n;
-    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || !out_ok || n > super::MAX_RANKS {
-        return Err(KernelError::Unsupported(format!(
-            "{kind:?} of rank {} with {} sync, {} data and {} out addresses for {n} ranks",
-            l.rank,
-            l.sync.len(),
-            l.data.len(),
-            l.out.len()
-        )));
-    }
+    super::check_fixed(l, kind)?;
     let kernel = abi::KernelId { kind, red: None };
     let module = prepare(driver, l.dev, Variant::Emulated, Unit::of(kernel, l.ll))?;
     let func = module.functions[kernel.index()]

@@ -38,6 +38,25 @@ pub fn load_module(
     }
 }
 
+/// Checks the addresses of `l` for `kind`, one of the library's own kernels beside the
+/// collectives' (the barrier, the copy-out), before either backend enqueues it: a rank of a team
+/// of 1 to [`MAX_RANKS`], one sync and one data address per rank, and `out` empty or one per
+/// rank.
+pub(crate) fn check_fixed(l: &Launch, kind: abi::KernelKind) -> Result<(), KernelError> {
+    let n = l.nranks as usize;
+    let out_ok = l.out.is_empty() || l.out.len() == n;
+    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || !out_ok || n > MAX_RANKS {
+        return Err(KernelError::Unsupported(format!(
+            "{kind:?} of rank {} with {} sync, {} data and {} out addresses for {n} ranks",
+            l.rank,
+            l.sync.len(),
+            l.data.len(),
+            l.out.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Most ranks a team and a collective kernel take: the 72 GPUs of an NVL72 rack.
 pub const MAX_RANKS: usize = 72;
 

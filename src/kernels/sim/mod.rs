@@ -171,17 +171,7 @@ pub fn launch_copy_out(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
 /// Enqueues `kind`, a kernel of the all-gather module without a (dtype, operator), with the
 /// arguments of `l`.
 fn launch_fixed(sim: &SimDriver, l: &Launch, kind: KernelKind) -> Result<(), KernelError> {
-    let n = l.nranks as usize;
-    let out_ok = l.out.is_empty() || l.out.len() == n;
-    if n == 0 || l.rank >= l.nranks || l.sync.len() != n || l.data.len() != n || !out_ok {
-        return Err(KernelError::Unsupported(format!(
-            "{kind:?} of rank {} with {} sync, {} data and {} out addresses for {n} ranks",
-            l.rank,
-            l.sync.len(),
-            l.data.len(),
-            l.out.len()
-        )));
-    }
+    super::check_fixed(l, kind)?;
     let _device = crate::driver::sim::DeviceWork::enter();
     load_module(sim, l.dev, Variant::Emulated, Unit::of(KernelId { kind, red: None }, l.ll));
     let out: &[u64] = if l.out.is_empty() { &l.data } else { &l.out };
@@ -190,7 +180,7 @@ fn launch_fixed(sim: &SimDriver, l: &Launch, kind: KernelKind) -> Result<(), Ker
         red: None,
         collective: l.collective,
         rank: l.rank as usize,
-        nranks: n,
+        nranks: l.nranks as usize,
         count: l.count as usize,
         blocks: 1,
         push_row: 0,
