@@ -287,29 +287,34 @@ fn the_pointer_form_is_checked_on_the_ll_and_push_routes() {
 }
 
 /// The pointer form's staged route (plain memory: every collective but the all-reduce of up to
-/// four ranks, which pushes): the results leave the staging area through a kernel that writes
-/// nothing once the collective failed, so `recv` keeps its bytes; in one chunk and in several.
+/// four ranks, which pushes): the results reach `recv` from kernels only, which write nothing
+/// once the collective failed, so `recv` keeps its bytes; in one chunk and in several. On P2P the
+/// pulling kernels write `recv` themselves (the all-reduce of five ranks is copied out); on
+/// multicast every result goes through the copy-out kernel.
 #[test]
 fn the_staged_route_writes_nothing() {
-    let ctx = runtime_context(Config { ll: LlMode::Off, ce_min_bytes: Some(0), ..sim_runtime(false, 5, TIMEOUT_MS) });
-    load_every_module(sim(&ctx));
-    let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Sum };
-    let (ag, bc) = (Collective::AllGather, |root| Collective::Broadcast { root });
-    let cases: [(&[(Collective, usize)], &str); 5] = [
-        (&[(ag, 8192), (ag, 4096)], "count: rank 0 has 8192, rank 1 has 4096"),
-        // Two chunks of the staging area each.
-        (&[(ag, 3 * BYTES / 4), (ag, BYTES)], "count: rank 0 has 786432, rank 1 has 1048576"),
-        (&[(rs, 2048), (rs, 1024)], "count: rank 0 has 2048, rank 1 has 1024"),
-        (&[(bc(0), 65536), (bc(1), 65536)], "root: rank 0 has 0, rank 1 has 1"),
-        (
-            &[(F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, BYTES / 2)],
-            "rank 4 has 524288",
-        ),
-    ];
-    for (calls, says) in cases {
-        ptr_disagree(&ctx, calls, says, &format!("{calls:?}"));
+    for multicast in [false, true] {
+        let ctx =
+            runtime_context(Config { ll: LlMode::Off, ce_min_bytes: Some(0), ..sim_runtime(multicast, 5, TIMEOUT_MS) });
+        load_every_module(sim(&ctx));
+        let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Sum };
+        let (ag, bc) = (Collective::AllGather, |root| Collective::Broadcast { root });
+        let cases: [(&[(Collective, usize)], &str); 5] = [
+            (&[(ag, 8192), (ag, 4096)], "count: rank 0 has 8192, rank 1 has 4096"),
+            // Two chunks of the staging area each.
+            (&[(ag, 3 * BYTES / 4), (ag, BYTES)], "count: rank 0 has 786432, rank 1 has 1048576"),
+            (&[(rs, 2048), (rs, 1024)], "count: rank 0 has 2048, rank 1 has 1024"),
+            (&[(bc(0), 65536), (bc(1), 65536)], "root: rank 0 has 0, rank 1 has 1"),
+            (
+                &[(F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, 4096), (F32_SUM, BYTES / 2)],
+                "rank 4 has 524288",
+            ),
+        ];
+        for (calls, says) in cases {
+            ptr_disagree(&ctx, calls, says, &format!("multicast {multicast}: {calls:?}"));
+        }
+        assert_clean(&ctx);
     }
-    assert_clean(&ctx);
 }
 
 /// Counts so far apart that the ranks choose different kinds of kernel (the LL kernels on one, a
