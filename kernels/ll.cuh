@@ -150,7 +150,7 @@ __device__ bool ll_wait_sig(const McastArgs& a, u64 addr, u32 flag, u64* v, u64*
       return d || ll_wait(a, addr, flag, v, start, writer);
     }
     if (d) return true;
-    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, MCAST_KIND_LL, sp.peer)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, MCAST_KIND_LL, sp.peer, sp.at, flag)) return false;
   }
 }
 // The thread's verdict on its signature lines once its data waits are done: true where they
@@ -163,8 +163,9 @@ __device__ bool ll_sig_done(const McastArgs& a, SigPoll& sp, u32 flag, bool fail
 }
 
 // sync.cuh's cross_found: rank `writer`'s signature lines of the kinds other than `kind`, for
-// this block slot, under the flag each would give this call.
-__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind) {
+// this block slot, under the flag each would give this call, while its lines at `at` under
+// `flag` are awaited.
+__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag) {
   const u32 b = blockIdx.x, n = a.nranks;
   u64 s0 = 0, s1 = 0;
   const auto seen = [&](u64 at, u32 flag) {
@@ -182,8 +183,14 @@ __device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind) {
     const u32 y0 = local(MCAST_PUSH_SEQ_OFFSET) + 1;
     found = seen(push_sig(a, a.rank, b, y0, writer), y0);
   }
-  if (found) record_mismatch(a, writer, s0, s1);
-  return found;
+  if (!found) return false;
+  // The writer stored the awaited lines before any of a later call: there by now, they were this
+  // call's, and what was found its next call's.
+  __threadfence_system();
+  u64 t0, t1;
+  if (ll_load(at, flag, &t0) && ll_load(at + 16, flag, &t1)) return false;
+  record_mismatch(a, writer, s0, s1);
+  return true;
 }
 
 // Whether the block stops before writing out, `bad` this thread's verdict: with a.check the

@@ -57,26 +57,31 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
 
 // Ranks whose calls differ so much that they chose different kinds of kernel (the LL kernels on
 // one, a barrier kernel or the push all-reduce on another) wait in words the other never writes.
-// A signature thread that has waited MCAST_CROSS_NS for its peer looks at the peer's signature
-// lines of the other kinds, under the flag each kind would give this call (the counts of every
-// kind agree across ranks until calls disagree): one that carries it, with another signature, is
-// the peer's call, recorded as a mismatch (true). Not sooner: a peer may run one call ahead of a
-// rank still waiting for the last lines of the call before (the LL kernels wait for no one), but
-// not after MCAST_CROSS_NS, when every store of the peer's earlier call has landed. `kind`: the
+// A signature thread that has waited MCAST_CROSS_NS for its peer's signature lines (at `at`,
+// under `flag`) looks at the peer's signature lines of the other kinds, under the flag each kind
+// would give this call (the counts of every kind agree across ranks until calls disagree): one
+// that carries it, with another signature, is the peer's call, recorded as a mismatch (true),
+// unless the awaited lines have come by then. For a peer may run one call ahead of a rank still
+// waiting for the last lines of the call before (the LL kernels wait for no one), and its next
+// call's lines carry the flags this call would have; but it stores this call's lines before
+// them, so lines of its next call seen (a fence, then the awaited lines read again) mean the
+// awaited ones are there too. No timing is assumed (a thread may stall between any two loads).
+// Not sooner than MCAST_CROSS_NS: the look costs loads the usual wait does not need. `kind`: the
 // kernel's own (MCAST_KIND_*), whose lines the wait already reads. In ll.cuh (it needs the LL
 // layout).
 #define MCAST_CROSS_NS 100000ull
 #define MCAST_KIND_BARRIER 1
 #define MCAST_KIND_LL 2
 #define MCAST_KIND_PUSH 3
-__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind);
+__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag);
 
 // The slow path of a poll of lines stored by rank `writer`, every 256 spins: false once the team
 // failed (aborted, a rank timed out), the timeout passes (both recorded, as wait `index` of the
 // collective), another thread of this rank recorded an error or, for a signature thread (`kind`
-// nonzero) checking rank `peer`, cross_found finds that peer in another kind of kernel; *start
-// is the thread's first timer reading (0 before).
-__device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index, u32 kind, u32 peer) {
+// nonzero) awaiting rank `peer`'s signature lines at `at` under `flag`, cross_found finds that
+// peer in another kind of kernel; *start is the thread's first timer reading (0 before).
+__device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index, u32 kind, u32 peer, u64 at,
+                        u32 flag) {
   const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
   if (state != MCAST_STATE_OK) {
     record_error(a, state_error(state), blockIdx.x, index);
@@ -89,7 +94,7 @@ __device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index, u
     *start = now;
     return true;
   }
-  if (kind != 0 && now - *start > MCAST_CROSS_NS && cross_found(a, peer, kind)) return false;
+  if (kind != 0 && now - *start > MCAST_CROSS_NS && cross_found(a, peer, kind, at, flag)) return false;
   if (a.timeout_ns != 0 && now - *start > a.timeout_ns) {
     record_timeout(a, blockIdx.x, index, (int)writer);
     return false;
@@ -102,7 +107,7 @@ __device__ bool poll_on(const McastArgs& a, u64* start, u32 writer, u32 index, u
 __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer) {
   u32 spins = 0;
   while (!ll_load(addr, flag, v))
-    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, 0, 0)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, 0, 0, 0, 0)) return false;
   return true;
 }
 
@@ -137,7 +142,7 @@ __device__ bool sig_lines_wait(const McastArgs& a, u64 at, u32 flag, u64* s0, u6
   while (true) {
     const bool h0 = ll_load(at, flag, s0), h1 = ll_load(at + 16, flag, s1);
     if (h0 && h1) return true;
-    if ((++spins & 255u) == 0 && !poll_on(a, &start, writer, index, kind, writer)) return false;
+    if ((++spins & 255u) == 0 && !poll_on(a, &start, writer, index, kind, writer, at, flag)) return false;
   }
 }
 

@@ -110,7 +110,7 @@ impl Job {
                     let at = sig_lines(r, b, q);
                     let both = || load_sig(at, flag).is_some();
                     let arrived = if b == 0 {
-                        self.wait_checked(1, Awaited::Rank(q), Kind::Ll, Some(q), both)
+                        self.wait_checked(1, Awaited::Rank(q), Kind::Ll, q, both)
                     } else {
                         self.wait_until(1, Awaited::Rank(q), both)
                     };

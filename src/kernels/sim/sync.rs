@@ -2,7 +2,7 @@
 //! comparison of signatures, and the look for a peer that runs another kind of kernel.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{dword, word, Awaited, Job};
@@ -40,13 +40,13 @@ const CROSS: Duration = Duration::from_micros(100);
 pub(super) fn store_sig(at: *mut u8, s: [u64; 2], flag: u32) {
     let lanes = [s[0] & 0xffff_ffff, s[0] >> 32, s[1] & 0xffff_ffff, s[1] >> 32];
     for (i, v) in lanes.into_iter().enumerate() {
-        dword(at, 8 * i).store(v | u64::from(flag) << 32, Ordering::Relaxed);
+        dword(at, 8 * i).store(v | u64::from(flag) << 32, Ordering::Release);
     }
 }
 
 /// The signature the two flagged lines at `at` carry, once every lane carries `flag`.
 pub(super) fn load_sig(at: *mut u8, flag: u32) -> Option<[u64; 2]> {
-    let l = [0, 1, 2, 3].map(|i| dword(at, 8 * i).load(Ordering::Relaxed));
+    let l = [0, 1, 2, 3].map(|i| dword(at, 8 * i).load(Ordering::Acquire));
     let lane = |i: usize| l[i] & 0xffff_ffff;
     l.iter().all(|v| (v >> 32) as u32 == flag).then(|| [lane(0) | lane(1) << 32, lane(2) | lane(3) << 32])
 }
@@ -55,8 +55,9 @@ impl Job {
     /// Arrives at barrier `index` (counting from 1 in this collective) and waits for every rank.
     /// False after a timeout, which is recorded in this rank's error word. With `sig_at` and a
     /// signature (the entry barrier), this rank's signature goes to every peer and every peer's is
-    /// compared with it after the wait (false on a difference, recorded by [`Job::mismatch`]),
-    /// where [`SigAt`] says.
+    /// compared with it (false on a difference, recorded by [`Job::agrees`]), where [`SigAt`]
+    /// says: lines, each peer's awaited and compared before the count (as the kernels' checked
+    /// barrier); words, after it.
     pub(super) fn barrier(&self, index: u32, sig_at: Option<SigAt>) -> bool {
         let me = self.sync.0[self.rank];
         let sig = sig_at.zip(self.sig);
@@ -90,38 +91,32 @@ impl Job {
         }
         let target = k.wrapping_mul(self.nranks as u32);
         let counter = word(me, SIGNAL_OFFSET);
-        // The signature threads of a checked barrier look for their peers in another kind of
-        // kernel while the count is awaited (kernels/sync.cuh, cross_found).
-        let kind = match sig {
-            Some((SigAt::Lines { flag: None, .. }, _)) => Some(Kind::Barrier),
-            Some((SigAt::Lines { flag: Some(_), .. }, _)) => Some(Kind::Push),
-            _ => None,
-        };
         let arrived = || (counter.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0;
-        let waited = match kind {
-            Some(kind) => self.wait_checked(index, Awaited::Barrier, kind, None, arrived),
-            None => self.wait_until(index, Awaited::Barrier, arrived),
-        };
-        if !waited {
-            return false;
+        let Some((at, s)) = sig else { return self.wait_until(index, Awaited::Barrier, arrived) };
+        match at {
+            // As kernels/sync.cuh's checked_barrier: each peer's lines are awaited (looking for the
+            // peer in another kind of kernel meanwhile) and compared, then the count.
+            SigAt::Lines { at, flag } => {
+                let kind = if flag.is_some() { Kind::Push } else { Kind::Barrier };
+                let flag = flag.unwrap_or(k);
+                let agreed = peers().all(|q| {
+                    let l = line(self.rank, at, q);
+                    self.wait_checked(index, Awaited::Rank(q), kind, q, || load_sig(l, flag).is_some())
+                        && self.agrees(q, s, load_sig(l, flag).expect("the lines carry the flag awaited"))
+                });
+                agreed && self.wait_until(index, Awaited::Barrier, arrived)
+            }
+            SigAt::Words(at) => {
+                self.wait_until(index, Awaited::Barrier, arrived)
+                    && peers().all(|q| {
+                        let theirs = [
+                            dword(me, at + 16 * q).load(Ordering::Relaxed),
+                            dword(me, at + 16 * q + 8).load(Ordering::Relaxed),
+                        ];
+                        self.agrees(q, s, theirs)
+                    })
+            }
         }
-        let Some((at, s)) = sig else { return true };
-        peers().all(|q| {
-            let theirs = match at {
-                SigAt::Lines { at, flag } => {
-                    let kind = if flag.is_some() { Kind::Push } else { Kind::Barrier };
-                    let (l, flag) = (line(self.rank, at, q), flag.unwrap_or(k));
-                    if !self.wait_checked(index, Awaited::Rank(q), kind, Some(q), || load_sig(l, flag).is_some()) {
-                        return false;
-                    }
-                    load_sig(l, flag).expect("the lines carry the flag awaited")
-                }
-                SigAt::Words(at) => {
-                    [dword(me, at + 16 * q).load(Ordering::Relaxed), dword(me, at + 16 * q + 8).load(Ordering::Relaxed)]
-                }
-            };
-            self.agrees(q, s, theirs)
-        })
     }
 
     /// Compares rank `peer`'s signature `theirs` with this rank's `mine`: false on a difference,
@@ -146,26 +141,22 @@ impl Job {
         false
     }
 
-    /// [`Job::wait_until`] for a signature wait in a kernel of `kind`, for `peer` (every peer
-    /// where `None`): after [`CROSS`] it also looks for that peer in another kind of kernel
+    /// [`Job::wait_until`] for `peer`'s signature lines (`done` once they are in) in a kernel of
+    /// `kind`: after [`CROSS`] it also looks for that peer in another kind of kernel
     /// ([`Job::cross_found`]); false then, the mismatch recorded.
     pub(super) fn wait_checked(
         &self,
         index: u32,
         awaited: Awaited,
         kind: Kind,
-        peer: Option<usize>,
+        peer: usize,
         done: impl Fn() -> bool,
     ) -> bool {
         let start = Instant::now();
         let crossed = Cell::new(false);
-        let found = || {
-            let mut peers = (0..self.nranks).filter(|&q| q != self.rank && peer.is_none_or(|p| p == q));
-            start.elapsed() >= CROSS && peers.any(|q| self.cross_found(q, kind))
-        };
         let waited = self.wait_until(index, awaited, || {
             done() || {
-                crossed.set(found());
+                crossed.set(start.elapsed() >= CROSS && self.cross_found(peer, kind, &done));
                 crossed.get()
             }
         });
@@ -173,11 +164,13 @@ impl Job {
     }
 
     /// kernels/ll.cuh's `cross_found`, block slot 0: rank `peer`'s signature lines of the kinds
-    /// other than `kind`, under the flag each would give this call; one that carries it with
-    /// another signature is recorded as a mismatch (true). The simulator's push all-reduce runs
-    /// on the barrier's counter, whose epoch it has taken already: the flag a barrier kernel of
-    /// the peer gives this call is that epoch then.
-    pub(super) fn cross_found(&self, peer: usize, kind: Kind) -> bool {
+    /// other than `kind`, under the flag each would give this call, while its lines of this call
+    /// are awaited (`awaited`: true once they are in); one that carries it with another signature
+    /// is recorded as a mismatch (true), unless the awaited lines are in by then: the peer stores
+    /// them before any of a later call, so then the lines found are its next call's (it may run one
+    /// call ahead). The simulator's push all-reduce runs on the barrier's counter, whose epoch it
+    /// has taken already: the flag a barrier kernel of the peer gives this call is that epoch then.
+    pub(super) fn cross_found(&self, peer: usize, kind: Kind, awaited: impl Fn() -> bool) -> bool {
         let Some(mine) = self.sig else { return false };
         let (me, n) = (self.sync.0[self.rank], self.nranks);
         let w = if peer < self.rank { peer } else { peer - 1 };
@@ -198,6 +191,89 @@ impl Job {
             let y0 = local(PUSH_SEQ_OFFSET).wrapping_add(1);
             found = lines(PUSH_SIG_OFFSET + 32 * ((y0 & 1) as usize * (PUSH_MAX_RANKS as usize - 1) + w), y0);
         }
-        found.is_some_and(|theirs| theirs != mine && !self.agrees(peer, mine, theirs))
+        match found {
+            Some(theirs) if theirs != mine => {
+                // The lines found were read (acquire) before the awaited ones are read again.
+                fence(Ordering::Acquire);
+                !awaited() && !self.agrees(peer, mine, theirs)
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::abi::{KernelKind, SYNC_USED_BYTES};
+    use crate::kernels::sim::Targets;
+    use crate::kernels::{Collective, DType, RedOp};
+
+    /// Rank 0's job of a two-rank LL all-reduce over the sync regions `regions`, signature `sig`.
+    fn job(regions: &mut [Vec<u64>; 2], sig: [u64; 2]) -> Job {
+        let sync = Targets(regions.iter_mut().map(|r| r.as_mut_ptr() as *mut u8).collect());
+        Job {
+            kind: KernelKind::AllReduceLl,
+            red: Some((DType::F32, RedOp::Sum)),
+            collective: Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum },
+            rank: 0,
+            nranks: 2,
+            count: 1,
+            blocks: 1,
+            push_row: 0,
+            out_stride: 0,
+            timeout: Some(Duration::from_secs(10)),
+            data: Targets(vec![std::ptr::null_mut(); 2]),
+            out: Targets(vec![std::ptr::null_mut(); 2]),
+            sync,
+            mc_data: None,
+            mc_out: None,
+            mc_signal: None,
+            sig: Some(sig),
+        }
+    }
+
+    /// A peer may run one call ahead: rank 1 stores this LL call's signature lines, finishes the
+    /// call and enters its next one, a barrier kernel whose lines carry the flag a barrier kernel
+    /// would give this call, between rank 0's look at the awaited lines and its look at the other
+    /// kinds' (a thread descheduled between two loads). That is no mismatch: the awaited lines
+    /// are in by then. With the look confirmed by nothing, it was recorded as one, rank 0 never
+    /// took part in its next barrier, and rank 1 timed out there (the simulator's rare timeout
+    /// under load).
+    #[test]
+    fn the_next_calls_lines_of_a_peer_one_call_ahead_are_no_mismatch() {
+        let words = SYNC_USED_BYTES.div_ceil(8);
+        let mut regions = [vec![0u64; words], vec![0u64; words]];
+        let mine = [0x1111, 0x2222];
+        let j = job(&mut regions, mine);
+        let me = j.sync.0[0];
+        // Rank 1's lines of its next call (another signature) under the flag a barrier kernel
+        // gives this call: the barrier epoch after rank 0's, 0.
+        store_sig(me.wrapping_add(BAR_SIG_OFFSET), [0x3333, 0x4444], 1);
+        let start = Instant::now();
+        let looks = Cell::new(0);
+        // The awaited lines: still missing at the wait's own look, in when looked at again
+        // (from the first look after CROSS on).
+        let awaited = || {
+            if start.elapsed() < 2 * CROSS {
+                return false;
+            }
+            looks.set(looks.get() + 1);
+            looks.get() >= 2
+        };
+        assert!(j.wait_checked(1, Awaited::Rank(1), Kind::Ll, 1, awaited), "the wait ended without its lines");
+        assert_eq!(word(me, ERROR_WORD_OFFSET).load(Ordering::Relaxed), ERR_NONE, "a mismatch was recorded");
+        assert_eq!(word(me, STATE_OFFSET).load(Ordering::Relaxed), STATE_OK);
+
+        // The same lines while the awaited ones never come: the peer is in a barrier kernel for
+        // this call, which is a mismatch, recorded with its signature.
+        let mut regions = [vec![0u64; words], vec![0u64; words]];
+        let j = job(&mut regions, mine);
+        let me = j.sync.0[0];
+        store_sig(me.wrapping_add(BAR_SIG_OFFSET), [0x3333, 0x4444], 1);
+        assert!(!j.wait_checked(1, Awaited::Rank(1), Kind::Ll, 1, || false));
+        assert_eq!(word(me, ERROR_WORD_OFFSET).load(Ordering::Relaxed), ERR_MISMATCH);
+        assert_eq!(word(me, ERROR_INFO_OFFSET).load(Ordering::Relaxed), 1, "the peer named");
+        assert_eq!(dword(me, MISMATCH_OFFSET).load(Ordering::Relaxed), 0x3333);
     }
 }
