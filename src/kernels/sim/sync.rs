@@ -247,19 +247,22 @@ mod tests {
         let mine = [0x1111, 0x2222];
         let j = job(&mut regions, mine);
         let me = j.sync.0[0];
-        // Rank 1's lines of its next call (another signature) under the flag a barrier kernel
-        // gives this call: the barrier epoch after rank 0's, 0.
-        store_sig(me.wrapping_add(BAR_SIG_OFFSET), [0x3333, 0x4444], 1);
-        let start = Instant::now();
-        let looks = Cell::new(0);
-        // The awaited lines: still missing at the wait's own look, in when looked at again
-        // (from the first look after CROSS on).
+        // Rank 1's lines of this call, in rank 0's region, and of its next call (another
+        // signature) under the flag a barrier kernel gives this call: the epoch after rank 0's.
+        let this_call = me.wrapping_add(LL_SIG_OFFSET + 32 * (LL_MAX_RANKS as usize - 1));
+        let next_call = me.wrapping_add(BAR_SIG_OFFSET);
+        // The wait's condition, which plays rank 1: from 2 x CROSS after the wait's first look
+        // (the wait's start is just before it), the look that finds this call's lines missing is
+        // followed by rank 1 storing them and then its next call's, before rank 0 looks further.
+        let first = std::cell::OnceCell::new();
         let awaited = || {
-            if start.elapsed() < 2 * CROSS {
-                return false;
+            let t0 = *first.get_or_init(Instant::now);
+            let there = load_sig(this_call, 1).is_some();
+            if !there && t0.elapsed() >= 2 * CROSS {
+                store_sig(this_call, mine, 1);
+                store_sig(next_call, [0x3333, 0x4444], 1);
             }
-            looks.set(looks.get() + 1);
-            looks.get() >= 2
+            there
         };
         assert!(j.wait_checked(1, Awaited::Rank(1), Kind::Ll, 1, awaited), "the wait ended without its lines");
         assert_eq!(word(me, ERROR_WORD_OFFSET).load(Ordering::Relaxed), ERR_NONE, "a mismatch was recorded");
