@@ -187,6 +187,49 @@ fn trickle_case() {
     drop(boots);
 }
 
+/// A rank that connects behind a flood of silent connections gets through while the handshake
+/// threads of the evicted ones are slow to end (a loaded machine; here each lingers 300 ms):
+/// their connections wait in the backlog until threads free up, instead of being closed at
+/// once as the rank's was.
+#[test]
+fn a_rank_behind_a_flood_gets_through_while_evicted_handshakes_linger() {
+    let out = run_child("linger", &[], Duration::from_secs(60));
+    eprintln!("{out}");
+}
+
+fn linger_case() {
+    tcp::acceptor::CUT_LINGER_MS.store(300, std::sync::atomic::Ordering::Relaxed);
+    let secret = [6u8; SECRET_BYTES];
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let acc = tcp::Acceptor::start(l, secret, "test listener").unwrap();
+    let before = threads();
+    // More silent connections than pending handshakes and handshake threads together.
+    let silent: Vec<TcpStream> = (0..TRICKLERS).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let t = Instant::now();
+    let mut most = threads();
+    let rank = std::thread::spawn(move || {
+        let mut s = tcp::connect(addr, &secret, Deadline::after_ms(5000))?;
+        s.send(kind::JOIN, b"rank").map_err(|e| e.to_string())
+    });
+    let join = loop {
+        most = most.max(threads());
+        match acc.next(Deadline::after_ms(10)) {
+            Some((_, join)) => break join,
+            None if t.elapsed() < Duration::from_secs(5) && !rank.is_finished() => {}
+            None => panic!("the rank did not get through: {:?}", rank.join().unwrap()),
+        }
+    };
+    assert_eq!(join, b"rank");
+    rank.join().unwrap().unwrap();
+    eprintln!(
+        "behind {TRICKLERS} silent connections a rank got through in {:?}; threads {before} before, {most} at most",
+        t.elapsed()
+    );
+    assert!(most <= before + tcp::MAX_PENDING + tcp::MAX_PENDING / 4 + 8, "{most} threads (from {before})");
+    drop(silent);
+}
+
 /// Holds every descriptor but one, lets `connect` take that one (a connection the listener then
 /// cannot accept: its accept fails with EMFILE), and checks that `what` rests instead of
 /// spinning: under 100 ms of the process's CPU in a second. Returns what `connect` made.
@@ -529,6 +572,7 @@ fn child() {
     }
     match std::env::var(CHILD).as_deref() {
         Ok("trickle") => trickle_case(),
+        Ok("linger") => linger_case(),
         Ok("emfile") => emfile_case(),
         Ok("nobody") => nobody_case(),
         Ok(other) => panic!("unknown case {other}"),

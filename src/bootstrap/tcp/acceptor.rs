@@ -19,9 +19,15 @@ use super::{kind, Deadline, HANDSHAKE_MS, MAX_HANDSHAKE_FRAME, SECRET_BYTES};
 /// still in its handshake: a stranger holding connections open cannot lock out a rank, whose
 /// handshake takes a round trip.
 pub const MAX_PENDING: usize = 128;
-/// Most handshake threads alive at once (evicted ones take a moment to end); a connection
-/// beyond it is closed at once.
+/// Most handshake threads alive at once (evicted ones take a moment to end); beyond it the
+/// connections wait in the kernel's backlog until some have ended.
 const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING + MAX_PENDING / 4;
+/// How long the accept loop rests while the handshake threads are at their cap.
+const THREAD_BACKOFF: Duration = Duration::from_millis(5);
+/// Tests only: how long a handshake thread whose connection was cut lingers before it ends, as
+/// on a loaded machine where evicted threads are slow to be scheduled (`flood_tests.rs`).
+#[cfg(test)]
+pub(crate) static CUT_LINGER_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// How long the accept loop rests when the process is out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Stack of a handshake thread (a proof, a frame, a log line).
@@ -71,9 +77,10 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 ///
 /// Bounds: a handshake (proof and `JOIN`) gets [`HANDSHAKE_MS`] in all, after which the accept
 /// loop cuts it whatever its reads do; at most [`MAX_PENDING`] handshakes run at once (a new
-/// connection evicts the oldest); when the process is out of descriptors the loop rests instead
-/// of spinning, and the connections wait in the kernel's backlog. Drops are logged as one line
-/// per interval with counts (`droplog.rs`).
+/// connection evicts the oldest); when the process is out of descriptors, or evicted handshakes
+/// have not ended yet and the threads are at their cap, the loop rests instead of spinning, and
+/// the connections wait in the kernel's backlog. Drops are logged as one line per interval with
+/// counts (`droplog.rs`).
 pub struct Acceptor {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -114,6 +121,14 @@ impl Acceptor {
                 unsafe { libc::poll(&mut p, 1, 50) };
                 // Drain the backlog (a burst must not overflow it), then look at the deadlines.
                 for _ in 0..MAX_PENDING {
+                    if threads.load(Ordering::Acquire) >= MAX_HANDSHAKE_THREADS {
+                        // Evicted handshakes are still ending (on a loaded machine, a while):
+                        // the connections wait in the kernel's backlog until they have, as when
+                        // out of descriptors. Closing them instead closed a rank that connected
+                        // behind a flood, which eviction exists to let through.
+                        std::thread::sleep(THREAD_BACKOFF);
+                        break;
+                    }
                     let (s, peer) = match listener.accept() {
                         Ok(x) => x,
                         Err(e) if out_of_descriptors(&e) => {
@@ -127,10 +142,6 @@ impl Acceptor {
                         // accepted.
                         Err(_) => break,
                     };
-                    if threads.load(Ordering::Acquire) >= MAX_HANDSHAKE_THREADS {
-                        log.note("closed at once (too many handshake threads)", peer.to_string());
-                        continue;
-                    }
                     if pending.len() >= MAX_PENDING {
                         if let Some(old) = pending.pop_front() {
                             if old.cut() {
@@ -165,6 +176,10 @@ impl Acceptor {
                                 Ok((c, join))
                             });
                             let mine = state.compare_exchange(LIVE, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                            #[cfg(test)]
+                            if !mine {
+                                std::thread::sleep(Duration::from_millis(CUT_LINGER_MS.load(Ordering::Relaxed)));
+                            }
                             match r {
                                 Ok(joined) if mine => {
                                     let _ = tx.send(joined);

@@ -9,7 +9,7 @@
 //! sealed channel after it), `acceptor.rs` (the listener's accept loop with its bounds); this
 //! file holds the frames, addresses and listeners.
 
-mod acceptor;
+pub(crate) mod acceptor;
 mod handshake;
 mod sealed;
 
