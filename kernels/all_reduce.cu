@@ -65,7 +65,7 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
 // sum), so they are exact however far apart ranks run. The push sequence lives in the rank's local state (MCAST_PUSH_SEQ_OFFSET), apart
 // from the barrier epochs; no barrier kernel touches the scratch.
 __device__ __forceinline__ u64 push_slot_row(const McastArgs& a, u32 p, u32 slot, u32 s, u32 writer) {
-  const u32 w = writer < p ? writer : writer - 1;  // rows of the nranks - 1 writers other than p
+  const u32 w = writer_row(p, writer);
   const u64 row = a.nranks <= 2 ? MCAST_PUSH_CHUNK : MCAST_PUSH_CHUNK_WIDE;
   return a.sync[p] + MCAST_SCRATCH_OFFSET + (((u64)slot * MCAST_PUSH_SLOTS + s) * (a.nranks - 1) + w) * row;
 }

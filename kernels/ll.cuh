@@ -46,7 +46,7 @@ __device__ __forceinline__ u64 push_scratch_bytes(u32 n) {
 
 // Row of `writer` in rank p's landing, block slot b, parity s (ll_offset in layout.rs).
 __device__ __forceinline__ u64 ll_row(const McastArgs& a, u32 p, u32 b, u32 s, u32 writer) {
-  const u32 w = writer < p ? writer : writer - 1;
+  const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_SCRATCH_OFFSET + push_scratch_bytes(a.nranks) + MCAST_STAGE_BYTES +
          (((u64)b * 2 + s) * (a.nranks - 1) + w) * MCAST_LL_ROW;
 }
@@ -103,7 +103,7 @@ __device__ LlPart ll_begin(const McastArgs& a, u64 S) {
 // The signature lines of `writer` in rank p's region, block slot b, parity s (LL_SIG_OFFSET in
 // layout.rs): two LL lines carrying the writer's call signature with the call's flag.
 __device__ __forceinline__ u64 ll_sig(const McastArgs& a, u32 p, u32 b, u32 s, u32 writer) {
-  const u32 w = writer < p ? writer : writer - 1;
+  const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_LL_SIG_OFFSET + 32ull * ((b * 2 + s) * (MCAST_LL_MAX_RANKS - 1) + w);
 }
 

@@ -7,6 +7,10 @@
 __device__ __forceinline__ u64 sync_local(const McastArgs& a, u32 off) { return a.sync[a.rank] + off; }
 __device__ __forceinline__ u64 sync_stride(const McastArgs& a) { return a.nranks > 1 ? a.sync[1] - a.sync[0] : 0; }
 
+// Where rank p keeps per-writer rows (landing rows, signature lines, push scratch rows), the
+// nranks - 1 writers other than p in rank order: writer's index among them.
+__device__ __forceinline__ u32 writer_row(u32 p, u32 writer) { return writer < p ? writer : writer - 1; }
+
 // Records error `code` with its detail (block slot, barrier index) unless an error came first:
 // mcast/device.h's recording, the one the device API uses.
 __device__ __forceinline__ u32 error_info(u32 slot, u32 index) { return (slot + 1) | (index << 8); }
@@ -190,14 +194,14 @@ __device__ bool sig_agree(const McastArgs& a, bool failed, bool have, u64 s0, u6
 // Rank p's signature lines from `writer` for block slot b (teams of at most
 // MCAST_BAR_SIG_MAX_RANKS): two lines flagged with slot b's barrier epoch of the entry barrier.
 __device__ __forceinline__ u64 bar_sig(const McastArgs& a, u32 p, u32 b, u32 writer) {
-  const u32 w = writer < p ? writer : writer - 1;
+  const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_BAR_SIG_OFFSET + 32ull * ((u64)b * (MCAST_BAR_SIG_MAX_RANKS - 1) + w);
 }
 
 // Rank p's signature lines from `writer` for block slot b of the push all-reduce call whose first
 // sequence number is y0 (all_reduce.cu): parity y0 & 1, flagged with y0.
 __device__ __forceinline__ u64 push_sig(const McastArgs& a, u32 p, u32 b, u32 y0, u32 writer) {
-  const u32 w = writer < p ? writer : writer - 1;
+  const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)b * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);
 }
 

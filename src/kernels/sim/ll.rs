@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sync::{load_sig, store_sig, Kind};
-use super::{copy_at, word, write, Awaited, Job};
+use super::{copy_at, word, write, writer_row, Awaited, Job};
 use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
 
@@ -40,7 +40,7 @@ impl Job {
         let c = size.div_ceil(g).div_ceil(8) * 8;
         let part = |b: usize| ((b * c).min(size), (b * c + c).min(size));
         let line = |p: usize, b: usize, writer: usize, i: usize| -> [&AtomicU64; 2] {
-            let w = if writer < p { writer } else { writer - 1 };
+            let w = writer_row(p, writer);
             let row = ((b * 2 + (flags[b] & 1) as usize) * (n - 1) + w) * LL_ROW as usize;
             let at = self.sync.0[p].wrapping_add(ll_offset(n as u32) + row + 16 * i);
             // SAFETY: the team reserves the LL landing area after every rank's sync region;
@@ -49,7 +49,7 @@ impl Job {
         };
         // Rank p's signature lines from `writer` on block slot b (kernels/ll.cuh, ll_sig).
         let sig_lines = |p: usize, b: usize, writer: usize| {
-            let w = if writer < p { writer } else { writer - 1 };
+            let w = writer_row(p, writer);
             let at = LL_SIG_OFFSET + 32 * ((b * 2 + (flags[b] & 1) as usize) * (LL_MAX_RANKS as usize - 1) + w);
             self.sync.0[p].wrapping_add(at)
         };

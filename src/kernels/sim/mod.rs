@@ -223,6 +223,16 @@ fn dword(base: *mut u8, offset: usize) -> &'static AtomicU64 {
     unsafe { &*(base.add(offset) as *const AtomicU64) }
 }
 
+/// Where rank p keeps per-writer rows (landing rows, signature lines, push scratch rows), the
+/// ranks other than p in rank order: `writer`'s index among them (kernels/sync.cuh, writer_row).
+fn writer_row(p: usize, writer: usize) -> usize {
+    if writer < p {
+        writer
+    } else {
+        writer - 1
+    }
+}
+
 fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
     // SAFETY: `base` is a rank's sync region (at least SYNC_BYTES, 4-byte aligned, mapped for the
     // team's lifetime); the words are only accessed atomically.
@@ -295,7 +305,7 @@ impl Job {
                 let seq = |b: usize| word(self.sync.0[r], PUSH_SEQ_OFFSET + 4 * b);
                 let seq0: Vec<u32> = (0..g).map(|b| seq(b).load(Ordering::Relaxed)).collect();
                 let row = |p: usize, b: usize, slot: usize, writer: usize| {
-                    let w = if writer < p { writer } else { writer - 1 };
+                    let w = writer_row(p, writer);
                     let i = ((b * PUSH_SLOTS + slot) * (n - 1) + w) * cap;
                     // SAFETY: the team reserves the scratch after every rank's sync region.
                     unsafe { self.sync.0[p].add(SCRATCH_OFFSET + i) }

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{dword, word, Awaited, Job};
+use super::{dword, word, writer_row, Awaited, Job};
 use crate::kernels::abi::{
     BAR_SIG_MAX_RANKS, BAR_SIG_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_MISMATCH, ERR_NONE,
     LL_MAX_RANKS, LL_SEQ_OFFSET, LL_SIG_OFFSET, MISMATCH_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET,
@@ -81,7 +81,7 @@ impl Job {
         }
         // Rank p's signature lines from `writer` at `at` (block slot 0).
         let line = |p: usize, at: usize, writer: usize| {
-            let w = if writer < p { writer } else { writer - 1 };
+            let w = writer_row(p, writer);
             self.sync.0[p].wrapping_add(at + 32 * w)
         };
         if let Some((SigAt::Lines { at, flag }, s)) = sig {
@@ -173,7 +173,7 @@ impl Job {
     pub(super) fn cross_found(&self, peer: usize, kind: Kind, awaited: impl Fn() -> bool) -> bool {
         let Some(mine) = self.sig else { return false };
         let (me, n) = (self.sync.0[self.rank], self.nranks);
-        let w = if peer < self.rank { peer } else { peer - 1 };
+        let w = writer_row(self.rank, peer);
         let local = |off: usize| word(me, off).load(Ordering::Relaxed);
         let lines = |at: usize, flag: u32| load_sig(me.wrapping_add(at), flag);
         let mut found = None;
