@@ -95,13 +95,15 @@ impl Job {
         let Some((at, s)) = sig else { return self.wait_until(index, Awaited::Barrier, arrived) };
         match at {
             // As kernels/sync.cuh's checked_barrier: each peer's lines are awaited (looking for the
-            // peer in another kind of kernel meanwhile) and compared, then the count.
+            // peer in another kind of kernel meanwhile) and compared, then the count. A peer
+            // stores its lines once it has arrived, so a timeout names every rank whose barrier
+            // count is behind (as the kernel's signature threads, one per peer, name theirs).
             SigAt::Lines { at, flag } => {
                 let kind = if flag.is_some() { Kind::Push } else { Kind::Barrier };
                 let flag = flag.unwrap_or(k);
                 let agreed = peers().all(|q| {
                     let l = line(self.rank, at, q);
-                    self.wait_checked(index, Awaited::Rank(q), kind, q, || load_sig(l, flag).is_some())
+                    self.wait_checked(index, Awaited::Barrier, kind, q, || load_sig(l, flag).is_some())
                         && self.agrees(q, s, load_sig(l, flag).expect("the lines carry the flag awaited"))
                 });
                 agreed && self.wait_until(index, Awaited::Barrier, arrived)
