@@ -165,7 +165,7 @@ __device__ bool ll_sig_done(const McastArgs& a, SigPoll& sp, u32 flag, bool fail
 // sync.cuh's cross_found: rank `writer`'s signature lines of the kinds other than `kind`, for
 // this block slot, under the flag each would give this call, while its lines at `at` under
 // `flag` are awaited.
-__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag) {
+__device__ __noinline__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag) {
   const u32 b = blockIdx.x, n = a.nranks;
   u64 s0 = 0, s1 = 0;
   const auto seen = [&](u64 at, u32 flag) {

@@ -77,7 +77,7 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
 #define MCAST_KIND_BARRIER 1
 #define MCAST_KIND_LL 2
 #define MCAST_KIND_PUSH 3
-__device__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag);
+__device__ __noinline__ bool cross_found(const McastArgs& a, u32 writer, u32 kind, u64 at, u32 flag);
 
 // The slow path of a poll of lines stored by rank `writer`, every 256 spins: false once the team
 // failed (aborted, a rank timed out), the timeout passes (both recorded, as wait `index` of the
