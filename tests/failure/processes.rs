@@ -32,6 +32,16 @@ fn abort_during_multi_process_alloc_agreement() {
     }
 }
 
+/// A peer's abort seen on the device (its state word, written through the peer mapping) before
+/// the aborting process's frame reaches the hub: the process that saw it tells the connections
+/// too, so the hub, waiting for it in an agreement, reports the abort and not its exit.
+#[test]
+fn an_abort_seen_on_the_device_reaches_the_hub_before_the_exit() {
+    if !on_gpu() {
+        spawn(3, "device-abort");
+    }
+}
+
 #[test]
 fn abort_from_a_peer_process_ends_device_waits() {
     if !on_gpu() {
@@ -99,6 +109,26 @@ fn child() {
                     // Rank 2 is told without calling anything that waits.
                     assert_eq!(wait_for_error(&team), Some(ErrorKind::Aborted), "rank 2");
                     assert_eq!(Buffer::alloc(&team, 4096).err().unwrap().kind, ErrorKind::Aborted);
+                }
+            }
+            team.destroy().unwrap();
+        }
+        "device-abort" => {
+            match r {
+                0 | 1 => {
+                    if r == 1 {
+                        // The device half of an abort whose frame never comes: rank 2's state
+                        // word, through rank 1's mapping of it.
+                        let at = team.sync_bases(1)[2] + mcast::kernels::abi::STATE_OFFSET as u64;
+                        let aborted = mcast::kernels::abi::STATE_ABORTED;
+                        ctx.driver().poke_u32(team.devices()[1], at, aborted).unwrap();
+                    }
+                    // Rank 0, the hub, waits in the agreement for rank 2, which leaves.
+                    let e = Buffer::alloc(&team, 4 * MIB).err().expect("the allocation fails");
+                    assert_eq!(e.kind, ErrorKind::Aborted, "rank {r}: {e}");
+                }
+                _ => {
+                    assert_eq!(wait_for_error(&team), Some(ErrorKind::Aborted), "rank 2");
                 }
             }
             team.destroy().unwrap();

@@ -183,6 +183,19 @@ impl Team {
         }
     }
 
+    /// An abort seen in this process's device words (a peer process wrote them): recorded, and
+    /// told over the connections too. The aborting process tells the hub itself, but its frame
+    /// may reach the hub after this process has seen the words, returned ABORTED and exited;
+    /// the hub, waiting for this process in an exchange, would then report its closed
+    /// connection instead of the abort. Sent first, on the same connection, the abort is read
+    /// before the close.
+    fn aborted_on_device(&self, why: &str) {
+        self.mark_aborted(why);
+        if let Some(c) = &self.comm {
+            c.abort(&format!("it saw the team aborted on its device ({why})"));
+        }
+    }
+
     /// Aborts the team (`mcast_team_abort`): every wait on it ends promptly, on the device
     /// (the state word of every rank, peers' through the peer mappings, is set and every
     /// barrier spin reads it) and on the host (rendezvous waits poll the abort; peer processes
@@ -243,7 +256,7 @@ impl Team {
             let state = driver.peek_u32(dev, base + STATE_OFFSET as u64);
             if state.as_ref().is_ok_and(|&w| w == STATE_ABORTED) {
                 drop(live);
-                self.mark_aborted("by a peer process: its rank wrote this rank's state word");
+                self.aborted_on_device("by a peer process: its rank wrote this rank's state word");
                 return Some(ErrorKind::Aborted);
             }
             if state.is_ok_and(|w| timed_out_rank(w).is_some()) {
@@ -270,7 +283,7 @@ impl Team {
                 }
                 Ok(ERR_ABORTED) => {
                     drop(live);
-                    self.mark_aborted("seen on the device");
+                    self.aborted_on_device("seen on the device");
                     return Some(ErrorKind::Aborted);
                 }
                 _ => {}
