@@ -367,8 +367,12 @@ fn one_thread_per_rank() {
             std::thread::spawn(move || {
                 let stream = team.context().driver().stream_create(r).unwrap();
                 let c = if r == 3 { ar(DType::F32, RedOp::Min) } else { F32_SUM };
-                run(&buf, r, 0, 4096, c, stream).unwrap();
-                let e = synchronize(&team, r, stream).unwrap_err();
+                // From the call where the others' kernels found it before this thread called
+                // (the team's error is then sticky), else from the synchronize.
+                let e = match run(&buf, r, 0, 4096, c, stream) {
+                    Ok(()) => synchronize(&team, r, stream).unwrap_err(),
+                    Err(e) => e,
+                };
                 team.context().driver().stream_destroy(r, stream).unwrap();
                 e
             })
@@ -472,4 +476,42 @@ fn the_check_can_be_turned_off() {
     }
     let ctx = context(BARRIER);
     assert!(Team::create(&ctx, &[0, 1]).unwrap().check_calls(), "on by default");
+}
+
+/// One thread driving several ranks (or one rank's thread late): ranks 0, 1 and 3 call, rank 3
+/// (which disagrees) reports the mismatch; only then does rank 2 call, and its call is refused
+/// with the team's error. Ranks 0 and 1, whose kernels wait for rank 2's lines, end at once
+/// with the mismatch: they waited out the whole timeout before.
+#[test]
+fn a_rank_that_calls_after_the_mismatch_is_refused_and_its_peers_end() {
+    let ctx = runtime_context(Config { ll: LlMode::On, ..sim_runtime(false, 4, TIMEOUT_MS) });
+    let team = Team::create(&ctx, &[0, 1, 2, 3]).unwrap();
+    let buf = Buffer::alloc(&team, BYTES).unwrap();
+    for r in 0..4 {
+        fill(buf.local_ptr(r as i32).unwrap(), r, BYTES);
+    }
+    let driver = team.context().driver().clone();
+    let streams: Vec<_> = (0..4).map(|r| driver.stream_create(r).unwrap()).collect();
+    let started = Instant::now();
+    for r in [0, 1, 3] {
+        let c = if r == 3 { ar(DType::F32, RedOp::Min) } else { F32_SUM };
+        run(&buf, r, 0, 4096, c, streams[r as usize]).unwrap();
+    }
+    let mut errors = vec![synchronize(&team, 3, streams[3]).unwrap_err()];
+    errors.push(run(&buf, 2, 0, 4096, F32_SUM, streams[2]).expect_err("rank 2's call is refused"));
+    for r in [0, 1] {
+        errors.push(synchronize(&team, r, streams[r as usize]).unwrap_err());
+    }
+    assert!(started.elapsed() < CAUGHT_WITHIN, "{:?}", started.elapsed());
+    for e in &errors {
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains("op: rank 0 has sum, rank 3 has min"), "{e}");
+    }
+    for (r, &stream) in streams.iter().enumerate() {
+        assert_eq!(changed(buf.local_ptr(r as i32).unwrap(), r, BYTES), None, "rank {r}");
+        driver.stream_destroy(r as i32, stream).unwrap();
+    }
+    buf.free().unwrap();
+    team.destroy().unwrap();
+    assert_clean(&ctx);
 }

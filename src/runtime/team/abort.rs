@@ -15,7 +15,7 @@ use super::Team;
 use crate::kernels::abi::signature::{describe_record, MISMATCH_BYTES};
 use crate::kernels::abi::{
     timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_MISMATCH, ERR_TIMEOUT,
-    MISMATCH_OFFSET, MISSING_OFFSET, MISSING_WORDS, STATE_ABORTED, STATE_OFFSET,
+    MISMATCH_OFFSET, MISSING_OFFSET, MISSING_WORDS, STATE_ABORTED, STATE_MISMATCH, STATE_OFFSET, STATE_OK,
 };
 use crate::runtime::error::{Error, ErrorKind, Result};
 
@@ -130,7 +130,31 @@ impl Team {
              it is destroyed (ranks that disagree may have run different kernels, whose barrier counts no longer \
              agree): destroy it and make a new one"
         )));
+        if self.comm.is_none() {
+            self.end_device_waits_mismatched();
+        }
         self.error().expect("a mismatched team has its error")
+    }
+
+    /// One process drives every rank: a rank that calls after the team's mismatch is recorded
+    /// here is refused on the host and never launches, so the kernels still waiting for it (a
+    /// rank whose lines came later than a disagreeing peer's) are told, as a timeout or an abort
+    /// tells them: every rank's state word still OK gets [`STATE_MISMATCH`], and their waits end
+    /// with the mismatch instead of the timeout (or never, with none).
+    fn end_device_waits_mismatched(&self) {
+        let live = self.sync_live.read();
+        if !*live {
+            return;
+        }
+        let driver = self.env.driver();
+        for r in self.own_ranks() {
+            let (dev, at) = (self.devices[r], self.sync[r][r] + STATE_OFFSET as u64);
+            if driver.peek_u32(dev, at).is_ok_and(|w| w == STATE_OK) {
+                if let Err(e) = driver.poke_u32(dev, at, STATE_MISMATCH) {
+                    tracing::warn!("ending rank {r}'s device waits after a mismatch: {e}");
+                }
+            }
+        }
     }
 
     /// Records the first device error; later calls report it until the team is destroyed.
