@@ -10,7 +10,12 @@
  *                             (after moving the data, so no peer hangs): every rank's team fails
  *                             with MCAST_ERROR_DRIVER, naming the engine, function and value
  *   hier_mpi none             MCAST_NET=none and no engine registered: NOT_SUPPORTED on every
- *                             rank, naming the domains and the engine tried */
+ *                             rank, naming the domains and the engine tried
+ *   hier_mpi disagree         two domains whose ranks agree inside each domain but not across
+ *                             (domain B passes half the count): every rank's call fails with
+ *                             INVALID_ARGUMENT naming the count, both values and ranks 0 and
+ *                             B's first, before MPI sees a call of another count; no rank's
+ *                             buffer is written; synchronize and mcast_team_get_error report it */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <mpi.h>
@@ -458,6 +463,42 @@ static int run_none(void) {
   return 0;
 }
 
+static int run_disagree(void) {
+  int in_b = g_rank >= g_size / 2;
+  setenv("MCAST_DOMAIN", in_b ? "B" : "A", 1);
+  mcast_context_t ctx;
+  OK(mcast_context_create(NULL, &ctx));
+  OK(mcast_context_set_net(ctx, mcast_mpi_net_ops(), mcast_mpi_net_user(MPI_COMM_WORLD)));
+  mcast_team_t team;
+  OK(make_team(ctx, &team));
+  enum { N = 1024 };
+  static float before[N], after[N];
+  for (int i = 0; i < N; i++) before[i] = (float)(g_rank * N + i);
+  mcast_buffer_t buf;
+  OK(mcast_buffer_alloc(team, sizeof before, &buf));
+  OK(mcast_buffer_write(buf, g_rank, 0, before, sizeof before));
+  char says[96];
+  snprintf(says, sizeof says, "ranks disagree on count: rank 0 has %d, rank %d has %d", N, g_size / 2, N / 2);
+  mcast_status_t s = mcast_all_reduce(buf, g_rank, 0, in_b ? N / 2 : N, MCAST_FLOAT32, MCAST_SUM, NULL);
+  if (s != MCAST_ERROR_INVALID_ARGUMENT || strstr(mcast_last_error(), says) == NULL) {
+    fprintf(stderr, "rank %d: want INVALID_ARGUMENT with \"%s\", got %s: %s\n", g_rank, says,
+            mcast_status_string(s), mcast_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  CHECK(mcast_synchronize(team, g_rank, NULL) == MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mcast_last_error(), says) != NULL);
+  mcast_status_t kept = MCAST_SUCCESS;
+  OK(mcast_team_get_error(team, &kept));
+  CHECK(kept == MCAST_ERROR_INVALID_ARGUMENT);
+  OK(mcast_buffer_read(buf, g_rank, 0, after, sizeof after));
+  CHECK(memcmp(before, after, sizeof before) == 0);
+  OK(mcast_buffer_free(buf));
+  mcast_team_destroy(team);
+  OK(mcast_context_destroy(ctx));
+  printf("rank %d: caught across domains: %s\n", g_rank, says);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -471,8 +512,10 @@ int main(int argc, char **argv) {
     rc = run_fail();
   } else if (argc == 2 && strcmp(argv[1], "none") == 0) {
     rc = run_none();
+  } else if (argc == 2 && strcmp(argv[1], "disagree") == 0) {
+    rc = run_disagree();
   } else {
-    fprintf(stderr, "usage: hier_mpi contiguous|interleaved DOMAINS | fail | none\n");
+    fprintf(stderr, "usage: hier_mpi contiguous|interleaved DOMAINS | fail | none | disagree\n");
   }
   MPI_Finalize();
   return rc;

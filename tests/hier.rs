@@ -95,13 +95,27 @@ fn an_engine_failure_is_every_ranks() {
 }
 
 /// Ranks of one domain that disagree on a call (here each domain's second rank passes half the
-/// count, so the rails, which join the ranks of equal local index, agree): the domain stage's
-/// kernels compare the user call's signature, so every rank's synchronize fails with
+/// count, so the rails, which join the ranks of equal local index, agree), with a stream-ordered
+/// engine (so no comparison across the domains runs first, see the next test): the domain
+/// stage's kernels compare the user call's signature, so every rank's synchronize fails with
 /// INVALID_ARGUMENT naming the count and its domain's two ranks by their rank in the whole team.
 #[test]
 fn ranks_of_a_domain_that_disagree_are_caught() {
     all_ok(&spawn("mismatch", &["A", "A", "B", "B"]));
     all_ok(&spawn("mismatch", &["A", "B", "A", "B"]));
+}
+
+/// Ranks of different domains that disagree, each domain agreeing inside (domain B's ranks pass
+/// half the count, or another root), so that only the rails would meet different calls: with the
+/// rail calls run stage by stage, the ranks compare their calls across the domains before any
+/// stage. Every rank's call fails with INVALID_ARGUMENT naming the field, both values and the
+/// ranks (rank 0 and B's first rank), no rank's data is written, and the team keeps the error
+/// (synchronize and a later call report it).
+#[test]
+fn ranks_of_different_domains_that_disagree_are_caught_before_any_stage() {
+    all_ok(&spawn("across-count", &["A", "A", "B", "B"]));
+    all_ok(&spawn("across-count", &["A", "B", "A", "B"]));
+    all_ok(&spawn("across-root", &["A", "A", "B", "B"]));
 }
 
 /// A rank killed before a collective: the others get TIMEOUT or ABORTED within timeout_ms + 1 s.
@@ -128,7 +142,7 @@ fn child() {
     let ctx = runtime_context(config);
     if case != "none" {
         let fail = (case == "fail").then_some(1);
-        let ordered = (case == "ordered").then(|| (ctx.driver().clone(), (r % 4) as i32));
+        let ordered = (case == "ordered" || case == "mismatch").then(|| (ctx.driver().clone(), (r % 4) as i32));
         ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail, ordered })));
     }
     let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
@@ -149,6 +163,7 @@ fn child() {
         }
         "fail" => fail(&ctx, made.unwrap(), r),
         "mismatch" => mismatch(&ctx, made.unwrap(), r),
+        "across-count" | "across-root" => across(&ctx, made.unwrap(), r, case == "across-root"),
         "killed" => killed(&ctx, made.unwrap(), r),
         _ => panic!("unknown case {case}"),
     }
@@ -312,6 +327,35 @@ fn mismatch(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
     let says = format!("ranks disagree on count: rank {first} has 1024, rank {second} has 512");
     assert!(e.message.contains(&says), "rank {r}: {says:?} in {e}");
     assert!(e.message.starts_with(&format!("rank {r}: ")), "rank {r}: {e}");
+    d.mem_free(dev, buf).unwrap();
+    team.destroy().unwrap();
+}
+
+fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, root: bool) {
+    let h = team.hier().expect("a team across domains");
+    let (local, in_b) = (h.local, h.domain == 1);
+    let b0 = h.layout.rank_of(1, 0);
+    let dev = team.devices()[local];
+    let d = ctx.driver();
+    let buf = d.mem_alloc(dev, 8192).unwrap();
+    let before: Vec<u8> = (0..8192).map(|i| (i * 7 + r) as u8).collect();
+    store(buf, &before);
+    let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    let (c, count, says) = if root {
+        let c = Collective::Broadcast { root: if in_b { 1 } else { 0 } };
+        (c, 4096, format!("ranks disagree on root: rank 0 has 0, rank {b0} has 1"))
+    } else {
+        (ar, if in_b { 512 } else { 1024 }, format!("ranks disagree on count: rank 0 has 1024, rank {b0} has 512"))
+    };
+    let e = run_ptr(&team, r as i32, buf, buf, count, c, Stream(0)).expect_err("the domains disagree");
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains(&says), "rank {r}: {says:?} in {e}");
+    assert!(e.message.starts_with(&format!("rank {r}: ")), "rank {r}: {e}");
+    let e = synchronize(&team, local as i32, Stream(0)).expect_err("the team keeps the error");
+    assert!(e.kind == ErrorKind::InvalidArgument && e.message.contains(&says), "rank {r}: {e}");
+    let e = run_ptr(&team, r as i32, buf, buf, 16, ar, Stream(0)).expect_err("a later call is refused");
+    assert!(e.kind == ErrorKind::InvalidArgument && e.message.contains(&says), "rank {r}: {e}");
+    assert!(bytes(buf, 8192) == before, "rank {r}: the failed call wrote data");
     d.mem_free(dev, buf).unwrap();
     team.destroy().unwrap();
 }

@@ -225,7 +225,9 @@ fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: u
 }
 
 /// One rank's composed collective (arguments checked); `sig` the user call's signature, which
-/// every domain stage's kernels compare across the domain (see [`Steps::domain`]).
+/// every domain stage's kernels compare across the domain (see [`Steps::domain`]) and, where the
+/// rail calls run stage by stage, every rank compares across the domains first
+/// (`super::agree`).
 #[allow(clippy::too_many_arguments)]
 fn composed(
     team: &Arc<Team>,
@@ -239,12 +241,19 @@ fn composed(
 ) -> Result<()> {
     team.check_usable(format_args!("rank {}'s collective", h.rank))?;
     let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false), sig };
-    let result = match c {
+    let agreed = if team.check_calls() && steps.blocking() {
+        super::agree::across_domains(team, h, stream, sig, |send, recv, words| {
+            steps.rail("signature all-gather", |r| r.all_gather(send, recv, words, DType::U32, stream))
+        })
+    } else {
+        Ok(())
+    };
+    let result = agreed.and_then(|()| match c {
         Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
         Collective::ReduceScatter { dtype, .. } => steps.reduce_scatter(send, recv, count, dtype, c),
         Collective::AllGather => steps.all_gather(send, recv, count),
         Collective::Broadcast { root } => steps.broadcast(send, recv, count, root as usize),
-    };
+    });
     result.inspect_err(|e| {
         // A rail engine's failure is every rank's: the team keeps it, and every rank of the
         // whole team is told (their later calls fail with it). Recorded only now, once this
@@ -274,7 +283,8 @@ impl Steps<'_> {
     /// A domain stage: the domain team's pointer form, its kernels comparing the user call's
     /// signature (every rank of the domain issues the same stages for the same call, each its own
     /// shard), so ranks of this domain that disagree are caught at their first stage. Ranks of
-    /// different domains meet only on the rails, which do not compare calls.
+    /// different domains meet only on the rails, which do not compare calls: `super::agree`
+    /// compares them before the first stage where it can.
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
         crate::runtime::launch::signed_as(self.sig, || {
             domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)

@@ -9,11 +9,14 @@
 //!   of its creation that need no team (the engine vote, the rank layout, the rail communicator).
 //! - `collective.rs`: the four collectives composed from the domain team's pointer-form
 //!   collectives and the rail communicator; the pipelined all-reduce uses this rank's [`Pipe`].
+//! - `agree.rs`: the comparison of a call's signature across the domains, before the first
+//!   stage, where the rail calls run stage by stage.
 //!
 //! Imports: `team/create.rs` makes the domain team and attaches a [`Hier`] built here; this
 //! file imports no team; `collective.rs` imports the team and `runtime::collective` (it is
 //! called from `capi/collective.rs`, above both).
 
+mod agree;
 pub mod collective;
 
 use std::sync::Arc;
