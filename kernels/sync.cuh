@@ -121,9 +121,10 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
 // all-reduce's first step, all_reduce.cu) and compares every peer's with its own before it
 // touches any data (before it reads a peer's memory or writes its own out). Every rank compares
 // every peer, so every rank finds a disagreement. Where the lines carry their own flag (teams of
-// at most MCAST_BAR_SIG_MAX_RANKS; the LL kernels) no signal waits for them and they are read by
-// threads of the block's last warp while the others wait for the call's own signals or data:
-// only the vote before the first write is added to the critical path.
+// at most MCAST_BAR_SIG_MAX_RANKS; the LL kernels) no signal waits for them. At the barrier and
+// in the push all-reduce threads of the block's last warp read them while the others wait for
+// the call's own signals, and only the vote before the first write is added to the critical
+// path; the LL reductions and all-gather read them with each thread's first data wait (ll.cuh).
 
 // The signature is two lines; lane t (< nranks, not this rank) of the block's last warp carries
 // rank t's (measured: lanes of warp 0 cost the LL kernels 0.3 us where thread 0 also waits for
