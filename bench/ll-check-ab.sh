@@ -2,7 +2,7 @@
 # The LL kernels' call-signature check: two mcast-bench builds with MCAST_LL=on, alternating on one
 # warm machine, A and B with the check on and C = B with the check off (MCAST_CHECK_CALLS=off), in
 # the order A B C A B C: B - A is the change, B - C what the check still costs. From CUDA graphs,
-# 8 B to 64 KiB, the LL all-reduce (bf16) and the LL all-gather.
+# 8 B to 64 KiB, the LL all-reduce (bf16), all-gather and broadcast.
 #   bench/ll-check-ab.sh BIN_A BIN_B OUT
 # Multicast stays off (the safety rule).
 set -uo pipefail
@@ -18,9 +18,10 @@ for round in 1 2; do
     [ "$which" = C ] && check=off
     MCAST_LL=on MCAST_CHECK_CALLS=$check "$bin" "${common[@]}" --op all_reduce -d bf16 >"$out/$which${round}_ar_ll.txt" 2>&1
     MCAST_LL=on MCAST_CHECK_CALLS=$check "$bin" "${common[@]}" --op all_gather >"$out/$which${round}_ag_ll.txt" 2>&1
+    MCAST_LL=on MCAST_CHECK_CALLS=$check "$bin" "${common[@]}" --op broadcast >"$out/$which${round}_bc_ll.txt" 2>&1
   done
 done
-for c in ar_ll ag_ll; do
+for c in ar_ll ag_ll bc_ll; do
   echo "== $c: bytes | A1 | B1 | C1 | A2 | B2 | C2 (us; A, B check on, C = B check off; #wrong summed)"
   awk '/^ +[0-9]/{print $1}' "$out/A1_$c.txt" >"$out/.col0"
   for f in A1 B1 C1 A2 B2 C2; do awk '/^ +[0-9]/{print $6}' "$out/${f}_$c.txt" >"$out/.col_$f"; done
