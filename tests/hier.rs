@@ -164,7 +164,7 @@ fn child() {
         "fail" => fail(&ctx, made.unwrap(), r),
         "mismatch" => mismatch(&ctx, made.unwrap(), r),
         "across-count" | "across-root" => across(&ctx, made.unwrap(), r, case == "across-root"),
-        "killed" => killed(&ctx, made.unwrap(), r),
+        "killed" => killed(&ctx, made, r),
         _ => panic!("unknown case {case}"),
     }
 }
@@ -360,10 +360,19 @@ fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, root: bool) {
     team.destroy().unwrap();
 }
 
-fn killed(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
+fn killed(ctx: &Arc<Context>, made: Result<Arc<Team>>, r: usize) {
     if r == 3 {
         std::process::exit(0);
     }
+    // Rank 3 leaves as soon as its own creation returns: a rank whose creation was still ending
+    // then may learn of the failure there (a peer's rail call failed and told every rank).
+    let team = match made {
+        Ok(team) => team,
+        Err(e) => {
+            assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Aborted), "rank {r}: {e}");
+            return;
+        }
+    };
     let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
     let d = ctx.driver();
     let buf = d.mem_alloc(dev, 1 << 20).unwrap();
