@@ -130,9 +130,10 @@ struct SigPoll {
   u32 peer;
   bool pending;
 };
-__device__ __forceinline__ SigPoll ll_sig_poll(const McastArgs& a, const LlPart& p) {
+// `voted`: the kernel reads the signature lines this way (the broadcast; else nothing is pending).
+__device__ __forceinline__ SigPoll ll_sig_poll(const McastArgs& a, const LlPart& p, bool voted) {
   SigPoll sp;
-  sp.pending = a.check != 0 && sig_thread(a, &sp.peer);
+  sp.pending = voted && a.check != 0 && sig_thread(a, &sp.peer);
   sp.at = sp.pending ? ll_sig(a, a.rank, blockIdx.x, p.parity, sp.peer) : 0;
   sp.s0 = sp.s1 = 0;
   return sp;
@@ -174,18 +175,13 @@ __device__ bool ll_wait_signed(const McastArgs& a, u64 addr, u32 flag, u64* v, u
         : "=l"(x0), "=l"(y0), "=l"(x1), "=l"(y1), "=l"(x2), "=l"(y2)
         : "l"(addr), "l"(sat)
         : "memory");
-    const auto has = [flag](u64 x, u64 y) { return (u32)(x >> 32) == flag && (u32)(y >> 32) == flag; };
-    if (has(x1, y1) && has(x2, y2)) {
-      const u64 s0 = (x1 & 0xffffffffull) | (y1 << 32), s1 = (x2 & 0xffffffffull) | (y2 << 32);
+    u64 s0, s1;
+    if (ll_lanes(x1, y1, flag, &s0) && ll_lanes(x2, y2, flag, &s1)) {
       if (s0 != a.sig[0] || s1 != a.sig[1]) {
         record_mismatch(a, writer, s0, s1);
         return false;
       }
-      if (has(x0, y0)) {
-        *v = (x0 & 0xffffffffull) | (y0 << 32);
-        return true;
-      }
-      return ll_wait(a, addr, flag, v, start, writer);
+      return ll_lanes(x0, y0, flag, v) || ll_wait(a, addr, flag, v, start, writer);
     }
     if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, MCAST_KIND_LL, writer, sat, flag)) return false;
   }
@@ -364,8 +360,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
   // thread's first wait on each peer also awaits its signature lines; in a broadcast (a rank
   // hears from the root only) the signature threads poll them (SigPoll) and the block votes
   // before anything of out is written.
-  SigPoll sp = ll_sig_poll(a, p);
-  if (gather) sp.pending = false;
+  SigPoll sp = ll_sig_poll(a, p, !gather);
   bool bad = false;
   u64 start = 0, v = 0;
   if (!gather && t < a.nranks && t != me && t != a.root &&

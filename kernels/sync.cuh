@@ -51,12 +51,16 @@ __device__ __forceinline__ void ll_store(u64 addr, u64 v, u32 flag) {
   const u64 x = (v & 0xffffffffull) | ((u64)flag << 32), y = (v >> 32) | ((u64)flag << 32);
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(addr), "l"(x), "l"(y) : "memory");
 }
-__device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
-  u64 x, y;
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
+// A line's two lanes x, y as loaded: true when both carry flag, with the payload in *v.
+__device__ __forceinline__ bool ll_lanes(u64 x, u64 y, u32 flag, u64* v) {
   if ((u32)(x >> 32) != flag || (u32)(y >> 32) != flag) return false;
   *v = (x & 0xffffffffull) | (y << 32);
   return true;
+}
+__device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
+  u64 x, y;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
+  return ll_lanes(x, y, flag, v);
 }
 
 // Ranks whose calls differ so much that they chose different kinds of kernel (the LL kernels on

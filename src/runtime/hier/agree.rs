@@ -52,7 +52,7 @@ pub(super) fn across_domains(
 ) -> Result<()> {
     let (n, l) = (h.layout.domains(), h.layout.domain_size());
     let p = n * l;
-    let driver = team.context().driver().clone();
+    let driver = team.context().driver();
     let dev = team.devices()[h.local];
     let table = h.with_scratch(team.context(), SIG * (1 + l + p), stream, |s| {
         let (mine, gathered, all) = (s, s + SIG as u64, s + (SIG * (1 + l)) as u64);
