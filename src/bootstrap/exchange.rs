@@ -6,10 +6,16 @@ use std::os::fd::{AsRawFd, RawFd};
 use super::tcp::kind;
 use super::{timeout_err, BootError, Bootstrap, Deadline, Dec, Enc, Kind, Part, Status};
 
+/// How long a wait for a frame polls the queue before it sleeps on the condition variable: a
+/// frame that comes within it is taken without a thread's wake-up (the exchanges between calls,
+/// e.g. a team across NVLink domains comparing each call, wait tens of microseconds).
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 impl Bootstrap {
     /// Waits for the next frame from `src`: `Err` on a failure of the team (abort, a rank's
     /// timeout), close or deadline.
     fn next_frame(&self, src: usize, label: &str, deadline: Deadline) -> Result<(u8, Vec<u8>), BootError> {
+        let spin_until = std::time::Instant::now() + SPIN;
         let mut q = self.shared.q.lock();
         loop {
             if let Some(e) = self.failed_err() {
@@ -24,6 +30,10 @@ impl Bootstrap {
                     "rank {}: rank {src} closed its connection at \"{label}\" (the process exited or was killed)",
                     self.rank
                 )));
+            }
+            if std::time::Instant::now() < spin_until {
+                parking_lot::MutexGuard::unlocked(&mut q, std::thread::yield_now);
+                continue;
             }
             match deadline.0 {
                 None => self.shared.cv.wait(&mut q),
