@@ -96,9 +96,10 @@ fn an_engine_failure_is_every_ranks() {
 
 /// Ranks of one domain that disagree on a call (here each domain's second rank passes half the
 /// count, so the rails, which join the ranks of equal local index, agree), with a stream-ordered
-/// engine (so no comparison across the domains runs first, see the next test): the domain
-/// stage's kernels compare the user call's signature, so every rank's synchronize fails with
-/// INVALID_ARGUMENT naming the count and its domain's two ranks by their rank in the whole team.
+/// engine: the ranks compare their calls over the team's bootstrap before any stage, so every
+/// rank's call fails with INVALID_ARGUMENT naming the count and the first two ranks that differ
+/// by their rank in the whole team (rank 0 and the first rank of local index 1), and no rank's
+/// data is written.
 #[test]
 fn ranks_of_a_domain_that_disagree_are_caught() {
     all_ok(&spawn("mismatch", &["A", "A", "B", "B"]));
@@ -106,24 +107,32 @@ fn ranks_of_a_domain_that_disagree_are_caught() {
 }
 
 /// Ranks of different domains that disagree, each domain agreeing inside (domain B's ranks pass
-/// half the count, or another root), so that only the rails would meet different calls: with the
-/// rail calls run stage by stage, the ranks compare their calls across the domains before any
-/// stage. Every rank's call fails with INVALID_ARGUMENT naming the field, both values and the
-/// ranks (rank 0 and B's first rank), no rank's data is written, and the team keeps the error
-/// (synchronize and a later call report it).
+/// half the count, or another root), so that only the rails would meet different calls: the
+/// ranks compare their calls across the domains before any stage, through the engine where the
+/// rail calls run stage by stage, over the team's bootstrap where the engine is stream-ordered
+/// (`ordered-`). Every rank's call fails with INVALID_ARGUMENT naming the field, both values and
+/// the ranks (rank 0 and B's first rank), no rank's data is written, and the team keeps the
+/// error (synchronize and a later call report it).
 #[test]
 fn ranks_of_different_domains_that_disagree_are_caught_before_any_stage() {
-    all_ok(&spawn("across-count", &["A", "A", "B", "B"]));
-    all_ok(&spawn("across-count", &["A", "B", "A", "B"]));
+    for case in ["across-count", "ordered-across-count"] {
+        all_ok(&spawn(case, &["A", "A", "B", "B"]));
+        all_ok(&spawn(case, &["A", "B", "A", "B"]));
+    }
     all_ok(&spawn("across-root", &["A", "A", "B", "B"]));
+    all_ok(&spawn("ordered-across-root", &["A", "B", "A", "B"]));
 }
 
-/// A rank killed before a collective: the others get TIMEOUT or ABORTED within timeout_ms + 1 s.
+/// A rank killed before a collective: the others get TIMEOUT or ABORTED within timeout_ms + 1 s,
+/// whether the engine runs stage by stage or is stream-ordered (the comparison's exchange over
+/// the bootstrap is then the first to miss it).
 #[test]
 fn a_killed_rank_ends_the_others_in_time() {
-    let st = spawn("killed", &["A", "A", "B", "B"]);
-    for (r, s) in st.iter().enumerate().take(3) {
-        assert!(s.success(), "rank {r} failed: {s:?}");
+    for case in ["killed", "ordered-killed"] {
+        let st = spawn(case, &["A", "A", "B", "B"]);
+        for (r, s) in st.iter().enumerate().take(3) {
+            assert!(s.success(), "{case}: rank {r} failed: {s:?}");
+        }
     }
 }
 
@@ -142,7 +151,8 @@ fn child() {
     let ctx = runtime_context(config);
     if case != "none" {
         let fail = (case == "fail").then_some(1);
-        let ordered = (case == "ordered" || case == "mismatch").then(|| (ctx.driver().clone(), (r % 4) as i32));
+        let ordered = (case == "ordered" || case == "mismatch" || case.starts_with("ordered-"))
+            .then(|| (ctx.driver().clone(), (r % 4) as i32));
         ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail, ordered })));
     }
     let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
@@ -162,9 +172,10 @@ fn child() {
             }
         }
         "fail" => fail(&ctx, made.unwrap(), r),
-        "mismatch" => mismatch(&ctx, made.unwrap(), r),
-        "across-count" | "across-root" => across(&ctx, made.unwrap(), r, case == "across-root"),
-        "killed" => killed(&ctx, made, r),
+        "mismatch" => across(&ctx, made.unwrap(), r, Disagree::InDomain),
+        "across-count" | "ordered-across-count" => across(&ctx, made.unwrap(), r, Disagree::Count),
+        "across-root" | "ordered-across-root" => across(&ctx, made.unwrap(), r, Disagree::Root),
+        "killed" | "ordered-killed" => killed(&ctx, made, r),
         _ => panic!("unknown case {case}"),
     }
 }
@@ -312,40 +323,39 @@ fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
     team.destroy().unwrap();
 }
 
-fn mismatch(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
-    let h = team.hier().expect("a team across domains");
-    let local = h.local;
-    let dev = team.devices()[local];
-    let d = ctx.driver();
-    let buf = d.mem_alloc(dev, 8192).unwrap();
-    let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
-    let count = if local == 0 { 1024 } else { 512 };
-    run_ptr(&team, r as i32, buf, buf, count, c, Stream(0)).unwrap();
-    let e = synchronize(&team, local as i32, Stream(0)).expect_err("the domain's ranks disagree");
-    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
-    let (first, second) = (h.layout.rank_of(h.domain, 0), h.layout.rank_of(h.domain, 1));
-    let says = format!("ranks disagree on count: rank {first} has 1024, rank {second} has 512");
-    assert!(e.message.contains(&says), "rank {r}: {says:?} in {e}");
-    assert!(e.message.starts_with(&format!("rank {r}: ")), "rank {r}: {e}");
-    d.mem_free(dev, buf).unwrap();
-    team.destroy().unwrap();
+/// What the ranks of `across` disagree on.
+enum Disagree {
+    /// The count, each domain's second rank passing half.
+    InDomain,
+    /// The count, domain B's ranks passing half.
+    Count,
+    /// The broadcast's root, domain B's ranks passing another.
+    Root,
 }
 
-fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, root: bool) {
+fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, what: Disagree) {
     let h = team.hier().expect("a team across domains");
     let (local, in_b) = (h.local, h.domain == 1);
-    let b0 = h.layout.rank_of(1, 0);
+    let (b0, a1) = (h.layout.rank_of(1, 0), h.layout.rank_of(0, 1));
     let dev = team.devices()[local];
     let d = ctx.driver();
     let buf = d.mem_alloc(dev, 8192).unwrap();
     let before: Vec<u8> = (0..8192).map(|i| (i * 7 + r) as u8).collect();
     store(buf, &before);
     let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
-    let (c, count, says) = if root {
-        let c = Collective::Broadcast { root: if in_b { 1 } else { 0 } };
-        (c, 4096, format!("ranks disagree on root: rank 0 has 0, rank {b0} has 1"))
-    } else {
-        (ar, if in_b { 512 } else { 1024 }, format!("ranks disagree on count: rank 0 has 1024, rank {b0} has 512"))
+    let (c, count, says) = match what {
+        Disagree::Root => {
+            let c = Collective::Broadcast { root: if in_b { 1 } else { 0 } };
+            (c, 4096, format!("ranks disagree on root: rank 0 has 0, rank {b0} has 1"))
+        }
+        Disagree::Count => {
+            (ar, if in_b { 512 } else { 1024 }, format!("ranks disagree on count: rank 0 has 1024, rank {b0} has 512"))
+        }
+        Disagree::InDomain => (
+            ar,
+            if local == 1 { 512 } else { 1024 },
+            format!("ranks disagree on count: rank 0 has 1024, rank {a1} has 512"),
+        ),
     };
     let e = run_ptr(&team, r as i32, buf, buf, count, c, Stream(0)).expect_err("the domains disagree");
     assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");

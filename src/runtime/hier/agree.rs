@@ -1,29 +1,33 @@
 //! The comparison of a call across NVLink domains. A domain stage's kernels compare the user
 //! call's signature inside the domain only, and the rails (NCCL, MPI) compare nothing: ranks of
 //! different domains that disagree on a count would pass their engine different counts (a
-//! truncation error, a hang or wrong data in MPI and NCCL alike). So where the rail calls run
-//! stage by stage (the engine completes each call before it returns: MPI, and NCCL on the
-//! simulator) and the check is on (`MCAST_CHECK_CALLS`), every rank first gathers every rank's
-//! signature and compares them on the host, before any stage:
+//! truncation error, a hang or wrong data in MPI and NCCL alike). So, with the check on
+//! (`MCAST_CHECK_CALLS`), every rank gathers every rank's 16-byte signature before any stage and
+//! compares them on the host ([`judge`]): where two differ, every rank finds the same pair (the
+//! lowest rank that differs from rank 0) and returns the same `InvalidArgument`, naming the
+//! field, the values and the ranks; no stage runs, so no data is written and no engine call of
+//! another count is made. How the signatures travel depends on the engine:
 //!
-//! 1. its own signature is written to the scratch, the domain's slots after it zeroed;
-//! 2. a domain all-gather of the 16-byte signatures (the domain team's pointer form, signed as
-//!    itself: every rank makes the same call whatever its user call);
-//! 3. a rail all-gather of the domain's signatures (the stream synchronised first, as before
-//!    every blocking rail call): each rank now holds all of them, in the same table;
-//! 4. read back and compared: where two differ, every rank finds the same pair (the lowest rank
-//!    that differs from rank 0) and returns the same `InvalidArgument`, naming the field, the
-//!    values and the ranks; no stage runs, so no data is written and no rail call waits for a
-//!    rank that skipped it.
+//! - **Where the rail calls run stage by stage** (the engine completes each call before it
+//!   returns: MPI, and NCCL on the simulator), [`across_domains`] uses the engine itself:
+//!   1. its own signature is written to the scratch, the domain's slots after it zeroed;
+//!   2. a domain all-gather of the signatures (the domain team's pointer form, signed as
+//!      itself: every rank makes the same call whatever its user call);
+//!   3. a rail all-gather of the domain's signatures (the stream synchronised first, as before
+//!      every blocking rail call): each rank now holds all of them, in the same table.
 //!
-//! A domain whose all-gather failed (a rank gone: its kernels record the timeout) leaves its
-//! slots zero, which no signature is (the collective field is never 0); zero slots are not
-//! compared, and that rank's stages then fail as they would without the comparison. The verdict
-//! is the same on every rank when every rank is alive.
+//!   A domain whose all-gather failed (a rank gone: its kernels record the timeout) leaves its
+//!   slots zero, which no signature is (the collective field is never 0); zero slots are not
+//!   compared, and that rank's stages then fail as they would without the comparison.
+//! - **Where the rail calls are stream-ordered** (NCCL on GPUs), the host cannot read what the
+//!   engine gathers without waiting for the stream, and a device-side verdict could not stop an
+//!   NCCL call already enqueued. So [`over_bootstrap`] exchanges the signatures over the team's
+//!   own connections (the bootstrap that made it: one exchange through rank 0, on the host; the
+//!   stream is never waited for). In a CUDA graph the comparison runs once, at capture, on the
+//!   arguments the graph replays. A rank that is gone ends the exchange within `timeout_ms`
+//!   (`Timeout`), an abort at once (`Aborted`), and the team keeps the failure.
 //!
-//! With a stream-ordered engine (NCCL on GPUs) the host cannot see the table before the rail
-//! calls are enqueued without waiting for the stream on every call, so ranks of different
-//! domains that disagree are not caught there, as NCCL does not catch them.
+//! The verdict is the same on every rank when every rank is alive.
 
 use std::sync::Arc;
 
@@ -31,7 +35,8 @@ use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::signature::describe;
 use crate::kernels::Collective;
 use crate::runtime::collective as domain;
-use crate::runtime::error::{Error, Result};
+use crate::runtime::comm::{Dec, Enc};
+use crate::runtime::error::{Error, ErrorKind, Result};
 use crate::runtime::team::Team;
 
 use super::Hier;
@@ -39,10 +44,9 @@ use super::Hier;
 /// Bytes of one signature in the table.
 const SIG: usize = 16;
 
-/// Compares rank `h.rank`'s call signature `sig` with every rank's (see the module doc).
-/// `rail_all_gather(send, recv, words)` is the rank's blocking rail all-gather of `words` 32-bit
-/// words. On a disagreement the team keeps the error (its later calls and synchronize report
-/// it, as after a mismatch found by the kernels).
+/// Compares rank `h.rank`'s call signature `sig` with every rank's through the engine, where the
+/// rail calls run stage by stage (see the module doc). `rail_all_gather(send, recv, words)` is
+/// the rank's blocking rail all-gather of `words` 32-bit words.
 pub(super) fn across_domains(
     team: &Arc<Team>,
     h: &Hier,
@@ -50,8 +54,8 @@ pub(super) fn across_domains(
     sig: [u64; 2],
     rail_all_gather: impl FnOnce(DevicePtr, DevicePtr, usize) -> Result<()>,
 ) -> Result<()> {
-    let (n, l) = (h.layout.domains(), h.layout.domain_size());
-    let p = n * l;
+    let l = h.layout.domain_size();
+    let p = h.layout.domains() * l;
     let driver = team.context().driver();
     let dev = team.devices()[h.local];
     let table = h.with_scratch(team.context(), SIG * (1 + l + p), stream, |s| {
@@ -84,13 +88,43 @@ pub(super) fn across_domains(
             [word(at), word(at + 1)]
         })
         .collect();
-    let Some((a, b)) = first_disagreement(&of_rank) else { return Ok(()) };
+    judge(team, h, &of_rank)
+}
+
+/// Compares rank `h.rank`'s call signature `sig` with every rank's over the team's bootstrap,
+/// where the rail calls are stream-ordered (see the module doc).
+pub(super) fn over_bootstrap(team: &Arc<Team>, h: &Hier, sig: [u64; 2]) -> Result<()> {
+    let mut mine = Enc::default();
+    mine.u64(sig[0]).u64(sig[1]);
+    let parts = h.global.exchange("call signatures", Ok(()), &mine.0, &[]).map_err(|e| {
+        let e = e.context(format!("rank {}: comparing the ranks' calls", h.rank));
+        if e.kind != ErrorKind::Aborted {
+            team.set_error(e.clone());
+        }
+        e
+    })?;
+    let of_rank = parts
+        .iter()
+        .map(|p| {
+            let mut d = Dec(&p.bytes);
+            Ok([d.u64()?, d.u64()?])
+        })
+        .collect::<Result<Vec<[u64; 2]>>>()?;
+    judge(team, h, &of_rank)
+}
+
+/// The verdict on every rank's signature, the same on every rank: `Ok` when they agree (unknown
+/// ones skipped), else the team keeps the `InvalidArgument` naming the first pair that differs
+/// (its later calls and synchronize report it, as after a mismatch found by the kernels).
+fn judge(team: &Arc<Team>, h: &Hier, of_rank: &[[u64; 2]]) -> Result<()> {
+    let Some((a, b)) = first_disagreement(of_rank) else { return Ok(()) };
     let e = Error::invalid_argument(format!(
         "rank {}: {}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; the \
-         team's {n} NVLink domains compared their ranks' calls before any stage and wrote no data; every rank of \
+         team's {} NVLink domains compared their ranks' calls before any stage and wrote no data; every rank of \
          the team reports this error until it is destroyed: destroy it and make a new one",
         h.rank,
-        describe(a, of_rank[a], b, of_rank[b])
+        describe(a, of_rank[a], b, of_rank[b]),
+        h.layout.domains()
     ));
     team.set_error(e.clone());
     Err(e)

@@ -225,9 +225,10 @@ fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: u
 }
 
 /// One rank's composed collective (arguments checked); `sig` the user call's signature, which
-/// every domain stage's kernels compare across the domain (see [`Steps::domain`]) and, where the
-/// rail calls run stage by stage, every rank compares across the domains first
-/// (`super::agree`).
+/// every domain stage's kernels compare across the domain (see [`Steps::domain`]) and, with the
+/// check on, every rank compares across the domains first (`super::agree`: through the engine
+/// where the rail calls run stage by stage, over the team's bootstrap where they are
+/// stream-ordered).
 #[allow(clippy::too_many_arguments)]
 fn composed(
     team: &Arc<Team>,
@@ -241,12 +242,14 @@ fn composed(
 ) -> Result<()> {
     team.check_usable(format_args!("rank {}'s collective", h.rank))?;
     let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false), sig };
-    let agreed = if team.check_calls() && steps.blocking() {
+    let agreed = if !team.check_calls() {
+        Ok(())
+    } else if steps.blocking() {
         super::agree::across_domains(team, h, stream, sig, |send, recv, words| {
             steps.rail("signature all-gather", |r| r.all_gather(send, recv, words, DType::U32, stream))
         })
     } else {
-        Ok(())
+        super::agree::over_bootstrap(team, h, sig)
     };
     let result = agreed.and_then(|()| match c {
         Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
@@ -284,7 +287,7 @@ impl Steps<'_> {
     /// signature (every rank of the domain issues the same stages for the same call, each its own
     /// shard), so ranks of this domain that disagree are caught at their first stage. Ranks of
     /// different domains meet only on the rails, which do not compare calls: `super::agree`
-    /// compares them before the first stage where it can.
+    /// compares them before the first stage.
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
         crate::runtime::launch::signed_as(self.sig, || {
             domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)

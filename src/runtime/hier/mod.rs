@@ -10,7 +10,8 @@
 //! - `collective.rs`: the four collectives composed from the domain team's pointer-form
 //!   collectives and the rail communicator; the pipelined all-reduce uses this rank's [`Pipe`].
 //! - `agree.rs`: the comparison of a call's signature across the domains, before the first
-//!   stage, where the rail calls run stage by stage.
+//!   stage (through the engine where the rail calls run stage by stage, over the bootstrap
+//!   where they are stream-ordered).
 //!
 //! Imports: `team/create.rs` makes the domain team and attaches a [`Hier`] built here; this
 //! file imports no team; `collective.rs` imports the team and `runtime::collective` (it is
