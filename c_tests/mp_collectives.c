@@ -21,6 +21,13 @@
  *                                  where fabric handles are unavailable setup must fail on every
  *                                  rank with MCAST_ERROR_NOT_SUPPORTED naming rank, host and
  *                                  reason (MCAST_MP_EXPECT=not_supported demands that outcome)
+ *   mp_collectives N domains       two NVLink domains (MCAST_DOMAIN=A for the first half of the
+ *                                  ranks, B for the rest; the engine between them from MCAST_NET):
+ *                                  an all-reduce checked, then domain B passes half the count:
+ *                                  every rank's call returns MCAST_ERROR_INVALID_ARGUMENT naming
+ *                                  both counts and ranks, synchronize and mcast_team_get_error
+ *                                  keep it, and no rank's buffer is written. Needs an engine and
+ *                                  (on CUDA) a GPU per rank; without, exit 77 (skipped)
  * MCAST_MP_HOSTS=H puts rank r on simulated host "host<r % H>" (MCAST_HOST_ID).
  * The backend and multicast mode come from the environment (MCAST_BACKEND, MCAST_MULTICAST);
  * on CUDA, rank r uses device r % count, and without a device the test exits 77 (skipped). */
@@ -173,6 +180,41 @@ struct shared_gather {
   mcast_unique_id_t id; /* made by rank 0, read by the others after the barrier */
   unsigned char data[72 * 1024];
 };
+/* Two NVLink domains that disagree (see the usage at the top). */
+static void domains(mcast_team_t team, int n, int r) {
+  enum { N = 1024 };
+  static float before[N], after[N];
+  const int in_b = r >= n / 2;
+  mcast_buffer_t buf;
+  CHECK_OK(mcast_buffer_alloc(team, sizeof before, &buf));
+  for (int i = 0; i < N; i++) before[i] = (float)((r + 1) * (i % 13));
+  CHECK_OK(mcast_buffer_write(buf, r, 0, before, sizeof before));
+  CHECK_OK(mcast_all_reduce(buf, r, 0, N, MCAST_FLOAT32, MCAST_SUM, NULL));
+  CHECK_OK(mcast_synchronize(team, r, NULL));
+  CHECK_OK(mcast_buffer_read(buf, r, 0, after, sizeof after));
+  for (int i = 0; i < N; i++) CHECK(after[i] == (float)((i % 13) * n * (n + 1) / 2));
+  for (int i = 0; i < N; i++) before[i] = (float)(r * N + i);
+  CHECK_OK(mcast_buffer_write(buf, r, 0, before, sizeof before));
+  char says[96];
+  snprintf(says, sizeof says, "ranks disagree on count: rank 0 has %d, rank %d has %d", N, n / 2, N / 2);
+  mcast_status_t s = mcast_all_reduce(buf, r, 0, in_b ? N / 2 : N, MCAST_FLOAT32, MCAST_SUM, NULL);
+  if (s != MCAST_ERROR_INVALID_ARGUMENT || strstr(mcast_last_error(), says) == NULL) {
+    fprintf(stderr, "rank %d: want INVALID_ARGUMENT with \"%s\", got %s: %s\n", r, says, mcast_status_string(s),
+            mcast_last_error());
+    exit(1);
+  }
+  CHECK_STATUS(mcast_synchronize(team, r, NULL), MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mcast_last_error(), says) != NULL);
+  mcast_status_t kept = MCAST_SUCCESS;
+  CHECK_OK(mcast_team_get_error(team, &kept));
+  CHECK(kept == MCAST_ERROR_INVALID_ARGUMENT);
+  CHECK_OK(mcast_buffer_read(buf, r, 0, after, sizeof after));
+  CHECK(memcmp(before, after, sizeof before) == 0);
+  CHECK_OK(mcast_buffer_free(buf));
+  printf("rank %d: caught across domains: %s\n", r, says);
+  fflush(stdout);
+}
+
 static struct shared_gather *shared;
 static int my_rank;
 
@@ -218,10 +260,22 @@ static int rank_main(const char *role, int n, int r) {
     setenv("MCAST_HOST_ID", host, 1);
   }
   if (strcmp(role, "fault") == 0 && r == 1) setenv("MCAST_SIM_FAULTS", "cuMemCreate=INVALID_VALUE@3", 1);
+  const int two_domains = strcmp(role, "domains") == 0;
+  if (two_domains) setenv("MCAST_DOMAIN", r < n / 2 ? "A" : "B", 1);
   mcast_context_t ctx = context();
   int count = 0;
   CHECK_OK(mcast_device_count(ctx, &count));
   CHECK(count > 0);
+  const char *backend = getenv("MCAST_BACKEND");
+  if (two_domains && backend && strcmp(backend, "cuda") == 0 && count < n) {
+    /* NCCL's rails need a GPU per rank (every rank sees the same count and skips). */
+    if (r == 0) {
+      printf("domains: %d GPU(s) for %d ranks: skipped\n", count, n);
+      fflush(stdout);
+    }
+    CHECK_OK(mcast_context_destroy(ctx));
+    return 77;
+  }
   mcast_team_t team = {0};
   double t0 = now_s();
   if (strcmp(role, "absent") == 0) {
@@ -244,8 +298,19 @@ static int rank_main(const char *role, int n, int r) {
     CHECK_OK(mcast_context_destroy(ctx));
     return 0;
   }
+  if (two_domains && joined == MCAST_ERROR_NOT_SUPPORTED) {
+    if (r == 0) {
+      printf("domains: no engine between the domains (%s): skipped\n", mcast_last_error());
+      fflush(stdout);
+    }
+    check_no_leaks(ctx);
+    CHECK_OK(mcast_context_destroy(ctx));
+    return 77;
+  }
   CHECK_OK(joined);
-  if (strcmp(role, "collectives") == 0 || strcmp(role, "oob") == 0 || strcmp(role, "cross-host") == 0) {
+  if (two_domains) {
+    domains(team, n, r);
+  } else if (strcmp(role, "collectives") == 0 || strcmp(role, "oob") == 0 || strcmp(role, "cross-host") == 0) {
     collectives(team, n, r);
   } else if (strcmp(role, "registered") == 0 || strcmp(role, "registered-oob") == 0) {
     registered(ctx, team, n, r, r % count);
@@ -290,7 +355,7 @@ int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr,
             "usage: %s NRANKS collectives|absent|killed|fault|oob|cross-host|registered|registered-oob|"
-            "register-bad\n",
+            "register-bad|domains\n",
             argv[0]);
     return 2;
   }
