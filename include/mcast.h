@@ -609,9 +609,10 @@ typedef struct mcast_net_ops_t {
    * then gives its rail all-reduces mcast's internal rail stream of the rank, ordered with
    * the caller's stream by events, so the engine must accept any stream of the rank's
    * device; with `MCAST_CHECK_CALLS` on, the ranks compare their calls over mcast's own
-   * connections, on the host, before any engine call), or 0 (each call completes before it returns: mcast synchronises the stream
-   * before it, and with `MCAST_CHECK_CALLS` on, a collective first compares the ranks'
-   * calls across the domains with one `all_gather` of 4 x domain-size `MCAST_UINT32` words).
+   * connections, on the host, before any engine call), or 0 (each call completes before it
+   * returns: mcast synchronises the stream before it, and with `MCAST_CHECK_CALLS` on, a
+   * collective first compares the ranks' calls across the domains with one `all_gather` of
+   * 4 x domain-size `MCAST_UINT32` words).
    */
   uint32_t flags;
   /**
