@@ -21,11 +21,4 @@ for round in 1 2; do
     MCAST_LL=on MCAST_CHECK_CALLS=$check "$bin" "${common[@]}" --op broadcast >"$out/$which${round}_bc_ll.txt" 2>&1
   done
 done
-for c in ar_ll ag_ll bc_ll; do
-  echo "== $c: bytes | A1 | B1 | C1 | A2 | B2 | C2 (us; A, B check on, C = B check off; #wrong summed)"
-  awk '/^ +[0-9]/{print $1}' "$out/A1_$c.txt" >"$out/.col0"
-  for f in A1 B1 C1 A2 B2 C2; do awk '/^ +[0-9]/{print $6}' "$out/${f}_$c.txt" >"$out/.col_$f"; done
-  paste "$out/.col0" "$out"/.col_A1 "$out"/.col_B1 "$out"/.col_C1 "$out"/.col_A2 "$out"/.col_B2 "$out"/.col_C2
-  rm -f "$out"/.col*
-  cat "$out"/[ABC][12]_$c.txt | awk '/^# wrong elements/{w += $4} END {print "wrong:", w + 0}'
-done | tee "$out/table.txt"
+"$(dirname "$0")/abc-table.sh" "$out" ar_ll ag_ll bc_ll | tee "$out/table.txt"
