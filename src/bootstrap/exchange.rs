@@ -6,9 +6,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use super::tcp::kind;
 use super::{timeout_err, BootError, Bootstrap, Deadline, Dec, Enc, Kind, Part, Status};
 
-/// How long a wait for a frame polls the queue before it sleeps on the condition variable: a
-/// frame that comes within it is taken without a thread's wake-up (the exchanges between calls,
-/// e.g. a team across NVLink domains comparing each call, wait tens of microseconds).
+/// How long a wait for a frame polls before it sleeps on the condition variable: the queue, and
+/// the peer's socket, whose frame it then takes itself ([`Bootstrap::pump`]). A frame that comes
+/// within it costs no thread's wake-up (the exchanges between calls, e.g. a team across NVLink
+/// domains comparing each call, wait tens of microseconds).
 const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 impl Bootstrap {
@@ -32,7 +33,11 @@ impl Bootstrap {
                 )));
             }
             if std::time::Instant::now() < spin_until {
-                parking_lot::MutexGuard::unlocked(&mut q, std::thread::yield_now);
+                parking_lot::MutexGuard::unlocked(&mut q, || {
+                    if !self.pump(src) {
+                        std::thread::yield_now();
+                    }
+                });
                 continue;
             }
             match deadline.0 {

@@ -11,10 +11,9 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::id::{check_env_mode, fresh_secret, spawn_root_until, UniqueId, ID_BYTES};
-use super::tcp::{self, kind, Acceptor, Opener, Secured, SECRET_BYTES};
+use super::tcp::{self, kind, Acceptor, Secured, SECRET_BYTES};
 use super::{
     fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
-    QUEUE_BYTES, QUEUE_FRAMES,
 };
 
 /// The status code of a rank whose descriptor channel could not be formed.
@@ -155,7 +154,6 @@ impl Bootstrap {
         deadline: Deadline,
     ) -> Result<Bootstrap, BootError> {
         let mut conns: Vec<Option<Arc<Conn>>> = (0..n).map(|_| None).collect();
-        let mut openers: Vec<Option<Opener>> = (0..n).map(|_| None).collect();
         let mut hosts = vec![String::new(); n];
         hosts[r] = host.clone();
         let nonce;
@@ -219,9 +217,7 @@ impl Bootstrap {
             }
             for (q, s) in streams.into_iter().enumerate() {
                 if let Some(s) = s {
-                    let (c, rx) = Conn::split(s);
-                    conns[q] = Some(Arc::new(c));
-                    openers[q] = Some(rx);
+                    conns[q] = Some(Arc::new(Conn::new(s)));
                 }
             }
         } else {
@@ -245,9 +241,7 @@ impl Bootstrap {
             for h in hosts.iter_mut() {
                 *h = d.str()?;
             }
-            let (c, rx) = Conn::split(s);
-            conns[0] = Some(Arc::new(c));
-            openers[0] = Some(rx);
+            conns[0] = Some(Arc::new(Conn::new(s)));
         }
         for c in conns.iter().flatten() {
             let _ = c.stream.set_read_timeout(None);
@@ -268,6 +262,8 @@ impl Bootstrap {
             failure: Mutex::new(None),
             // SAFETY: a fresh descriptor.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
+            #[cfg(test)]
+            readers_paused: AtomicBool::new(false),
         });
         let conns = Arc::new(conns);
         let mut b = Bootstrap {
@@ -281,7 +277,7 @@ impl Bootstrap {
             local: None,
             broken: Mutex::new(None),
         };
-        b.start_readers(openers);
+        b.start_readers();
         // Descriptor passing among the ranks of this host, then a vote so every rank agrees.
         let members: Vec<usize> = (0..n).filter(|&q| b.hosts[q] == b.hosts[r]).collect();
         let local = if members.len() > 1 {
@@ -302,90 +298,5 @@ impl Bootstrap {
             _ => e,
         })?;
         Ok(b)
-    }
-
-    /// One thread per connection: opens frames and queues them; passes an abort or a failure
-    /// on at once (the hub to every other rank); fails the team when a frame does not open or
-    /// a peer breaks a cap.
-    fn start_readers(&mut self, openers: Vec<Option<Opener>>) {
-        let mut readers = self.readers.lock();
-        for (src, (c, rx)) in self.conns.iter().zip(openers).enumerate() {
-            let (Some(c), Some(mut rx)) = (c.clone(), rx) else { continue };
-            let shared = self.shared.clone();
-            let conns = self.conns.clone();
-            let hub = self.rank == 0;
-            let me = self.rank;
-            // The hub passes a peer's abort or failure on to every other rank.
-            let relay = move |conns: &[Option<Arc<Conn>>], k: u8, p: &[u8]| {
-                for (q, other) in conns.iter().enumerate() {
-                    if let (Some(o), true) = (other, hub && q != src) {
-                        let _ = o.send(k, p);
-                    }
-                }
-            };
-            let t = std::thread::Builder::new().name("mcast-boot-rx".into()).spawn(move || loop {
-                let failed = match rx.open(&mut &c.stream, tcp::MAX_FRAME) {
-                    Ok((k @ (kind::ABORT | kind::FAILED), p)) => {
-                        let mut d = Dec(&p);
-                        let what = if k == kind::ABORT {
-                            Kind::Aborted
-                        } else {
-                            d.u32().map_or(Kind::Internal, Kind::from_code)
-                        };
-                        let reason = d.str().unwrap_or_default();
-                        if shared.set_failed(what, &reason) {
-                            relay(&conns, k, &p);
-                        }
-                        continue;
-                    }
-                    Ok((k, p)) => {
-                        let mut q = shared.q.lock();
-                        if q.frames[src].len() < QUEUE_FRAMES && q.bytes[src] + p.len() <= QUEUE_BYTES {
-                            q.bytes[src] += p.len();
-                            q.frames[src].push_back((k, p));
-                            shared.cv.notify_all();
-                            continue;
-                        }
-                        format!(
-                            "rank {me}: rank {src} sent more than {QUEUE_FRAMES} frames or {QUEUE_BYTES} bytes that no \
-                             exchange asked for; its connection is dropped"
-                        )
-                    }
-                    Err(tcp::FrameError::Auth) => format!(
-                        "rank {me}: the bootstrap connection from rank {src} failed authentication (a frame was \
-                         altered, replayed, reordered or injected on the network); the connection is dropped"
-                    ),
-                    Err(tcp::FrameError::TooLarge(n)) => format!(
-                        "rank {me}: rank {src} sent a frame of {n} bytes, above the cap of {} bytes; the connection \
-                         is dropped",
-                        tcp::MAX_FRAME
-                    ),
-                    Err(_) => {
-                        let mut q = shared.q.lock();
-                        q.closed[src] = true;
-                        shared.cv.notify_all();
-                        break;
-                    }
-                };
-                tracing::warn!("{failed}");
-                // The failure first, then the closed connection: a wait that wakes in between
-                // must report the authentication failure, not a peer that left.
-                let news = shared.set_failed(Kind::Timeout, &failed);
-                shared.q.lock().closed[src] = true;
-                if news {
-                    let mut e = Enc::default();
-                    e.u32(Kind::Timeout.code()).str(&failed);
-                    // Every peer hears it: the hub tells every rank, a rank tells the hub. The
-                    // direction towards the peer still works when only this one failed.
-                    for o in conns.iter().flatten() {
-                        let _ = o.send(kind::FAILED, &e.0);
-                    }
-                }
-                break;
-            });
-            if let Ok(t) = t {
-                readers.push(t);
-            }
-        }
     }
 }

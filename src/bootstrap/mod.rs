@@ -26,7 +26,8 @@
 //! frame carries the message to the peers (relayed by the hub like an abort).
 //!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
-//! `exchange.rs` the all-gather and what is built on it; this file holds the errors, the
+//! `reader.rs` the reading of its connections, `exchange.rs` the all-gather and what is built
+//! on it; this file holds the errors, the
 //! deadline and the [`Bootstrap`] value with its abort.
 
 mod droplog;
@@ -37,6 +38,7 @@ mod id;
 pub mod ifname;
 mod join;
 pub mod oob;
+mod reader;
 pub mod tcp;
 pub mod wire;
 
@@ -151,16 +153,18 @@ pub struct Part {
     pub fds: Vec<OwnedFd>,
 }
 
-/// The sending side of a connection (its reader thread owns the [`tcp::Opener`]).
+/// A connection: its sending half, and its reading half, which its reader thread and a rank
+/// waiting in an exchange share (`reader.rs`).
 struct Conn {
     stream: TcpStream,
     tx: Mutex<tcp::Sealer>,
+    rx: Mutex<tcp::Opener>,
 }
 
 impl Conn {
-    /// A handshaken connection split into this and its reading half.
-    fn split(c: tcp::Secured) -> (Conn, tcp::Opener) {
-        (Conn { stream: c.stream, tx: Mutex::new(c.tx) }, c.rx)
+    /// A handshaken connection.
+    fn new(c: tcp::Secured) -> Conn {
+        Conn { stream: c.stream, tx: Mutex::new(c.tx), rx: Mutex::new(c.rx) }
     }
 
     fn send(&self, k: u8, payload: &[u8]) -> std::io::Result<()> {
@@ -189,6 +193,9 @@ struct Shared {
     failure: Mutex<Option<(Kind, String)>>,
     /// An eventfd made readable by a failure (wakes descriptor-passing waits).
     wake: OwnedFd,
+    /// Tests only: the reader threads leave the connections alone (`reader.rs`'s tests).
+    #[cfg(test)]
+    readers_paused: AtomicBool,
 }
 
 impl Shared {

@@ -46,6 +46,33 @@ fn allgather_of_72_ranks_over_tcp() {
     eprintln!("72 thread ranks formed a bootstrap in {formed:?}");
 }
 
+/// Back-to-back exchanges, where the waiting rank takes most frames from the socket itself and
+/// the reader thread the rest (`reader.rs`): every part arrives whole, in its exchange, from its
+/// rank, in order (a frame taken twice, lost or queued out of order would fail a label or a
+/// payload here, or time out).
+#[test]
+fn back_to_back_exchanges_keep_every_frame_in_order() {
+    let boots = team(4, |_| "one".into(), 30_000);
+    std::thread::scope(|s| {
+        for b in &boots {
+            s.spawn(move || {
+                let r = b.rank();
+                for i in 0..2000u32 {
+                    let mut mine = i.to_le_bytes().to_vec();
+                    // Sizes vary so that some frames arrive in pieces.
+                    mine.resize(4 + (i as usize * 37 + r * 11) % 3000, r as u8);
+                    let parts = b.allgather(&format!("x{}", i % 7), Ok(()), &mine, &[]).unwrap();
+                    for (q, p) in parts.iter().enumerate() {
+                        assert_eq!(p.bytes.len(), 4 + (i as usize * 37 + q * 11) % 3000, "exchange {i}, rank {q}");
+                        assert_eq!(p.bytes[..4], i.to_le_bytes(), "exchange {i}, rank {q}");
+                        assert!(p.bytes[4..].iter().all(|&x| x == q as u8), "exchange {i}, rank {q}");
+                    }
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn descriptors_go_only_to_ranks_of_the_same_host() {
     let boots = team(4, |r| format!("host{}", r / 2), 10_000);
