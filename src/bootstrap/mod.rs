@@ -11,9 +11,10 @@
 //! or at `MCAST_BOOTSTRAP_ADDR` in rank 0, tells every rank where rank 0's hub listens) or
 //! through the caller's allgather. Then every rank holds one authenticated TCP connection to
 //! rank 0, the hub of a star; [`Bootstrap::allgather`] gathers every rank's labelled part at
-//! the hub and sends all parts back. A reader thread per connection turns frames into a queue,
-//! so an abort ([`Bootstrap::abort`], relayed by the hub), a rank's failure ([`Bootstrap::fail`]:
-//! a timeout) and a closed connection are seen at once, also while no exchange runs
+//! the hub and sends all parts back. A reader thread per connection turns frames into a queue
+//! (a rank waiting in an exchange may read its peer's next frame itself, `reader.rs`), so an
+//! abort ([`Bootstrap::abort`], relayed by the hub), a rank's failure ([`Bootstrap::fail`]: a
+//! timeout) and a closed connection are seen at once, also while no exchange runs
 //! ([`Bootstrap::aborted`], [`Bootstrap::failure`]).
 //!
 //! Every frame after a connection's handshake (the root's answer, the hub's join and welcome,
@@ -27,8 +28,7 @@
 //!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
 //! `reader.rs` the reading of its connections, `exchange.rs` the all-gather and what is built
-//! on it; this file holds the errors, the
-//! deadline and the [`Bootstrap`] value with its abort.
+//! on it; this file holds the errors, the deadline and the [`Bootstrap`] value with its abort.
 
 mod droplog;
 mod exchange;

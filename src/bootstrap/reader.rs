@@ -14,42 +14,31 @@ use std::sync::Arc;
 use super::tcp::{self, kind};
 use super::{Bootstrap, Conn, Dec, Enc, Kind, Shared, QUEUE_BYTES, QUEUE_FRAMES};
 
-/// What the socket holds, without reading it.
-enum Ready {
-    /// Nothing yet.
-    Empty,
-    /// Bytes, or an error for the read to report.
-    Data,
-    /// The peer closed its end.
-    Closed,
-}
-
 impl Conn {
-    /// Whether the socket has bytes, is closed or holds nothing (never blocks).
-    fn peek(&self) -> Ready {
-        let mut b = 0u8;
-        // SAFETY: recv(2) into one byte we own; MSG_PEEK leaves it on the socket.
-        let n = unsafe {
-            libc::recv(self.stream.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        };
-        match n {
-            0 => Ready::Closed,
-            n if n > 0 => Ready::Data,
-            _ => match std::io::Error::last_os_error().kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ready::Empty,
-                _ => Ready::Data,
-            },
+    /// Copies up to `buf.len()` bytes waiting on the socket without taking them; recv(2)'s
+    /// result (0: closed; negative: nothing yet, or an error). Never blocks.
+    fn peek(&self, buf: &mut [u8]) -> isize {
+        // SAFETY: recv(2) into `buf`, ours; MSG_PEEK leaves the bytes on the socket.
+        unsafe {
+            libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
         }
+    }
+
+    /// True when the socket holds nothing yet (neither bytes, nor a close, nor an error for a
+    /// read to report).
+    fn nothing_yet(&self) -> bool {
+        self.peek(&mut [0u8; 1]) < 0
+            && matches!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            )
     }
 
     /// True when a whole frame lies on the socket (its head and every byte the head counts),
     /// so that reading it cannot block. A frame over the cap is left to the reader thread.
     fn frame_ready(&self) -> bool {
-        let fd = self.stream.as_raw_fd();
         let mut head = [0u8; 5];
-        // SAFETY: recv(2) into 5 bytes we own; MSG_PEEK leaves them on the socket.
-        let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), 5, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-        if n != 5 {
+        if self.peek(&mut head) != 5 {
             return false;
         }
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
@@ -58,7 +47,7 @@ impl Conn {
         }
         let mut queued: libc::c_int = 0;
         // SAFETY: FIONREAD writes one int, ours.
-        let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) } == 0;
+        let ok = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::FIONREAD, &mut queued) } == 0;
         ok && queued >= 0 && queued as usize >= 5 + len
     }
 
@@ -157,7 +146,7 @@ impl Bootstrap {
                 }
                 let mut rx = c.rx.lock();
                 // A rank in an exchange may have taken what woke this thread.
-                if let Ready::Empty = c.peek() {
+                if c.nothing_yet() {
                     continue;
                 }
                 let read = rx.open(&mut &c.stream, tcp::MAX_FRAME);
