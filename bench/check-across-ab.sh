@@ -14,7 +14,7 @@ set -uo pipefail
 export MCAST_MULTICAST=off NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 a="$1" b="$2" out="$3"
 mkdir -p "$out"
-nccl="$(python3 -c 'import glob, os, nvidia; print(sorted(glob.glob(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "**", "libnccl.so.2"), recursive=True))[0])' 2>/dev/null)"
+nccl="$("$(dirname "$0")/../scripts/find-nccl")"
 echo "NCCL: $nccl" | tee "$out/nccl.txt"
 export MCAST_NET_NCCL="$nccl" NCCL_SOCKET_IFNAME=lo MCAST_SOCKET_IFNAME=lo
 if [ -z "${MCAST_NVRTC_PATH:-}" ]; then

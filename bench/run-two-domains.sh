@@ -14,7 +14,7 @@ prefix="$(cd "$1" && pwd)"
 out="$2"
 mkdir -p "$out"
 bin="$prefix/bin/mcast-bench"
-nccl="$(python3 -c 'import glob, os, nvidia; print(sorted(glob.glob(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "**", "libnccl.so.2"), recursive=True))[0])' 2>/dev/null)"
+nccl="$("$(dirname "$0")/../scripts/find-nccl")"
 echo "NCCL: $nccl" | tee "$out/nccl.txt"
 export MCAST_NET_NCCL="$nccl" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo MCAST_SOCKET_IFNAME=lo
 if [ -z "${MCAST_NVRTC_PATH:-}" ]; then
