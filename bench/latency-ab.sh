@@ -2,7 +2,8 @@
 # Small-message latency of two mcast-bench builds, alternating on one warm machine (A B A B), to
 # see whether a change moves it by more than the run-to-run noise (A against A). From CUDA graphs,
 # bf16, 8 B to 64 KiB, the routes the kernels take for small messages: the one-shot/barrier
-# all-reduce, the LL kernels, the barrier all-gather, the pointer form's push all-reduce.
+# all-reduce, the LL kernels, the barrier all-gather, the pointer form's push all-reduce (all but
+# the LL case with MCAST_LL=off, since LL is the default where it serves).
 #   bench/latency-ab.sh BIN_A BIN_B OUT [--devices 0,1]
 # Multicast stays off (the safety rule).
 set -uo pipefail
@@ -16,10 +17,10 @@ for round in 1 2; do
   for which in A B; do
     bin="$a"
     [ "$which" = B ] && bin="$b"
-    "$bin" "${common[@]}" --op all_reduce -d bf16 >"$out/$which${round}_ar.txt" 2>&1
+    MCAST_LL=off "$bin" "${common[@]}" --op all_reduce -d bf16 >"$out/$which${round}_ar.txt" 2>&1
     MCAST_LL=on "$bin" "${common[@]}" --op all_reduce -d bf16 >"$out/$which${round}_ar_ll.txt" 2>&1
-    "$bin" "${common[@]}" --op all_gather >"$out/$which${round}_ag.txt" 2>&1
-    "$bin" "${common[@]}" --op all_reduce -d bf16 --memory pointer >"$out/$which${round}_ar_ptr.txt" 2>&1
+    MCAST_LL=off "$bin" "${common[@]}" --op all_gather >"$out/$which${round}_ag.txt" 2>&1
+    MCAST_LL=off "$bin" "${common[@]}" --op all_reduce -d bf16 --memory pointer >"$out/$which${round}_ar_ptr.txt" 2>&1
   done
 done
 # One table: time (us) per size for each run, by case.

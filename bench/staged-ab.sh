@@ -7,6 +7,7 @@
 # Multicast stays off (the safety rule).
 set -uo pipefail
 export MCAST_MULTICAST=off NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export MCAST_LL=off # the staged route itself (LL, the default, serves small messages without staging)
 a="$1" b="$2" out="$3"
 devices="${DEVICES:-0,1}"
 mkdir -p "$out"
