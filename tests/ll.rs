@@ -31,9 +31,7 @@ fn context(ll: LlMode, devices: u32, timeout_ms: u32) -> Arc<Context> {
 /// As [`context`], on the simulator unless `gpu`.
 fn context_on(gpu: bool, ll: LlMode, devices: u32, timeout_ms: u32) -> Arc<Context> {
     let sim = Config { ll, sim_device_memory: 256 * MIB as u64, ..sim_runtime(false, devices, timeout_ms) };
-    // LL is off by default on CUDA: Auto means On there for these tests.
-    let ll = if ll == LlMode::Off { ll } else { LlMode::On };
-    runtime_context(if gpu { Config { backend: Backend::Cuda, ll, ..sim } } else { sim })
+    runtime_context(if gpu { Config { backend: Backend::Cuda, ..sim } } else { sim })
 }
 
 /// Devices for `ranks`: as given on the simulator, wrapped onto the GPUs there are on CUDA.
@@ -204,7 +202,7 @@ fn mixed_collectives_back_to_back_on_teams_of_2_3_and_8() {
     let ctx = context(LlMode::Auto, 8, 20_000);
     for n in [2usize, 3, 8] {
         let team = Team::create(&ctx, &devs(&ctx, &(0..n as i32).collect::<Vec<_>>())).unwrap();
-        assert!(team.ll(), "the simulator runs LL by default");
+        assert!(team.ll(), "LL is on by default (MCAST_LL=auto), on the simulator and on CUDA");
         let specs = mixed(n);
         // The specs exercise LL and the kernels beside it.
         let lls = specs.iter().filter(|(c, k)| ll_serves(*c, n as u32, *k as u64, team.max_blocks())).count();

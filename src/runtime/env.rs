@@ -85,18 +85,14 @@ impl Env {
         &self.config
     }
 
-    /// Whether this process wants the LL kernels for its teams ([`LlMode`]: `auto` is on where
-    /// they are verified, the simulator).
+    /// Whether this process wants the LL kernels for its teams ([`LlMode`]: `auto` is on).
     pub fn ll_wanted(&self) -> bool {
-        match self.config.ll {
-            LlMode::On => true,
-            LlMode::Off => false,
-            LlMode::Auto => self.driver.as_sim().is_some(),
-        }
+        self.config.ll != LlMode::Off
     }
 
     /// This process's copy-engine threshold ([`Config::ce_min_bytes`], auto resolved: the
-    /// default on the simulator, off on CUDA until measured); 0 = off.
+    /// default on the simulator, off on CUDA: see [`super::config::DEFAULT_CE_MIN_BYTES`]); 0 =
+    /// off.
     pub fn ce_min_bytes(&self) -> u64 {
         let auto = if self.driver.as_sim().is_some() { super::config::DEFAULT_CE_MIN_BYTES } else { 0 };
         self.config.ce_min_bytes.unwrap_or(auto)

@@ -46,7 +46,8 @@ options (`--flag value` or `--flag=value`):
                      (the size column) move with cuMemcpyDtoDAsync peer copies between barrier
                      kernels instead of SM kernels (buffer and registered memory; the pointer
                      form's plain memory keeps the kernels); 0 = never. Default: MCAST_CE_MIN_BYTES,
-                     else 64M on the simulator and off on CUDA (until measured)
+                     else 64M on the simulator and off on CUDA (where 64M is the measured
+                     crossover on 2 x H100)
   --host-overhead N  host-overhead mode: instead of the device time, time N calls per rank and
                      size on the host, each alone (the time spent inside the mcast_* call, not
                      on the GPU); the rows give the median, p99 and mean in ns and the heap

@@ -338,12 +338,11 @@ fn with_team(s: &Setup, o: &Options, (min_b, max_b, factor): (u64, u64, u64)) ->
     if p.emulated_multimem {
         outln!("# MCAST_EMULATE_MULTIMEM=1: multicast kernels with emulated multimem over P2P");
     }
-    // The LL kernels (small messages, P2P): MCAST_LL, auto = on for the simulator only.
+    // The LL kernels (small messages, P2P): MCAST_LL, auto = on.
     let ll = match mcast::runtime::config::Config::from_env().ll {
         mcast::runtime::config::LlMode::On => "on (MCAST_LL=on)",
         mcast::runtime::config::LlMode::Off => "off (MCAST_LL=off)",
-        mcast::runtime::config::LlMode::Auto if run_info.backend == "sim" => "on (MCAST_LL=auto, simulator)",
-        mcast::runtime::config::LlMode::Auto => "off (MCAST_LL=auto: off on CUDA until measured)",
+        mcast::runtime::config::LlMode::Auto => "on (MCAST_LL=auto)",
     };
     outln!("# LL kernels for small messages: {ll}");
     let auto_ce = if run_info.backend == "sim" { mcast::runtime::config::DEFAULT_CE_MIN_BYTES } else { 0 };
