@@ -295,32 +295,6 @@ typedef uint32_t mcast_fabric_state_t;
 #endif // __cplusplus
 
 /**
- * A team. Passed by value; id 0 is never valid.
- */
-typedef struct mcast_team_t {
-  /**
-   * Opaque id.
-   */
-  uint64_t id;
-} mcast_team_t;
-
-/**
- * A symmetric buffer. Passed by value; id 0 is never valid.
- */
-typedef struct mcast_buffer_t {
-  /**
-   * Opaque id.
-   */
-  uint64_t id;
-} mcast_buffer_t;
-
-/**
- * A CUDA stream; NULL is the legacy default stream of the rank's device. On the SIM backend
- * any value names a stream (each value runs in order on its own simulated stream).
- */
-typedef struct CUstream_st *mcast_stream_t;
-
-/**
  * Context configuration. Fill it with `mcast_config_init`, then change fields.
  */
 typedef struct mcast_config_t {
@@ -494,6 +468,75 @@ typedef struct mcast_device_info_t {
 } mcast_device_info_t;
 
 /**
+ * A team. Passed by value; id 0 is never valid.
+ */
+typedef struct mcast_team_t {
+  /**
+   * Opaque id.
+   */
+  uint64_t id;
+} mcast_team_t;
+
+/**
+ * What a team is.
+ */
+typedef struct mcast_team_info_t {
+  /**
+   * `sizeof(mcast_team_info_t)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Ranks.
+   */
+  int32_t size;
+  /**
+   * The transport chosen at creation.
+   */
+  mcast_transport_t transport;
+  /**
+   * Why P2P was chosen, or `""`.
+   */
+  char transport_reason[160];
+  /**
+   * Allocation granularity the team uses.
+   */
+  uint64_t granularity;
+  /**
+   * Live multicast objects held by this team.
+   */
+  uint64_t multicast_objects;
+  /**
+   * Device bytes held per rank, all buffers and metadata.
+   */
+  uint64_t bytes_reserved;
+  /**
+   * NVLink domains the team spans (1 on one host with peer access). Appended with the
+   * fields below; a `struct_size` of the earlier struct (up to `bytes_reserved`) is still
+   * accepted and filled up to its size.
+   */
+  int32_t domains;
+  /**
+   * Ranks per domain; 0 when the domains differ in size.
+   */
+  int32_t domain_size;
+  /**
+   * The engine between domains (`"nccl 2.27.7"`, `"mpi"`, ...), NUL-terminated, or `""`.
+   */
+  char net_engine[48];
+} mcast_team_info_t;
+
+/**
+ * The name of a multi-process team: made once by `mcast_get_unique_id` (normally on rank 0)
+ * and moved by the caller to every process (`MPI_Bcast`, a file); opaque bytes.
+ */
+typedef struct mcast_unique_id_t {
+  /**
+   * Opaque: a version tag and random bytes.
+   */
+  char internal[128];
+} mcast_unique_id_t;
+
+/**
  * The application's out-of-band allgather: gathers `bytes` bytes at `send` from every rank
  * into `recv` (`nranks * bytes`, in rank order). Returns 0 on success.
  */
@@ -524,6 +567,22 @@ typedef struct mcast_oob_t {
    */
   int32_t nranks;
 } mcast_oob_t;
+
+/**
+ * A symmetric buffer. Passed by value; id 0 is never valid.
+ */
+typedef struct mcast_buffer_t {
+  /**
+   * Opaque id.
+   */
+  uint64_t id;
+} mcast_buffer_t;
+
+/**
+ * A CUDA stream; NULL is the legacy default stream of the rank's device. On the SIM backend
+ * any value names a stream (each value runs in order on its own simulated stream).
+ */
+typedef struct CUstream_st *mcast_stream_t;
 
 /**
  * Makes a communicator over one rail.
@@ -589,7 +648,7 @@ typedef int (*mcast_net_comm_fn)(void *comm);
 typedef void (*mcast_net_release_fn)(void *user);
 
 /**
- * The engine between NVLink domains (API.md, "Teams across NVLink domains"). Each call moves
+ * The engine between NVLink domains (README.md, "Teams across NVLink domains"). Each call moves
  * device memory of the calling rank's device; positions on a rail (`domain`, `root`, block
  * order) are domain indices. Every function returns 0 on success; any other value fails the
  * collective on every rank of the team with `MCAST_ERROR_DRIVER`, naming the engine, the
@@ -653,68 +712,353 @@ typedef struct mcast_net_ops_t {
   mcast_net_release_fn release;
 } mcast_net_ops_t;
 
-/**
- * What a team is.
- */
-typedef struct mcast_team_info_t {
-  /**
-   * `sizeof(mcast_team_info_t)`, set by the caller.
-   */
-  uint32_t struct_size;
-  /**
-   * Ranks.
-   */
-  int32_t size;
-  /**
-   * The transport chosen at creation.
-   */
-  mcast_transport_t transport;
-  /**
-   * Why P2P was chosen, or `""`.
-   */
-  char transport_reason[160];
-  /**
-   * Allocation granularity the team uses.
-   */
-  uint64_t granularity;
-  /**
-   * Live multicast objects held by this team.
-   */
-  uint64_t multicast_objects;
-  /**
-   * Device bytes held per rank, all buffers and metadata.
-   */
-  uint64_t bytes_reserved;
-  /**
-   * NVLink domains the team spans (1 on one host with peer access). Appended with the
-   * fields below; a `struct_size` of the earlier struct (up to `bytes_reserved`) is still
-   * accepted and filled up to its size.
-   */
-  int32_t domains;
-  /**
-   * Ranks per domain; 0 when the domains differ in size.
-   */
-  int32_t domain_size;
-  /**
-   * The engine between domains (`"nccl 2.27.7"`, `"mpi"`, ...), NUL-terminated, or `""`.
-   */
-  char net_engine[48];
-} mcast_team_info_t;
-
-/**
- * The name of a multi-process team: made once by `mcast_get_unique_id` (normally on rank 0)
- * and moved by the caller to every process (`MPI_Bcast`, a file); opaque bytes.
- */
-typedef struct mcast_unique_id_t {
-  /**
-   * Opaque: a version tag and random bytes.
-   */
-  char internal[128];
-} mcast_unique_id_t;
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value
+ * that is not a status. The string is static; never NULL. Thread-safe.
+ */
+const char *mcast_status_string(mcast_status_t status);
+
+/**
+ * A NUL-terminated message describing this thread's most recent failure: which call, which
+ * argument or which driver function and its `CUresult` name, and what to do. `""` when this
+ * thread has had no failure. Never NULL. Owned by the library; valid until this thread's next
+ * failing call. Thread-safe (each thread has its own).
+ */
+const char *mcast_last_error(void);
+
+/**
+ * Writes the version of the loaded library into the non-NULL pointers among `major`, `minor`
+ * and `patch` (NULL pointers are skipped). Thread-safe; cannot fail.
+ *
+ * # Safety
+ * Each pointer must be NULL or valid for writing an `int`.
+ */
+void mcast_get_version(int *major, int *minor, int *patch);
+
+/**
+ * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
+ * malformed or out-of-range value is ignored with a warning naming the variable, its range and
+ * the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
+ * range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
+ * ignored. Thread-safe.
+ *
+ * # Safety
+ * `config` must be NULL or valid for writing an `mcast_config_t`.
+ */
+void mcast_config_init(struct mcast_config_t *config);
+
+/**
+ * Creates a context. `config` NULL means the result of `mcast_config_init`. On success
+ * `*out` holds the new context, which the caller destroys with `mcast_context_destroy`; on
+ * failure `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, a bad
+ * `struct_size`, an unknown enum value in `config`, or a field out of its range (the message
+ * names the field, its range and its variable; `sim_devices` and `sim_device_memory` are
+ * checked only where the backend may be the simulator, not with `MCAST_BACKEND_CUDA`), or a
+ * malformed `MCAST_SIM_FAULTS` on the simulator;
+ * `MCAST_ERROR_DRIVER_UNAVAILABLE`:
+ * backend CUDA asked for and no driver or device. Thread-safe.
+ *
+ * # Safety
+ * `config` must be NULL or point to an `mcast_config_t`; `out` NULL or valid for writes.
+ */
+mcast_status_t mcast_context_create(const struct mcast_config_t *config,
+                                    struct mcast_context_t *out);
+
+/**
+ * Destroys a context: waits for outstanding work, releases every team and buffer still alive
+ * in the right order (their handles become invalid), logs a leak report at warn level if
+ * anything was left, and returns `MCAST_SUCCESS` (a leak is reported, not fatal). The zero
+ * handle is a no-op returning `MCAST_SUCCESS`; a destroyed or unknown handle gives
+ * `MCAST_ERROR_INVALID_HANDLE`. Thread-safe, but no other call may use the context's objects
+ * meanwhile.
+ */
+mcast_status_t mcast_context_destroy(struct mcast_context_t ctx);
+
+/**
+ * Writes the counts of live teams, buffers and driver resources of `ctx` into `*counts`,
+ * whose `struct_size` the caller sets. `MCAST_ERROR_INVALID_ARGUMENT`: `counts` NULL or
+ * `struct_size` too small; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `counts` must be NULL or valid for reading and writing `counts->struct_size` bytes.
+ */
+mcast_status_t mcast_context_live_counts(struct mcast_context_t ctx,
+                                         struct mcast_live_counts_t *counts);
+
+/**
+ * Writes a NUL-terminated report of what `ctx` holds — one line per live team and per live
+ * driver resource: kind, size, device, owner and where it was created — into `buf`,
+ * truncating to `len - 1` characters, and returns the length the full report needs (without
+ * the NUL), like `snprintf`. `buf` may be NULL when `len` is 0. An invalid `ctx` writes `""`,
+ * returns 0 and sets `mcast_last_error`. Thread-safe.
+ *
+ * # Safety
+ * `buf` must be NULL or valid for writing `len` bytes.
+ */
+size_t mcast_context_leak_report(struct mcast_context_t ctx, char *buf, size_t len);
+
+/**
+ * Writes the number of devices of `ctx` into `*count`. `MCAST_ERROR_INVALID_ARGUMENT`: `count`
+ * NULL; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `count` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_device_count(struct mcast_context_t ctx, int *count);
+
+/**
+ * Describes `device` of `ctx` in `*info`, whose `struct_size` the caller sets: at least the
+ * size of the struct's first version (up to `granularity_recommended`); the first
+ * `struct_size` bytes are filled (all of them for `sizeof(mcast_device_info_t)`).
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL, `struct_size` too small, `device` out of range;
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_device_info_t)` are written).
+ */
+mcast_status_t mcast_device_get_info(struct mcast_context_t ctx,
+                                     int device,
+                                     struct mcast_device_info_t *info);
+
+/**
+ * Writes 1 into `*can` when `device` can access `peer`'s memory (always for itself), else 0.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `can` NULL or a device out of range;
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `can` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
+                                            int device,
+                                            int peer,
+                                            int *can);
+
+/**
+ * Allocates `bytes` of device memory on `device`, which any team holding that device can
+ * register (`mcast_buffer_register`): physical memory created with the shareable handle types
+ * this system exports (POSIX file descriptors, plus fabric handles where supported), rounded
+ * up to the allocation granularity (and the multicast granularity where multicast is usable on
+ * `device`) and mapped read-write for `device` at an address aligned to them. On the SIM
+ * backend it is host memory of the simulated device. The
+ * memory is not zeroed. Retried on out-of-memory like every allocation; nothing is left on
+ * failure. On success `*ptr` holds the address, freed with `mcast_mem_free` (or at
+ * `mcast_context_destroy`, which reports it as a leak). `MCAST_ERROR_INVALID_ARGUMENT`: `ptr`
+ * NULL, `bytes` 0, `device` out of range; `MCAST_ERROR_INVALID_HANDLE`: `ctx`;
+ * `MCAST_ERROR_OUT_OF_MEMORY`: device memory exhausted. Thread-safe.
+ *
+ * # Safety
+ * `ptr` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_mem_alloc(struct mcast_context_t ctx, int device, size_t bytes, void **ptr);
+
+/**
+ * Frees memory from `mcast_mem_alloc` of `ctx`, after the work in flight on its device. NULL
+ * is a no-op returning `MCAST_SUCCESS`. `MCAST_ERROR_IN_USE` while a registered buffer lies in
+ * it (free the buffer with `mcast_buffer_free` first); `MCAST_ERROR_INVALID_ARGUMENT` when
+ * `ptr` is not the start of an allocation from `mcast_mem_alloc` of `ctx`, or was already
+ * freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
+ */
+mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
+
+/**
+ * Creates a team of `ndevices` ranks, rank `i` on `devices[i]`. The transport is chosen once:
+ * MULTICAST when policy allows and every device is usable and distinct and there are at least
+ * two ranks; otherwise P2P when every pair of devices can access each other (a device may
+ * repeat under P2P); otherwise `MCAST_ERROR_NOT_SUPPORTED`. With `MCAST_MULTICAST_REQUIRE` a
+ * team that cannot use multicast fails with `MCAST_ERROR_NOT_SUPPORTED` naming the reason.
+ * On success `*out` holds the team, destroyed with `mcast_team_destroy`; on failure nothing
+ * is left allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` or
+ * `devices` NULL, `ndevices` < 1 or above 72, a device out of range. Thread-safe.
+ *
+ * # Safety
+ * `devices` must be NULL or point to `ndevices` ints; `out` NULL or valid for writes.
+ */
+mcast_status_t mcast_team_create(struct mcast_context_t ctx,
+                                 const int *devices,
+                                 int ndevices,
+                                 struct mcast_team_t *out);
+
+/**
+ * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
+ * live (nothing changes), unless the team was aborted: then its buffers are released with it
+ * and their handles become invalid. After a timeout or an abort it never waits for peers
+ * (kernels still waiting on the device are ended first). The zero handle is a no-op returning
+ * `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
+ * the losers of destroys racing from several threads). Teardown errors from the driver are
+ * reported (the team is gone all the same). Thread-safe.
+ */
+mcast_status_t mcast_team_destroy(struct mcast_team_t team);
+
+/**
+ * Aborts `team`: ends every wait of the team promptly, host or device (well under a second,
+ * whatever `timeout_ms` says): work in flight, and every later collective, synchronize, alloc
+ * or free on the team, returns `MCAST_ERROR_ABORTED`. Device waits end within microseconds of
+ * the abort reaching the device (every barrier spin reads the team's state word, which this
+ * writes for every rank, peers in other processes included through the peer mappings); host
+ * waits (rendezvous agreement in a multi-process team) within milliseconds; peer processes are
+ * told over the rendezvous connections too and see `MCAST_ERROR_ABORTED`. The team can then
+ * only be destroyed: `mcast_team_destroy` releases everything (live buffers included, whose
+ * handles go with it) without waiting for peers. Aborting twice is harmless.
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` zero or not live (destroyed, also by a racing
+ * destroy). Thread-safe: callable from any thread, also while other threads are blocked in
+ * mcast calls on this team.
+ */
+mcast_status_t mcast_team_abort(struct mcast_team_t team);
+
+/**
+ * Writes the team's sticky asynchronous error into `*error` without waiting (like
+ * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
+ * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
+ * waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
+ * process) or `MCAST_ERROR_INVALID_ARGUMENT` (the ranks disagreed on a collective's count,
+ * dtype, op, root, collective or buffer offsets, found by the kernels at their entry and read
+ * from the device without waiting; or, in a one-process team, a rank's call was refused after
+ * other ranks had issued theirs: their waits were ended); on a team across NVLink domains
+ * also the status of a failed call of the engine between domains (usually
+ * `MCAST_ERROR_DRIVER`, the message naming the engine and its code), which every rank of the
+ * team is told. A timeout is every
+ * rank's: the rank that timed out tells the others (through their state words and over the
+ * connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
+ * or slow one within a second of running again. Once set it stays set until the team is
+ * destroyed. Returns `MCAST_SUCCESS` when
+ * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+ *
+ * # Safety
+ * `error` must be NULL or valid for writing an `mcast_status_t`.
+ */
+mcast_status_t mcast_team_get_error(struct mcast_team_t team, mcast_status_t *error);
+
+/**
+ * Splits `team` like `MPI_Comm_split` / `ncclCommSplit`: the ranks with the same color form a
+ * new team, ordered by key, then by rank in `team`. `colors[i]`, `keys[i]` and `out[i]`
+ * belong to the i-th rank this process holds (every rank of a `mcast_team_create` team, in
+ * rank order; the one rank of an `init_rank`/`init_oob` team). A color is >= 0, or
+ * `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
+ * ranks of one color share one new handle (destroy it once). Each new team chooses its
+ * transport afresh and shares no memory, state word or rendezvous with `team` or with the
+ * other new teams (across processes each new team meets through a fresh random id, never
+ * through `MCAST_BOOTSTRAP_ADDR`), so one failing (abort, timeout) never reaches another; `team` stays usable
+ * and is destroyed on its own. Collective over every rank of `team` (every process calls it).
+ * On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
+ * `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live; `MCAST_ERROR_ABORTED` or
+ * `MCAST_ERROR_TIMEOUT`: `team` failed before; any status of `mcast_team_create` or
+ * `mcast_team_init_rank` for the new teams. Thread-safe.
+ *
+ * # Safety
+ * `colors` and `keys` must be NULL or valid for reading, and `out` NULL or valid for writing,
+ * one element per rank this process holds.
+ */
+mcast_status_t mcast_team_split(struct mcast_team_t team,
+                                const int *colors,
+                                const int *keys,
+                                struct mcast_team_t *out);
+
+/**
+ * Describes `team` in `*info`, whose `struct_size` the caller sets: at least the size of the
+ * struct's first version (up to `bytes_reserved`); the first `struct_size` bytes are filled.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
+ *
+ * # Safety
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_team_info_t)` are written).
+ */
+mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
+
+/**
+ * Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
+ * (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
+ * interface `MCAST_SOCKET_IFNAME` selects (as `NCCL_SOCKET_IFNAME`: prefixes, `^` excludes,
+ * `=` whole names), else the first that is up but for `lo`, `docker*` and `veth*`, else
+ * loopback; this process must stay alive until every rank has joined. The listener closes
+ * (its port and threads) once every rank has asked it where rank 0 is, or when
+ * `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a rank asking:
+ * an id nobody uses keeps nothing open, and ranks must start within that time of one another.
+ * With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and every
+ * process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the id's
+ * secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
+ * `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
+ * white space ignored, case does not matter), random and fresh for each job (e.g.
+ * `openssl rand -hex 16`). One id names one team; every process of that team passes the same
+ * bytes to `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL,
+ * `MCAST_BOOTSTRAP_ADDR` malformed, or set with `MCAST_BOOTSTRAP_SECRET` missing, shorter or
+ * not hex (the message names the variable and how to make one), `MCAST_SOCKET_IFNAME`
+ * matching no interface. Thread-safe.
+ *
+ * # Safety
+ * `id` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
+
+/**
+ * One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
+ * `device` of this process's context. Every process of the team calls it with the same `id`
+ * and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
+ * The processes meet over TCP through the listener `id` names (on one host or many; every
+ * connection proves the id's secret first, the listener before the caller, and everything
+ * after that is encrypted and authenticated: a message altered, replayed or injected on the
+ * network fails the team on every rank with `MCAST_ERROR_TIMEOUT`, the message naming the
+ * connection that failed authentication); memory and multicast objects travel as fabric
+ * handles where every rank can export them (always between hosts), else as POSIX file
+ * descriptors (`SCM_RIGHTS`) between ranks of one host (`MCAST_HANDLE_TYPE` forces one);
+ * where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
+ * naming the rank, its host and the reason.
+ * The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
+ * step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
+ * rank (the message names the rank that failed), never a hang: a rank that does not arrive
+ * within `timeout_ms`, or exits, gives `MCAST_ERROR_TIMEOUT` to the others.
+ * The returned team is used as any other, except that only `rank` belongs to this process:
+ * naming another rank in `mcast_buffer_*`, the collectives or `mcast_synchronize` gives
+ * `MCAST_ERROR_INVALID_ARGUMENT` (peers may still be named as `peer` or `root`). Buffer
+ * allocations and frees are collective: every rank makes them in the same order and sizes.
+ * On failure nothing is left allocated and `*out` is untouched.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
+ * from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range,
+ * an id of `MCAST_BOOTSTRAP_ADDR` joined from an environment whose `MCAST_BOOTSTRAP_SECRET`
+ * is missing or breaks the rule of `mcast_get_unique_id`.
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` must be NULL or valid for writes.
+ */
+mcast_status_t mcast_team_init_rank(struct mcast_context_t ctx,
+                                    struct mcast_unique_id_t id,
+                                    int nranks,
+                                    int rank,
+                                    int device,
+                                    struct mcast_team_t *out);
+
+/**
+ * Like `mcast_team_init_rank`, bootstrapped by the caller's allgather instead of a unique id:
+ * every process calls it with its own `oob->rank`, the same `oob->nranks`, and an allgather
+ * over the same processes. `oob->allgather` is called only inside this call, on the calling
+ * thread, the same number of times on every rank (once; none when `nranks` is out of range,
+ * which every rank sees alike); afterwards the team talks over its own TCP connections, so a
+ * peer that dies later gives `MCAST_ERROR_TIMEOUT`, never a hang inside the caller's MPI.
+ * A rank that is out of range or a `device` out of range still takes part in the allgather,
+ * so every rank fails together with `MCAST_ERROR_INVALID_ARGUMENT`. A non-zero return of the
+ * callback fails the setup (`MCAST_ERROR_INVALID_ARGUMENT`, the value in the message); the
+ * ranks whose callback succeeded then learn it through the team's connections or time out
+ * within `timeout_ms`. `oob` is only read during the call. On failure nothing is left
+ * allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT` also: `oob` or `out`
+ * NULL, `oob->struct_size` not `sizeof(mcast_oob_t)`, `oob->allgather` NULL, `nranks` < 1 or
+ * above 72 (the callback is not called then). Thread-safe.
+ *
+ * # Safety
+ * `oob` must be NULL or point to a valid `mcast_oob_t`; `out` NULL or valid for writes; the
+ * callback must honour its contract.
+ */
+mcast_status_t mcast_team_init_oob(struct mcast_context_t ctx,
+                                   const struct mcast_oob_t *oob,
+                                   int device,
+                                   struct mcast_team_t *out);
 
 /**
  * Allocates `bytes` on every rank of `team` (small buffers share the team's segments; the
@@ -740,9 +1084,10 @@ mcast_status_t mcast_buffer_alloc(struct mcast_team_t team,
  * multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too) every rank's
  * allocation is mapped on every rank's device. With one rank per process the call is
  * collective, in the same order as `mcast_buffer_alloc`: each process's allocation travels to
- * its peers as the team's handle type (a POSIX file descriptor on one host, a fabric handle
- * across hosts), and a rule broken on any rank is the same error on every rank, naming that
- * rank. The buffer is used like any other (collectives, `_into` forms, read/write, pointers:
+ * its peers as the team's handle type (a fabric handle where every rank can export one, and
+ * always across hosts; else a POSIX file descriptor between processes of one host;
+ * `MCAST_HANDLE_TYPE` forces one), and a rule broken on any rank is the same error on every
+ * rank, naming that rank. The buffer is used like any other (collectives, `_into` forms, read/write, pointers:
  * the local pointer aliases `ptrs[rank]`) and freed with `mcast_buffer_free`, which unbinds
  * and unmaps but leaves the memory to its owner. Memory from `mcast_mem_alloc` always
  * registers. `MCAST_ERROR_NOT_SUPPORTED`, naming the rule: memory not from `cuMemCreate` (for
@@ -836,7 +1181,8 @@ mcast_status_t mcast_buffer_read(struct mcast_buffer_t buf,
 
 /**
  * Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
- * `bytes` 0 is a no-op once the handle, rank and root are checked.
+ * `bytes` 0 is a no-op once the handle, rank and root are checked and the team has not failed
+ * (a failed team's error is returned).
  * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, range past the end.
  * Thread-safe.
  */
@@ -850,7 +1196,7 @@ mcast_status_t mcast_broadcast(struct mcast_buffer_t buf,
 /**
  * Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
  * count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
- * `count` 0 is a no-op once the handle and rank are checked.
+ * `count` 0 is a no-op once the handle and rank are checked and the team has not failed.
  * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, misaligned offset,
  * range past the end. Thread-safe.
  */
@@ -878,7 +1224,7 @@ mcast_status_t mcast_reduce_scatter(struct mcast_buffer_t buf,
 
 /**
  * Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
- * blocks. `bytes` 0 is a no-op once the handle and rank are checked.
+ * blocks. `bytes` 0 is a no-op once the handle and rank are checked and the team has not failed.
  * `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, range past the end. Thread-safe.
  */
 mcast_status_t mcast_all_gather(struct mcast_buffer_t buf,
@@ -894,7 +1240,7 @@ mcast_status_t mcast_all_gather(struct mcast_buffer_t buf,
  * buffer with `recv_offset == send_offset` is exactly `mcast_broadcast`; any other overlap of
  * the two ranges is `MCAST_ERROR_INVALID_ARGUMENT`, as are buffers of different teams, a rank
  * or root out of range and ranges past the end. `bytes` 0 is a no-op once the handles, rank
- * and root are checked. The kernels read `send` and write `recv` directly (no staging copy).
+ * and root are checked and the team has not failed. The kernels read `send` and write `recv` directly (no staging copy).
  * Thread-safe.
  */
 mcast_status_t mcast_broadcast_into(struct mcast_buffer_t send,
@@ -957,10 +1303,14 @@ mcast_status_t mcast_all_gather_into(struct mcast_buffer_t send,
  * `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
  * registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
  * `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
- * (`cudaMalloc`): a small message of a team with the LL kernels (P2P teams of 2 to 8 ranks,
- * `MCAST_LL`) runs them in one launch, without staging; anything else goes through the team's
+ * (`cudaMalloc`): a small message of a team with the LL kernels (teams of 2 to 8 ranks,
+ * `MCAST_LL`, on by default) runs them in one launch, without staging; anything else goes through the team's
  * symmetric staging area (1 MiB per rank), in chunks: each chunk is copied in on `stream`
- * (`cuMemcpyDtoDAsync`), broadcast, and copied out; any size, any alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the handle, rank and root are checked.
+ * (`cuMemcpyDtoDAsync`) and broadcast, the kernel writing `recv` itself on the P2P transport,
+ * else a copy-out kernel (neither writes once the collective failed); any size, any
+ * alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the
+ * handle, rank and root are checked and the team has not failed (a failed team's error is
+ * returned).
  * `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
  * is not device memory of the rank's device, partial overlap of `send` and `recv`.
  * Thread-safe.
@@ -983,8 +1333,8 @@ mcast_status_t mcast_team_broadcast(struct mcast_team_t team,
  * rank stores its `send` into its peers' scratch step by step and reduces what they stored
  * into its `recv`: the copy-in is fused into the kernel); larger teams go through the staging
  * area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
- * transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
- * and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
+ * transport, a copy-out kernel). Every size, dtype and operator. `count` 0 is a no-op once the
+ * handle and rank are checked and the team has not failed. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
  * `send`/`recv`, pointers not aligned to the element size (element-aligned pointers work for
  * every dtype, as in NCCL: a 16-bit type at 2 bytes too), memory that is not device memory of
  * the rank's device, partial overlap. Thread-safe.
@@ -1037,106 +1387,13 @@ mcast_status_t mcast_team_all_gather(struct mcast_team_t team,
  * disagreed on a collective's count, dtype, op, root, collective or buffer offsets (found by
  * the kernels at their entry, before any data was written; the message names the field, the
  * values and the ranks) or when another rank's call of a collective this rank had issued was
- * refused (one-process teams: the wait ended at once). After any of these every later
+ * refused (one-process teams: the wait ended at once); on a team across NVLink domains also
+ * the status of a failed call of the engine between domains (usually `MCAST_ERROR_DRIVER`).
+ * After any of these every later
  * collective and synchronize of the team returns it until the team is destroyed.
  * Thread-safe.
  */
 mcast_status_t mcast_synchronize(struct mcast_team_t team, int rank, mcast_stream_t stream);
-
-/**
- * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
- * malformed or out-of-range value is ignored with a warning naming the variable, its range and
- * the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
- * range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
- * ignored. Thread-safe.
- *
- * # Safety
- * `config` must be NULL or valid for writing an `mcast_config_t`.
- */
-void mcast_config_init(struct mcast_config_t *config);
-
-/**
- * Creates a context. `config` NULL means the result of `mcast_config_init`. On success
- * `*out` holds the new context, which the caller destroys with `mcast_context_destroy`; on
- * failure `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, a bad
- * `struct_size` or an unknown enum value in `config`; `MCAST_ERROR_DRIVER_UNAVAILABLE`:
- * backend CUDA asked for and no driver or device. Thread-safe.
- *
- * # Safety
- * `config` must be NULL or point to an `mcast_config_t`; `out` NULL or valid for writes.
- */
-mcast_status_t mcast_context_create(const struct mcast_config_t *config,
-                                    struct mcast_context_t *out);
-
-/**
- * Destroys a context: waits for outstanding work, releases every team and buffer still alive
- * in the right order (their handles become invalid), logs a leak report at warn level if
- * anything was left, and returns `MCAST_SUCCESS` (a leak is reported, not fatal). The zero
- * handle is a no-op returning `MCAST_SUCCESS`; a destroyed or unknown handle gives
- * `MCAST_ERROR_INVALID_HANDLE`. Thread-safe, but no other call may use the context's objects
- * meanwhile.
- */
-mcast_status_t mcast_context_destroy(struct mcast_context_t ctx);
-
-/**
- * Writes the counts of live teams, buffers and driver resources of `ctx` into `*counts`,
- * whose `struct_size` the caller sets. `MCAST_ERROR_INVALID_ARGUMENT`: `counts` NULL or
- * `struct_size` too small; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
- *
- * # Safety
- * `counts` must be NULL or valid for reading and writing `counts->struct_size` bytes.
- */
-mcast_status_t mcast_context_live_counts(struct mcast_context_t ctx,
-                                         struct mcast_live_counts_t *counts);
-
-/**
- * Writes a NUL-terminated report of what `ctx` holds — one line per live team and per live
- * driver resource: kind, size, device, owner and where it was created — into `buf`,
- * truncating to `len - 1` characters, and returns the length the full report needs (without
- * the NUL), like `snprintf`. `buf` may be NULL when `len` is 0. An invalid `ctx` writes `""`,
- * returns 0 and sets `mcast_last_error`. Thread-safe.
- *
- * # Safety
- * `buf` must be NULL or valid for writing `len` bytes.
- */
-size_t mcast_context_leak_report(struct mcast_context_t ctx, char *buf, size_t len);
-
-/**
- * Writes the number of devices of `ctx` into `*count`. `MCAST_ERROR_INVALID_ARGUMENT`: `count`
- * NULL; `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
- *
- * # Safety
- * `count` must be NULL or valid for writes.
- */
-mcast_status_t mcast_device_count(struct mcast_context_t ctx, int *count);
-
-/**
- * Describes `device` of `ctx` in `*info`, whose `struct_size` the caller sets: at least the
- * size of the struct's first version (up to `granularity_recommended`); the first
- * `struct_size` bytes are filled (all of them for `sizeof(mcast_device_info_t)`).
- * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL, `struct_size` too small, `device` out of range;
- * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
- *
- * # Safety
- * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
- * `sizeof(mcast_device_info_t)` are written).
- */
-mcast_status_t mcast_device_get_info(struct mcast_context_t ctx,
-                                     int device,
-                                     struct mcast_device_info_t *info);
-
-/**
- * Writes 1 into `*can` when `device` can access `peer`'s memory (always for itself), else 0.
- * `MCAST_ERROR_INVALID_ARGUMENT`: `can` NULL or a device out of range;
- * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
- *
- * # Safety
- * `can` must be NULL or valid for writes.
- */
-mcast_status_t mcast_device_can_access_peer(struct mcast_context_t ctx,
-                                            int device,
-                                            int peer,
-                                            int *can);
 
 /**
  * Fills `*out` with the device handle of `team` for rank `rank` (a rank this process holds):
@@ -1181,33 +1438,6 @@ mcast_status_t mcast_buffer_device_handle(struct mcast_buffer_t buf,
 const char *mcast_device_header_source(size_t *len);
 
 /**
- * Allocates `bytes` of device memory on `device`, which any team holding that device can
- * register (`mcast_buffer_register`): physical memory created with the shareable handle types
- * this system exports (POSIX file descriptors, plus fabric handles where supported), rounded
- * up to the allocation granularity (and the multicast granularity where multicast is usable on
- * `device`) and mapped read-write for `device` at an address aligned to them. On the SIM
- * backend it is host memory of the simulated device. The
- * memory is not zeroed. Retried on out-of-memory like every allocation; nothing is left on
- * failure. On success `*ptr` holds the address, freed with `mcast_mem_free` (or at
- * `mcast_context_destroy`, which reports it as a leak). `MCAST_ERROR_INVALID_ARGUMENT`: `ptr`
- * NULL, `bytes` 0, `device` out of range; `MCAST_ERROR_INVALID_HANDLE`: `ctx`;
- * `MCAST_ERROR_OUT_OF_MEMORY`: device memory exhausted. Thread-safe.
- *
- * # Safety
- * `ptr` must be NULL or valid for writes.
- */
-mcast_status_t mcast_mem_alloc(struct mcast_context_t ctx, int device, size_t bytes, void **ptr);
-
-/**
- * Frees memory from `mcast_mem_alloc` of `ctx`, after the work in flight on its device. NULL
- * is a no-op returning `MCAST_SUCCESS`. `MCAST_ERROR_IN_USE` while a registered buffer lies in
- * it (free the buffer with `mcast_buffer_free` first); `MCAST_ERROR_INVALID_ARGUMENT` when
- * `ptr` is not the start of an allocation from `mcast_mem_alloc` of `ctx`, or was already
- * freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
- */
-mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
-
-/**
  * Makes `ops` the engine between NVLink domains of the teams made in `ctx` from now on (teams
  * already made keep theirs); NULL goes back to `MCAST_NET`. The table is copied (its `name`
  * too); `user` is passed to `comm_create` and, when the context no longer needs it, to
@@ -1223,220 +1453,6 @@ mcast_status_t mcast_mem_free(struct mcast_context_t ctx, void *ptr);
 mcast_status_t mcast_context_set_net(struct mcast_context_t ctx,
                                      const struct mcast_net_ops_t *ops,
                                      void *user);
-
-/**
- * The name of `status` (`"MCAST_ERROR_OUT_OF_MEMORY"`), or `"MCAST_ERROR_UNKNOWN"` for a value
- * that is not a status. The string is static; never NULL. Thread-safe.
- */
-const char *mcast_status_string(mcast_status_t status);
-
-/**
- * A NUL-terminated message describing this thread's most recent failure: which call, which
- * argument or which driver function and its `CUresult` name, and what to do. `""` when this
- * thread has had no failure. Never NULL. Owned by the library; valid until this thread's next
- * failing call. Thread-safe (each thread has its own).
- */
-const char *mcast_last_error(void);
-
-/**
- * Creates a team of `ndevices` ranks, rank `i` on `devices[i]`. The transport is chosen once:
- * MULTICAST when policy allows and every device is usable and distinct and there are at least
- * two ranks; otherwise P2P when every pair of devices can access each other (a device may
- * repeat under P2P); otherwise `MCAST_ERROR_NOT_SUPPORTED`. With `MCAST_MULTICAST_REQUIRE` a
- * team that cannot use multicast fails with `MCAST_ERROR_NOT_SUPPORTED` naming the reason.
- * On success `*out` holds the team, destroyed with `mcast_team_destroy`; on failure nothing
- * is left allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` or
- * `devices` NULL, `ndevices` < 1 or above 72, a device out of range. Thread-safe.
- *
- * # Safety
- * `devices` must be NULL or point to `ndevices` ints; `out` NULL or valid for writes.
- */
-mcast_status_t mcast_team_create(struct mcast_context_t ctx,
-                                 const int *devices,
-                                 int ndevices,
-                                 struct mcast_team_t *out);
-
-/**
- * Destroys a team and releases its memory. `MCAST_ERROR_IN_USE` while buffers of the team
- * live (nothing changes), unless the team was aborted: then its buffers are released with it
- * and their handles become invalid. After a timeout or an abort it never waits for peers
- * (kernels still waiting on the device are ended first). The zero handle is a no-op returning
- * `MCAST_SUCCESS`; a destroyed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE` (also to
- * the losers of destroys racing from several threads). Teardown errors from the driver are
- * reported (the team is gone all the same). Thread-safe.
- */
-mcast_status_t mcast_team_destroy(struct mcast_team_t team);
-
-/**
- * Aborts `team`: ends every wait of the team promptly, host or device (well under a second,
- * whatever `timeout_ms` says): work in flight, and every later collective, synchronize, alloc
- * or free on the team, returns `MCAST_ERROR_ABORTED`. Device waits end within microseconds of
- * the abort reaching the device (every barrier spin reads the team's state word, which this
- * writes for every rank, peers in other processes included through the peer mappings); host
- * waits (rendezvous agreement in a multi-process team) within milliseconds; peer processes are
- * told over the rendezvous connections too and see `MCAST_ERROR_ABORTED`. The team can then
- * only be destroyed: `mcast_team_destroy` releases everything (live buffers included, whose
- * handles go with it) without waiting for peers. Aborting twice is harmless.
- * `MCAST_ERROR_INVALID_HANDLE`: `team` zero or not live (destroyed, also by a racing
- * destroy). Thread-safe: callable from any thread, also while other threads are blocked in
- * mcast calls on this team.
- */
-mcast_status_t mcast_team_abort(struct mcast_team_t team);
-
-/**
- * Writes the team's sticky asynchronous error into `*error` without waiting (like
- * `ncclCommGetAsyncError`): `MCAST_SUCCESS`, `MCAST_ERROR_TIMEOUT` (a rank did not arrive
- * within `timeout_ms`: found by `mcast_synchronize`, or on the device, which it reads without
- * waiting for any stream), `MCAST_ERROR_ABORTED` (`mcast_team_abort` here or in a peer
- * process) or `MCAST_ERROR_INVALID_ARGUMENT` (the ranks disagreed on a collective's count,
- * dtype, op, root, collective or buffer offsets, found by the kernels at their entry and read
- * from the device without waiting; or, in a one-process team, a rank's call was refused after
- * other ranks had issued theirs: their waits were ended). A timeout is every
- * rank's: the rank that timed out tells the others (through their state words and over the
- * connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
- * or slow one within a second of running again. Once set it stays set until the team is
- * destroyed. Returns `MCAST_SUCCESS` when
- * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
- * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
- *
- * # Safety
- * `error` must be NULL or valid for writing an `mcast_status_t`.
- */
-mcast_status_t mcast_team_get_error(struct mcast_team_t team, mcast_status_t *error);
-
-/**
- * Splits `team` like `MPI_Comm_split` / `ncclCommSplit`: the ranks with the same color form a
- * new team, ordered by key, then by rank in `team`. `colors[i]`, `keys[i]` and `out[i]`
- * belong to the i-th rank this process holds (every rank of a `mcast_team_create` team, in
- * rank order; the one rank of an `init_rank`/`init_oob` team). A color is >= 0, or
- * `MCAST_SPLIT_NOCOLOR`, which joins no team and gets the zero handle. In one process, the
- * ranks of one color share one new handle (destroy it once). Each new team chooses its
- * transport afresh and shares no memory, state word or rendezvous with `team` or with the
- * other new teams (across processes each new team meets through a fresh random id, never
- * through `MCAST_BOOTSTRAP_ADDR`), so one failing (abort, timeout) never reaches another; `team` stays usable
- * and is destroyed on its own. Collective over every rank of `team` (every process calls it).
- * On error `out` is untouched and nothing was created. `MCAST_ERROR_INVALID_ARGUMENT`: NULL
- * `colors`, `keys` or `out`, or a negative color other than `MCAST_SPLIT_NOCOLOR`;
- * `MCAST_ERROR_INVALID_HANDLE`: `team` not live; `MCAST_ERROR_ABORTED` or
- * `MCAST_ERROR_TIMEOUT`: `team` failed before; any status of `mcast_team_create` or
- * `mcast_team_init_rank` for the new teams. Thread-safe.
- *
- * # Safety
- * `colors` and `keys` must be NULL or valid for reading, and `out` NULL or valid for writing,
- * one element per rank this process holds.
- */
-mcast_status_t mcast_team_split(struct mcast_team_t team,
-                                const int *colors,
-                                const int *keys,
-                                struct mcast_team_t *out);
-
-/**
- * Describes `team` in `*info`, whose `struct_size` the caller sets: at least the size of the
- * struct's first version (up to `bytes_reserved`); the first `struct_size` bytes are filled.
- * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
- * `MCAST_ERROR_INVALID_HANDLE`: `team` not live. Thread-safe.
- *
- * # Safety
- * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
- * `sizeof(mcast_team_info_t)` are written).
- */
-mcast_status_t mcast_team_get_info(struct mcast_team_t team, struct mcast_team_info_t *info);
-
-/**
- * Writes a fresh unique id into `*id`: a version tag, the address of a bootstrap listener
- * (TCP, IPv4 or IPv6) and a random secret. The listener starts in this process, on the
- * interface `MCAST_SOCKET_IFNAME` selects (as `NCCL_SOCKET_IFNAME`: prefixes, `^` excludes,
- * `=` whole names), else the first that is up but for `lo`, `docker*` and `veth*`, else
- * loopback; this process must stay alive until every rank has joined. The listener closes
- * (its port and threads) once every rank has asked it where rank 0 is, or when
- * `MCAST_TIMEOUT_MS` of this process (default 30000; 0: never) passes without a rank asking:
- * an id nobody uses keeps nothing open, and ranks must start within that time of one another.
- * With `MCAST_BOOTSTRAP_ADDR=ip:port` no listener starts, rank 0 listens there, and every
- * process makes the same id, so each can call this itself, like `NCCL_COMM_ID`: the id's
- * secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
- * `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
- * white space ignored, case does not matter), random and fresh for each job (e.g.
- * `openssl rand -hex 16`). One id names one team; every process of that team passes the same
- * bytes to `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL,
- * `MCAST_BOOTSTRAP_ADDR` malformed, or set with `MCAST_BOOTSTRAP_SECRET` missing, shorter or
- * not hex (the message names the variable and how to make one), `MCAST_SOCKET_IFNAME`
- * matching no interface. Thread-safe.
- *
- * # Safety
- * `id` must be NULL or valid for writes.
- */
-mcast_status_t mcast_get_unique_id(struct mcast_unique_id_t *id);
-
-/**
- * One process per rank: joins the team named by `id` as rank `rank` of `nranks`, on
- * `device` of this process's context. Every process of the team calls it with the same `id`
- * and `nranks` and a distinct `rank`; it returns when all have joined and the team is built.
- * The processes meet over TCP through the listener `id` names (on one host or many; every
- * connection proves the id's secret first, the listener before the caller, and everything
- * after that is encrypted and authenticated: a message altered, replayed or injected on the
- * network fails the team on every rank with `MCAST_ERROR_TIMEOUT`, the message naming the
- * connection that failed authentication); memory and multicast objects travel as POSIX
- * file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
- * hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
- * naming the rank, its host and the reason.
- * The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
- * step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
- * rank (the message names the rank that failed), never a hang: a rank that does not arrive
- * within `timeout_ms`, or exits, gives `MCAST_ERROR_TIMEOUT` to the others.
- * The returned team is used as any other, except that only `rank` belongs to this process:
- * naming another rank in `mcast_buffer_*`, the collectives or `mcast_synchronize` gives
- * `MCAST_ERROR_INVALID_ARGUMENT` (peers may still be named as `peer` or `root`). Buffer
- * allocations and frees are collective: every rank makes them in the same order and sizes.
- * On failure nothing is left allocated and `*out` is untouched.
- * `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, `id` not from `mcast_get_unique_id` or already
- * from another version of mcast, `nranks` < 1 or above 72, `rank` or `device` out of range,
- * an id of `MCAST_BOOTSTRAP_ADDR` joined from an environment whose `MCAST_BOOTSTRAP_SECRET`
- * is missing or breaks the rule of `mcast_get_unique_id`.
- * Thread-safe.
- *
- * # Safety
- * `out` must be NULL or valid for writes.
- */
-mcast_status_t mcast_team_init_rank(struct mcast_context_t ctx,
-                                    struct mcast_unique_id_t id,
-                                    int nranks,
-                                    int rank,
-                                    int device,
-                                    struct mcast_team_t *out);
-
-/**
- * Like `mcast_team_init_rank`, bootstrapped by the caller's allgather instead of a unique id:
- * every process calls it with its own `oob->rank`, the same `oob->nranks`, and an allgather
- * over the same processes. `oob->allgather` is called only inside this call, on the calling
- * thread, the same number of times on every rank (once; none when `nranks` is out of range,
- * which every rank sees alike); afterwards the team talks over its own TCP connections, so a
- * peer that dies later gives `MCAST_ERROR_TIMEOUT`, never a hang inside the caller's MPI.
- * A rank that is out of range or a `device` out of range still takes part in the allgather,
- * so every rank fails together with `MCAST_ERROR_INVALID_ARGUMENT`. A non-zero return of the
- * callback fails the setup (`MCAST_ERROR_INVALID_ARGUMENT`, the value in the message); the
- * ranks whose callback succeeded then learn it through the team's connections or time out
- * within `timeout_ms`. `oob` is only read during the call. On failure nothing is left
- * allocated and `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT` also: `oob` or `out`
- * NULL, `oob->struct_size` not `sizeof(mcast_oob_t)`, `oob->allgather` NULL, `nranks` < 1 or
- * above 72 (the callback is not called then). Thread-safe.
- *
- * # Safety
- * `oob` must be NULL or point to a valid `mcast_oob_t`; `out` NULL or valid for writes; the
- * callback must honour its contract.
- */
-mcast_status_t mcast_team_init_oob(struct mcast_context_t ctx,
-                                   const struct mcast_oob_t *oob,
-                                   int device,
-                                   struct mcast_team_t *out);
-
-/**
- * Writes the version of the loaded library into the non-NULL pointers among `major`, `minor`
- * and `patch` (NULL pointers are skipped). Thread-safe; cannot fail.
- *
- * # Safety
- * Each pointer must be NULL or valid for writing an `int`.
- */
-void mcast_get_version(int *major, int *minor, int *patch);
 
 #ifdef __cplusplus
 }  // extern "C"

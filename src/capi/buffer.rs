@@ -49,9 +49,10 @@ pub unsafe extern "C" fn mcast_buffer_alloc(
 /// multicast object with `cuMulticastBindAddr`; on P2P (and on MULTICAST too) every rank's
 /// allocation is mapped on every rank's device. With one rank per process the call is
 /// collective, in the same order as `mcast_buffer_alloc`: each process's allocation travels to
-/// its peers as the team's handle type (a POSIX file descriptor on one host, a fabric handle
-/// across hosts), and a rule broken on any rank is the same error on every rank, naming that
-/// rank. The buffer is used like any other (collectives, `_into` forms, read/write, pointers:
+/// its peers as the team's handle type (a fabric handle where every rank can export one, and
+/// always across hosts; else a POSIX file descriptor between processes of one host;
+/// `MCAST_HANDLE_TYPE` forces one), and a rule broken on any rank is the same error on every
+/// rank, naming that rank. The buffer is used like any other (collectives, `_into` forms, read/write, pointers:
 /// the local pointer aliases `ptrs[rank]`) and freed with `mcast_buffer_free`, which unbinds
 /// and unmaps but leaves the memory to its owner. Memory from `mcast_mem_alloc` always
 /// registers. `MCAST_ERROR_NOT_SUPPORTED`, naming the rule: memory not from `cuMemCreate` (for

@@ -111,7 +111,8 @@ fn run_into(
 }
 
 /// Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
-/// `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// `bytes` 0 is a no-op once the handle, rank and root are checked and the team has not failed
+/// (a failed team's error is returned).
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, range past the end.
 /// Thread-safe.
 #[no_mangle]
@@ -133,7 +134,7 @@ pub extern "C" fn mcast_broadcast(
 
 /// Leaves on every rank the element-wise reduction of all ranks' `[offset, offset +
 /// count * size)`. `offset` is aligned to the element size (to 4 bytes for 16-bit types).
-/// `count` 0 is a no-op once the handle and rank are checked.
+/// `count` 0 is a no-op once the handle and rank are checked and the team has not failed.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, misaligned offset,
 /// range past the end. Thread-safe.
 #[no_mangle]
@@ -173,7 +174,7 @@ pub extern "C" fn mcast_reduce_scatter(
 }
 
 /// Rank r contributes `[offset + r * bytes, + bytes)` of its copy; every rank ends with all N
-/// blocks. `bytes` 0 is a no-op once the handle and rank are checked.
+/// blocks. `bytes` 0 is a no-op once the handle and rank are checked and the team has not failed.
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, range past the end. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_all_gather(
@@ -192,7 +193,7 @@ pub extern "C" fn mcast_all_gather(
 /// buffer with `recv_offset == send_offset` is exactly `mcast_broadcast`; any other overlap of
 /// the two ranges is `MCAST_ERROR_INVALID_ARGUMENT`, as are buffers of different teams, a rank
 /// or root out of range and ranges past the end. `bytes` 0 is a no-op once the handles, rank
-/// and root are checked. The kernels read `send` and write `recv` directly (no staging copy).
+/// and root are checked and the team has not failed. The kernels read `send` and write `recv` directly (no staging copy).
 /// Thread-safe.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
@@ -300,10 +301,14 @@ fn run_ptr(
 /// `[0, bytes)` to every rank's `recv` (`send == recv` in place). Where both ranges lie in
 /// registered buffers of the team (`mcast_buffer_register`) it runs zero-copy, as
 /// `mcast_broadcast_into`; every rank must then pass registered memory. Plain device memory
-/// (`cudaMalloc`): a small message of a team with the LL kernels (P2P teams of 2 to 8 ranks,
-/// `MCAST_LL`) runs them in one launch, without staging; anything else goes through the team's
+/// (`cudaMalloc`): a small message of a team with the LL kernels (teams of 2 to 8 ranks,
+/// `MCAST_LL`, on by default) runs them in one launch, without staging; anything else goes through the team's
 /// symmetric staging area (1 MiB per rank), in chunks: each chunk is copied in on `stream`
-/// (`cuMemcpyDtoDAsync`), broadcast, and copied out; any size, any alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the handle, rank and root are checked.
+/// (`cuMemcpyDtoDAsync`) and broadcast, the kernel writing `recv` itself on the P2P transport,
+/// else a copy-out kernel (neither writes once the collective failed); any size, any
+/// alignment, every team size. `send` is read on the root only. `bytes` 0 is a no-op once the
+/// handle, rank and root are checked and the team has not failed (a failed team's error is
+/// returned).
 /// `MCAST_ERROR_INVALID_ARGUMENT`: rank or root out of range, NULL `send`/`recv`, memory that
 /// is not device memory of the rank's device, partial overlap of `send` and `recv`.
 /// Thread-safe.
@@ -335,8 +340,8 @@ pub extern "C" fn mcast_team_broadcast(
 /// rank stores its `send` into its peers' scratch step by step and reduces what they stored
 /// into its `recv`: the copy-in is fused into the kernel); larger teams go through the staging
 /// area (1 MiB per rank, chunked: copy in on `stream`, the in-place kernel of the team's
-/// transport, copy out). Every size, dtype and operator. `count` 0 is a no-op once the handle
-/// and rank are checked. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
+/// transport, a copy-out kernel). Every size, dtype and operator. `count` 0 is a no-op once the
+/// handle and rank are checked and the team has not failed. `MCAST_ERROR_INVALID_ARGUMENT`: rank out of range, unknown dtype or op, NULL
 /// `send`/`recv`, pointers not aligned to the element size (element-aligned pointers work for
 /// every dtype, as in NCCL: a 16-bit type at 2 bytes too), memory that is not device memory of
 /// the rank's device, partial overlap. Thread-safe.
@@ -406,7 +411,9 @@ pub extern "C" fn mcast_team_all_gather(
 /// disagreed on a collective's count, dtype, op, root, collective or buffer offsets (found by
 /// the kernels at their entry, before any data was written; the message names the field, the
 /// values and the ranks) or when another rank's call of a collective this rank had issued was
-/// refused (one-process teams: the wait ended at once). After any of these every later
+/// refused (one-process teams: the wait ended at once); on a team across NVLink domains also
+/// the status of a failed call of the engine between domains (usually `MCAST_ERROR_DRIVER`).
+/// After any of these every later
 /// collective and synchronize of the team returns it until the team is destroyed.
 /// Thread-safe.
 #[no_mangle]

@@ -44,7 +44,11 @@ pub struct mcast_live_counts_t {
 /// Creates a context. `config` NULL means the result of `mcast_config_init`. On success
 /// `*out` holds the new context, which the caller destroys with `mcast_context_destroy`; on
 /// failure `*out` is untouched. `MCAST_ERROR_INVALID_ARGUMENT`: `out` NULL, a bad
-/// `struct_size` or an unknown enum value in `config`; `MCAST_ERROR_DRIVER_UNAVAILABLE`:
+/// `struct_size`, an unknown enum value in `config`, or a field out of its range (the message
+/// names the field, its range and its variable; `sim_devices` and `sim_device_memory` are
+/// checked only where the backend may be the simulator, not with `MCAST_BACKEND_CUDA`), or a
+/// malformed `MCAST_SIM_FAULTS` on the simulator;
+/// `MCAST_ERROR_DRIVER_UNAVAILABLE`:
 /// backend CUDA asked for and no driver or device. Thread-safe.
 ///
 /// # Safety

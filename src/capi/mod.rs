@@ -10,17 +10,31 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::runtime::{Error, ErrorKind, Result};
 
-pub mod buffer;
-pub mod collective;
-pub mod config;
-pub mod context;
-pub mod device;
-pub mod device_api;
-pub mod memory;
-pub mod net;
+// In the order of an application's lifecycle, which is the order of include/mcast.h (cbindgen
+// reads the modules in this order) and of docs/reference.md: statuses and the version; the
+// context and its devices; memory, teams and buffers; collectives; the device API's handles; the
+// engine between NVLink domains. (A blank line between them: rustfmt sorts adjacent ones.)
 pub mod status;
-pub mod team;
+
 pub mod version;
+
+pub mod config;
+
+pub mod context;
+
+pub mod device;
+
+pub mod memory;
+
+pub mod team;
+
+pub mod buffer;
+
+pub mod collective;
+
+pub mod device_api;
+
+pub mod net;
 
 pub use status::mcast_status_t;
 

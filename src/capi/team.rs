@@ -140,7 +140,10 @@ pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
 /// process) or `MCAST_ERROR_INVALID_ARGUMENT` (the ranks disagreed on a collective's count,
 /// dtype, op, root, collective or buffer offsets, found by the kernels at their entry and read
 /// from the device without waiting; or, in a one-process team, a rank's call was refused after
-/// other ranks had issued theirs: their waits were ended). A timeout is every
+/// other ranks had issued theirs: their waits were ended); on a team across NVLink domains
+/// also the status of a failed call of the engine between domains (usually
+/// `MCAST_ERROR_DRIVER`, the message naming the engine and its code), which every rank of the
+/// team is told. A timeout is every
 /// rank's: the rank that timed out tells the others (through their state words and over the
 /// connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
 /// or slow one within a second of running again. Once set it stays set until the team is
@@ -331,9 +334,10 @@ pub fn get_root_unique_id(id: &mut mcast_unique_id_t) -> mcast_status_t {
 /// connection proves the id's secret first, the listener before the caller, and everything
 /// after that is encrypted and authenticated: a message altered, replayed or injected on the
 /// network fails the team on every rank with `MCAST_ERROR_TIMEOUT`, the message naming the
-/// connection that failed authentication); memory and multicast objects travel as POSIX
-/// file descriptors (`SCM_RIGHTS`) between ranks of one host and as fabric handles between
-/// hosts; where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
+/// connection that failed authentication); memory and multicast objects travel as fabric
+/// handles where every rank can export them (always between hosts), else as POSIX file
+/// descriptors (`SCM_RIGHTS`) between ranks of one host (`MCAST_HANDLE_TYPE` forces one);
+/// where neither works the call fails on every rank with `MCAST_ERROR_NOT_SUPPORTED`
 /// naming the rank, its host and the reason.
 /// The transport is chosen from every rank's capabilities, as for `mcast_team_create`. Every
 /// step that can fail on one rank is agreed by all, so a failure anywhere is an error on every
