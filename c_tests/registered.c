@@ -1,4 +1,4 @@
-/* API.md "Memory the application owns" through the installed package, on the simulator: the
+/* README.md "Your own memory, out of place" through the installed package, on the simulator: the
  * README example (memory from mcast_mem_alloc registered on every rank, mcast_all_reduce_into
  * between two registered buffers), the registration rules seen from C, and teardown in each
  * order with nothing left. Runs with MCAST_BACKEND=sim, MULTICAST and P2P. */

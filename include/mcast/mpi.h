@@ -1,4 +1,4 @@
-/* libmcast_mpi: MPI as mcast's engine between NVLink domains (API.md, "Teams across NVLink
+/* libmcast_mpi: MPI as mcast's engine between NVLink domains (README.md, "Teams across NVLink
  * domains"). Built with the MPI compiler wrapper where one is found (mpicc); CMake target
  * mcast::mpi, pkg-config mcast-mpi.
  *

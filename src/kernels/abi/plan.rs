@@ -56,8 +56,8 @@ pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
 
 /// The largest payload (bytes each rank sends each peer) the LL kernels carry: the whole landing
 /// area (256 KiB). LL moves twice the bytes (a flag beside every 4 payload bytes) with no
-/// barrier, so it wins where latency dominates; where it stops winning is to be measured on
-/// hardware (issue 16) and may differ per collective.
+/// barrier, so it wins where latency dominates; on 2 x H100 it still won at this limit for every
+/// collective (BENCHMARKS.md, "LL on by default, copy engines measured").
 pub const LL_MAX_BYTES: u64 = LL_MAX_BLOCKS as u64 * LL_PART;
 
 /// The payload of `collective` with `count`: the bytes each sender sends each peer.
