@@ -8,22 +8,12 @@
 # Multicast stays off (the copy-engine forms are P2P forms; never create a multicast object on a
 # shared machine).
 set -uo pipefail
-export MCAST_MULTICAST=off NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-out="${1:-ce-out}"
-devices="${2:-0,1}"
-bin="${BIN:-target/release/mcast-bench}"
-backend="${BACKEND:-cuda}" # sim: to try the script itself without a GPU
-mkdir -p "$out"
-date -u +%Y-%m-%dT%H:%M:%SZ | tee "$out/date.txt"
-nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null | tee "$out/gpus.txt"
+default_out=ce-out
+source "$(dirname "$0")/sweep-setup.sh"
 
 # 1. Correctness with every message on the copy engines (--ce-min-bytes 1): teams of 2, 3 and 4
 #    ranks on the given GPUs (a device may repeat), in and out of place, buffers and registered
 #    memory, odd sizes. The last column is #wrong per size.
-status=0
-wrong() { awk '/^ +[0-9]/ {w = w " " $NF; if ($NF != 0) bad = 1} /mcast-bench:/ {w = w " ERROR: " $0; bad = 1}
-               END {print w; exit bad}'; }
-first="${devices%%,*}"
 for team in "$devices" "$devices,$first" "$devices,$devices"; do
   for op in all_reduce all_gather broadcast; do
     for inplace in 1 0; do
