@@ -13,11 +13,14 @@ pub trait CopyOps {
     /// Writes one 32-bit word of memory `dev` can access (its own or a peer's through a
     /// mapping) without waiting for work on any stream: `cuMemcpyHtoDAsync` on a private
     /// non-blocking stream, which only that copy joins. Kernels spinning on the word see it
-    /// within microseconds; used to abort a team.
+    /// within microseconds; used to abort a team. Potentially unsafe in a stream capture (it
+    /// synchronizes its stream): callers that may run beside another thread's capture wrap it
+    /// in [`crate::driver::RelaxedCapture`].
     fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()>;
 
     /// Reads one 32-bit word of memory `dev` can access without waiting for work on any
-    /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream).
+    /// stream (`cuMemcpyDtoHAsync` on a private non-blocking stream). Potentially unsafe in a
+    /// stream capture, as [`CopyOps::poke_u32`].
     fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32>;
 
     /// `cuMemcpyDtoDAsync`: enqueues a copy of `bytes` bytes from `src` to `dst` (both memory

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_void, CStr};
 
-use super::{DResult, Device, Event, Function, Graph, GraphExec, LaunchConfig, Module, Stream};
+use super::{CaptureMode, DResult, Device, Event, Function, Graph, GraphExec, LaunchConfig, Module, Stream};
 
 /// Streams, events, graphs, modules and launches. Part of [`super::Driver`].
 pub trait ExecOps {
@@ -59,10 +59,23 @@ pub trait ExecOps {
     ) -> DResult<()>;
 
     /// `cuStreamBeginCapture` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (what nccl-tests uses):
-    /// work launched on `stream` from now on is recorded into a graph instead of running. The
-    /// legacy default stream cannot be captured; a stream already capturing gives
-    /// `CUDA_ERROR_ILLEGAL_STATE`.
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()>;
+    /// [`ExecOps::stream_begin_capture_mode`] with [`CaptureMode::ThreadLocal`].
+    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+        self.stream_begin_capture_mode(dev, stream, CaptureMode::ThreadLocal)
+    }
+
+    /// `cuStreamBeginCapture` in `mode`: work launched on `stream` from now on is recorded into
+    /// a graph instead of running. The legacy default stream cannot be captured; a stream
+    /// already capturing gives `CUDA_ERROR_ILLEGAL_STATE`. While the capture is live, `mode`
+    /// decides which threads' potentially unsafe calls invalidate it (see [`CaptureMode`]).
+    fn stream_begin_capture_mode(&self, dev: Device, stream: Stream, mode: CaptureMode) -> DResult<()>;
+
+    /// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture interaction mode
+    /// and returns the one it had (every thread starts in [`CaptureMode::Global`]). The
+    /// library's own calls that a capture in another thread must not see (its peeks at device
+    /// words, its module loads) run in [`CaptureMode::Relaxed`] through
+    /// [`crate::driver::RelaxedCapture`], and restore the caller's mode after.
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DResult<CaptureMode>;
 
     /// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the graph of what
     /// was launched on it. A capture invalidated by an illegal call made during it (such as a

@@ -70,4 +70,16 @@ pub trait MemoryOps {
 
     /// `cuMemFree` of [`MemoryOps::mem_alloc`] memory.
     fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()>;
+
+    /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`, made in
+    /// `dev`'s context: `size` bytes of zeroed, page-locked host memory that every device's
+    /// kernels can store to, at one address that is both the host pointer and the device
+    /// pointer (unified addressing; a driver that maps it elsewhere gives
+    /// `CUDA_ERROR_NOT_SUPPORTED`). The host reads it with plain (atomic or volatile) loads, no
+    /// driver call: what a device writes for the host to poll lives here.
+    fn host_alloc_mapped(&self, dev: Device, size: usize) -> DResult<DevicePtr>;
+
+    /// `cuMemFreeHost` of [`MemoryOps::host_alloc_mapped`] memory. The caller makes sure no
+    /// kernel can still store to it.
+    fn host_free_mapped(&self, dev: Device, ptr: DevicePtr) -> DResult<()>;
 }

@@ -176,6 +176,51 @@ pub struct Graph(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GraphExec(pub usize);
 
+/// `CUstreamCaptureMode`: how a stream capture and the calls of threads meet (see
+/// [`ExecOps::exchange_capture_mode`]). While a capture is live, a thread in `Global` mode is
+/// prohibited from *potentially unsafe* calls (synchronizations, synchronous copies and sets,
+/// allocations, module loads) if it has a capture of its own not begun `Relaxed`, or if any
+/// other thread has a capture begun `Global`; a prohibited call fails with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates those captures. `ThreadLocal` looks
+/// only at the thread's own captures; `Relaxed` is never prohibited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL`: every thread's default, and PyTorch's default capture.
+    #[default]
+    Global,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (what nccl-tests captures in).
+    ThreadLocal,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+    Relaxed,
+}
+
+/// The calling thread in [`CaptureMode::Relaxed`] until dropped, then back in the mode it had:
+/// the library's own potentially unsafe calls (a peek at a device word, a module load) neither
+/// fail nor invalidate a capture that another thread of the application has live, as NCCL
+/// does around its own allocations. Those calls run on private non-blocking streams or touch no
+/// stream, so no captured work depends on them. If the driver cannot swap the mode, the call
+/// runs in the thread's own mode.
+pub struct RelaxedCapture<'a, D: ExecOps + ?Sized> {
+    driver: &'a D,
+    previous: Option<CaptureMode>,
+}
+
+impl<'a, D: ExecOps + ?Sized> RelaxedCapture<'a, D> {
+    /// Puts the calling thread in relaxed mode.
+    pub fn enter(driver: &'a D) -> Self {
+        let previous = driver.exchange_capture_mode(CaptureMode::Relaxed).ok();
+        RelaxedCapture { driver, previous }
+    }
+}
+
+impl<D: ExecOps + ?Sized> Drop for RelaxedCapture<'_, D> {
+    fn drop(&mut self) {
+        if let Some(mode) = self.previous {
+            let _ = self.driver.exchange_capture_mode(mode);
+        }
+    }
+}
+
 /// `CU_MEM_ALLOC_GRANULARITY_*` / `CU_MULTICAST_GRANULARITY_*`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Granularity {

@@ -9,7 +9,9 @@ use cudarc::driver::sys as cu;
 
 use super::symbols::{check, not_supported};
 use super::CudaDriver;
-use crate::driver::{DResult, Device, Event, ExecOps, Function, Graph, GraphExec, LaunchConfig, Module, Stream};
+use crate::driver::{
+    CaptureMode, DResult, Device, Event, ExecOps, Function, Graph, GraphExec, LaunchConfig, Module, Stream,
+};
 
 /// True when `image` is a binary (ELF cubin or fatbin) rather than PTX text.
 pub(super) fn is_binary_image(image: &[u8]) -> bool {
@@ -121,13 +123,26 @@ impl ExecOps for CudaDriver {
         check("cuEventDestroy", unsafe { (self.api.cuEventDestroy_v2)(event_ptr(event)) })
     }
 
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+    fn stream_begin_capture_mode(&self, dev: Device, stream: Stream, mode: CaptureMode) -> DResult<()> {
         let begin = self.api.cuStreamBeginCapture_v2.ok_or_else(|| not_supported("cuStreamBeginCapture"))?;
         let _ctx = self.enter(dev)?;
-        let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as c_uint;
-        // SAFETY: the stream value is the caller's; the driver validates it; `mode` is a valid
+        // SAFETY: the stream value is the caller's; the driver validates it; the mode is a valid
         // `CUstreamCaptureMode` passed as the C enum's integer.
-        check("cuStreamBeginCapture", unsafe { begin(stream_ptr(stream), mode) })
+        check("cuStreamBeginCapture", unsafe { begin(stream_ptr(stream), capture_mode(mode)) })
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DResult<CaptureMode> {
+        let mut raw = capture_mode(mode);
+        // SAFETY: a valid pointer to a `CUstreamCaptureMode` (a C enum, passed as its integer);
+        // the call needs no context.
+        check("cuThreadExchangeStreamCaptureMode", unsafe { (self.api.cuThreadExchangeStreamCaptureMode)(&mut raw) })?;
+        Ok(match raw {
+            x if x == cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED as c_uint => CaptureMode::Relaxed,
+            x if x == cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL as c_uint => {
+                CaptureMode::ThreadLocal
+            }
+            _ => CaptureMode::Global,
+        })
     }
 
     fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
@@ -240,4 +255,13 @@ impl ExecOps for CudaDriver {
             )
         })
     }
+}
+
+/// `mode` as the integer of its `CUstreamCaptureMode`.
+fn capture_mode(mode: CaptureMode) -> c_uint {
+    (match mode {
+        CaptureMode::Global => cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    }) as c_uint
 }

@@ -188,6 +188,34 @@ impl MemoryOps for CudaDriver {
         check("cuMemFree", unsafe { (self.api.cuMemFree_v2)(ptr) })
     }
 
+    fn host_alloc_mapped(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        let _ctx = self.enter(dev)?;
+        let mut host: *mut c_void = ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: the out-pointer is a local; the flags are valid `CU_MEMHOSTALLOC_*` bits.
+        check("cuMemHostAlloc", unsafe { (self.api.cuMemHostAlloc)(&mut host, size, flags) })?;
+        let mut device: cu::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with `CU_MEMHOSTALLOC_DEVICEMAP`; flags must be 0.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            (self.api.cuMemHostGetDevicePointer_v2)(&mut device, host, 0)
+        });
+        if mapped.is_err() || device != host as cu::CUdeviceptr {
+            // SAFETY: allocated above and not handed out.
+            let _ = unsafe { (self.api.cuMemFreeHost)(host) };
+            mapped?;
+            return Err(DriverError::new("cuMemHostGetDevicePointer", CuResult::ERROR_NOT_SUPPORTED));
+        }
+        // SAFETY: `host` is `size` writable bytes of page-locked memory allocated above.
+        unsafe { ptr::write_bytes(host.cast::<u8>(), 0, size) };
+        Ok(device)
+    }
+
+    fn host_free_mapped(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        let _ctx = self.enter(dev)?;
+        // SAFETY: plain value; the driver validates it.
+        check("cuMemFreeHost", unsafe { (self.api.cuMemFreeHost)(ptr as *mut c_void) })
+    }
+
     fn mem_unmap(&self, ptr: DevicePtr, size: usize) -> DResult<()> {
         let _ctx = self.enter_any();
         // SAFETY: plain values; the driver validates the range.

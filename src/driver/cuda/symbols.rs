@@ -130,6 +130,10 @@ driver_api! {
         cuMemcpyHtoDAsync_v2(cu::CUdeviceptr, *const c_void, usize, cu::CUstream);
         cuMemcpyDtoHAsync_v2(*mut c_void, cu::CUdeviceptr, usize, cu::CUstream);
         cuMemcpyDtoDAsync_v2(cu::CUdeviceptr, cu::CUdeviceptr, usize, cu::CUstream);
+        cuMemHostAlloc(*mut *mut c_void, usize, c_uint);
+        cuMemHostGetDevicePointer_v2(*mut cu::CUdeviceptr, *mut c_void, c_uint);
+        cuMemFreeHost(*mut c_void);
+        cuThreadExchangeStreamCaptureMode(*mut c_uint);
         cuModuleLoadData(*mut cu::CUmodule, *const c_void);
         cuModuleUnload(cu::CUmodule);
         cuModuleGetFunction(*mut cu::CUfunction, cu::CUmodule, *const c_char);

@@ -12,6 +12,7 @@ impl CopyOps for SimDriver {
     fn memcpy_htod(&self, dev: Device, dst: DevicePtr, src: &[u8]) -> DResult<()> {
         self.call("cuMemcpyHtoD", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let st = self.state.lock();
             check_access(&st, dev, dst, src.len())?;
             // SAFETY: the whole range is mapped read-write (checked above, lock held), and `src`
@@ -24,6 +25,7 @@ impl CopyOps for SimDriver {
     fn memcpy_dtoh(&self, dev: Device, dst: &mut [u8], src: DevicePtr) -> DResult<()> {
         self.call("cuMemcpyDtoH", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let st = self.state.lock();
             check_access(&st, dev, src, dst.len())?;
             // SAFETY: the source range is mapped read-write (checked above, lock held); `dst` is
@@ -36,6 +38,7 @@ impl CopyOps for SimDriver {
     fn poke_u32(&self, dev: Device, dst: DevicePtr, value: u32) -> DResult<()> {
         self.call("cuMemcpyHtoDAsync", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let st = self.state.lock();
             word(&st, dev, dst)?.store(value, Ordering::Release);
             Ok(())
@@ -45,6 +48,7 @@ impl CopyOps for SimDriver {
     fn peek_u32(&self, dev: Device, src: DevicePtr) -> DResult<u32> {
         self.call("cuMemcpyDtoHAsync", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let st = self.state.lock();
             Ok(word(&st, dev, src)?.load(Ordering::Acquire))
         })
@@ -85,6 +89,7 @@ impl CopyOps for SimDriver {
     fn memset_d8(&self, dev: Device, dst: DevicePtr, value: u8, bytes: usize) -> DResult<()> {
         self.call("cuMemsetD8", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let st = self.state.lock();
             check_access(&st, dev, dst, bytes)?;
             // SAFETY: the range is mapped read-write (checked above, lock held).

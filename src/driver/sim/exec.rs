@@ -1,15 +1,17 @@
 //! Streams and launch: work queued on the per-(device, stream) workers, events, stream capture
 //! and CUDA graphs, modules and kernel launch.
 
+use std::cell::Cell;
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::{SimDriver, R};
 use crate::driver::{
-    CuResult, DResult, Device, Event, ExecOps, Function, Graph, GraphExec, LaunchConfig, Module, Stream,
+    CaptureMode, CuResult, DResult, Device, Event, ExecOps, Function, Graph, GraphExec, LaunchConfig, Module, Stream,
 };
 
 #[derive(Default)]
@@ -49,11 +51,19 @@ impl EventCell {
 pub(super) type Node = Arc<dyn Fn() + Send + Sync>;
 
 /// A stream capture in progress.
-#[derive(Default)]
 pub(super) struct Capture {
     nodes: Vec<Node>,
     /// Set by an illegal call during the capture; ending it then fails.
     invalidated: bool,
+    /// The mode it was begun in.
+    mode: CaptureMode,
+    /// The thread that began it.
+    thread: ThreadId,
+}
+
+thread_local! {
+    /// The calling thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static THREAD_MODE: Cell<CaptureMode> = const { Cell::new(CaptureMode::Global) };
 }
 
 impl SimDriver {
@@ -77,6 +87,33 @@ impl SimDriver {
         self.workers
             .enqueue((dev, stream.0), Box::new(move || node()))
             .map_err(|_| CuResult::ERROR_LAUNCH_OUT_OF_RESOURCES)
+    }
+
+    /// The check CUDA makes at the start of a potentially unsafe call (see [`CaptureMode`]):
+    /// when a live capture prohibits the calling thread from such calls (its own capture not
+    /// begun relaxed; or, the thread in global mode, another thread's capture begun global),
+    /// every such capture is invalidated and the call fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+    pub(super) fn unsafe_in_capture(&self) -> R<()> {
+        let mode = THREAD_MODE.with(Cell::get);
+        if mode == CaptureMode::Relaxed {
+            return Ok(());
+        }
+        let me = std::thread::current().id();
+        let mut prohibited = false;
+        for capture in self.state.lock().captures.values_mut() {
+            let own = capture.thread == me && capture.mode != CaptureMode::Relaxed;
+            let global = mode == CaptureMode::Global && capture.thread != me && capture.mode == CaptureMode::Global;
+            if own || global {
+                capture.invalidated = true;
+                prohibited = true;
+            }
+        }
+        if prohibited {
+            Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        } else {
+            Ok(())
+        }
     }
 
     /// True when `(dev, stream)` is capturing; the capture is then invalidated (what an illegal
@@ -139,6 +176,7 @@ impl ExecOps for SimDriver {
             if self.invalidate_capture(dev, stream) {
                 return Err(CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
+            self.unsafe_in_capture()?;
             self.workers.synchronize((dev, stream.0));
             Ok(())
         })
@@ -147,6 +185,7 @@ impl ExecOps for SimDriver {
     fn device_synchronize(&self, dev: Device) -> DResult<()> {
         self.call("cuCtxSynchronize", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             self.workers.synchronize_device(dev);
             Ok(())
         })
@@ -215,6 +254,7 @@ impl ExecOps for SimDriver {
     fn event_elapsed_ms(&self, dev: Device, start: Event, end: Event) -> DResult<f32> {
         self.call("cuEventElapsedTime", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let (a, b) = {
                 let st = self.state.lock();
                 let get = |e: Event| st.events.get(&e.0).map(|(_, c)| c.clone()).ok_or(CuResult::ERROR_INVALID_HANDLE);
@@ -242,7 +282,7 @@ impl ExecOps for SimDriver {
         })
     }
 
-    fn stream_begin_capture(&self, dev: Device, stream: Stream) -> DResult<()> {
+    fn stream_begin_capture_mode(&self, dev: Device, stream: Stream, mode: CaptureMode) -> DResult<()> {
         self.call("cuStreamBeginCapture", || {
             self.check_dev(dev)?;
             if stream == Stream::DEFAULT {
@@ -253,9 +293,14 @@ impl ExecOps for SimDriver {
             if st.captures.contains_key(&(dev, stream.0)) {
                 return Err(CuResult::ERROR_ILLEGAL_STATE);
             }
-            st.captures.insert((dev, stream.0), Capture::default());
+            let capture = Capture { nodes: Vec::new(), invalidated: false, mode, thread: std::thread::current().id() };
+            st.captures.insert((dev, stream.0), capture);
             Ok(())
         })
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DResult<CaptureMode> {
+        self.call("cuThreadExchangeStreamCaptureMode", || Ok(THREAD_MODE.with(|m| m.replace(mode))))
     }
 
     fn stream_end_capture(&self, dev: Device, stream: Stream) -> DResult<Graph> {
@@ -317,6 +362,7 @@ impl ExecOps for SimDriver {
     fn module_load(&self, dev: Device, image: &[u8]) -> DResult<Module> {
         self.call("cuModuleLoadData", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             if image.is_empty() {
                 return Err(CuResult::ERROR_INVALID_IMAGE);
             }

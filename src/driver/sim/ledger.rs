@@ -35,6 +35,8 @@ pub struct Ledger {
     pub graphs: u64,
     /// Executable graphs not destroyed.
     pub graph_execs: u64,
+    /// Mapped host allocations (`cuMemHostAlloc`) not freed.
+    pub host_allocations: u64,
 }
 
 impl Ledger {
@@ -52,6 +54,7 @@ impl Ledger {
             && self.captures == 0
             && self.graphs == 0
             && self.graph_execs == 0
+            && self.host_allocations == 0
     }
 }
 
@@ -78,6 +81,7 @@ impl fmt::Display for Ledger {
             (self.captures, "stream capture(s)"),
             (self.graphs, "graph(s)"),
             (self.graph_execs, "executable graph(s)"),
+            (self.host_allocations, "mapped host allocation(s)"),
         ];
         for (n, what) in counts {
             if n > 0 {
@@ -120,6 +124,7 @@ impl super::SimDriver {
         ledger.captures = st.captures.len() as u64;
         ledger.graphs = st.graphs.len() as u64;
         ledger.graph_execs = st.graph_execs.len() as u64;
+        ledger.host_allocations = st.host_mapped.len() as u64;
         ledger
     }
 }

@@ -371,6 +371,7 @@ impl MemoryOps for SimDriver {
     fn mem_alloc(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
         self.call("cuMemAlloc", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             if size == 0 {
                 return Err(INVALID_VALUE);
             }
@@ -391,6 +392,7 @@ impl MemoryOps for SimDriver {
     fn mem_free(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
         self.call("cuMemFree", || {
             self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
             let mut st = self.state.lock();
             let size = match st.plain.get(&ptr) {
                 Some(&(_, size)) => size,
@@ -400,6 +402,38 @@ impl MemoryOps for SimDriver {
             // SAFETY: allocated by `mem_alloc` with this layout; removed from the table first,
             // so it is freed once.
             unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
+            Ok(())
+        })
+    }
+
+    /// Host memory, zeroed and page-aligned; its address is the device pointer on every device
+    /// (as with unified addressing), and kernels store to it directly. Not charged to a
+    /// device's budget (it is host memory).
+    fn host_alloc_mapped(&self, dev: Device, size: usize) -> DResult<DevicePtr> {
+        self.call("cuMemHostAlloc", || {
+            self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
+            if size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(host_layout(size)) };
+            if ptr.is_null() {
+                return Err(CuResult::ERROR_OUT_OF_MEMORY);
+            }
+            self.state.lock().host_mapped.insert(ptr as u64, (dev, size));
+            Ok(ptr as u64)
+        })
+    }
+
+    fn host_free_mapped(&self, dev: Device, ptr: DevicePtr) -> DResult<()> {
+        self.call("cuMemFreeHost", || {
+            self.check_dev(dev)?;
+            self.unsafe_in_capture()?;
+            let size = self.state.lock().host_mapped.remove(&ptr).map(|(_, size)| size).ok_or(INVALID_VALUE)?;
+            // SAFETY: allocated by `host_alloc_mapped` with this layout; removed from the table
+            // first, so it is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, host_layout(size)) };
             Ok(())
         })
     }
@@ -425,6 +459,11 @@ fn host_dup(fd: RawFd) -> R<OwnedFd> {
 }
 
 /// The layout of a simulated `cuMemAlloc` block of `size` bytes.
+/// The layout of [`MemoryOps::host_alloc_mapped`] memory: page-aligned, as `cuMemHostAlloc`'s.
+pub(super) fn host_layout(size: usize) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(size.max(1), 4096).expect("a valid layout")
+}
+
 pub(super) fn plain_layout(size: usize) -> std::alloc::Layout {
     std::alloc::Layout::from_size_align(size.max(1), PLAIN_ALIGN).expect("a valid layout")
 }

@@ -9,7 +9,12 @@
 //! on, after the work queued there before, as often as it is launched. A synchronization of a
 //! capturing stream fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
 //! capture; an event recorded on a capturing stream only orders the capture (no timing node),
-//! as `cuEventRecord` does in a capture.
+//! as `cuEventRecord` does in a capture. Captures and threads meet as [`CaptureMode`] says:
+//! a potentially unsafe call (a synchronization, a synchronous copy or set, `cuMemAlloc`,
+//! `cuMemFree`, `cuMemHostAlloc`, `cuMemFreeHost`, a module load) from a thread that a live
+//! capture prohibits fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates that
+//! capture, also when the capture is another thread's, begun in global mode (what PyTorch's
+//! `torch.cuda.graph` does).
 //!
 //! Device pointers are host addresses. A physical allocation is a sparse memfd; an address
 //! reservation is a `PROT_NONE` mapping; `cuMemMap` maps the memfd read-write over it. A multicast
@@ -194,11 +199,16 @@ impl SimDriver {
     /// loading "might require context synchronization". A thread that loads a module while a
     /// kernel it launched waits for work it has yet to issue waits here until that kernel's
     /// timeout, as on a GPU. Later uses return at once.
-    pub fn load_kernel_module(&self, dev: Device, key: u64) {
+    /// Like `cuModuleLoadData`, the load is potentially unsafe in a stream capture: a thread
+    /// that a live capture prohibits gets `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and the
+    /// capture is invalidated (see [`CaptureMode`](crate::driver::CaptureMode)).
+    pub fn load_kernel_module(&self, dev: Device, key: u64) -> DResult<()> {
         if !self.kernel_modules.lock().contains(&(dev, key)) {
+            self.unsafe_in_capture().map_err(|code| DriverError::new("cuModuleLoadData", code))?;
             self.workers.synchronize_device(dev);
             self.kernel_modules.lock().insert((dev, key));
         }
+        Ok(())
     }
 
     /// The configuration this simulator was made with.
@@ -271,6 +281,12 @@ impl Drop for SimDriver {
             unsafe { std::alloc::dealloc(ptr as *mut u8, plain_layout(size)) };
         }
         st.plain.clear();
+        for (&ptr, &(_, size)) in &st.host_mapped {
+            // SAFETY: allocated by `host_alloc_mapped` with this layout and not freed (still
+            // listed).
+            unsafe { std::alloc::dealloc(ptr as *mut u8, memory::host_layout(size)) };
+        }
+        st.host_mapped.clear();
         // Physical allocations unmap their shadows and close their memfds as they drop.
     }
 }

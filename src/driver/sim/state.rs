@@ -103,6 +103,9 @@ pub(super) struct State {
     /// `cuMemAlloc` memory (plain device memory, not a `cuMemCreate` allocation): start ->
     /// (device, size).
     pub(super) plain: BTreeMap<u64, (Device, usize)>,
+    /// `cuMemHostAlloc` memory (mapped, portable): start -> (device whose context made it,
+    /// size).
+    pub(super) host_mapped: BTreeMap<u64, (Device, usize)>,
 }
 
 impl State {

@@ -132,9 +132,10 @@ fn capture_records_launches_and_graph_launch_replays_them_in_order() {
     for v in 1..=3 {
         s.enqueue(1, stream, push(v)).unwrap();
     }
-    // Another stream of the same device is not captured.
+    // Another stream of the same device is not captured. (Its synchronization comes from
+    // another thread: the capturing thread may not synchronize while it captures.)
     s.enqueue(1, Stream(77), push(100)).unwrap();
-    s.stream_synchronize(1, Stream(77)).unwrap();
+    std::thread::scope(|t| t.spawn(|| s.stream_synchronize(1, Stream(77))).join().unwrap()).unwrap();
     assert_eq!(*seen.lock(), vec![100], "captured launches must not run");
     let graph = s.stream_end_capture(1, stream).unwrap();
     assert_eq!(s.ledger().graphs, 1);
@@ -268,14 +269,14 @@ fn module_loads_wait_for_the_devices_running_work() {
     // The first use of a kernel module on device 1 waits for its running work, a later one does not.
     s.enqueue(1, Stream(8), busy(150)).unwrap();
     let t = Instant::now();
-    s.load_kernel_module(1, 42);
+    s.load_kernel_module(1, 42).unwrap();
     assert!(t.elapsed() >= Duration::from_millis(140), "first use returned after {:?}", t.elapsed());
     s.enqueue(1, Stream(8), busy(150)).unwrap();
     let t = Instant::now();
-    s.load_kernel_module(1, 42);
+    s.load_kernel_module(1, 42).unwrap();
     assert!(t.elapsed() < Duration::from_millis(100), "a later use waited {:?}", t.elapsed());
     // Device 2's endless kernel holds neither device 1's loads nor device 3's.
-    s.load_kernel_module(3, 42);
+    s.load_kernel_module(3, 42).unwrap();
     s.module_unload(3, s.module_load(3, b"\x7fELF cubin").unwrap()).unwrap();
     release.store(true, Ordering::SeqCst);
     s.stream_synchronize(2, Stream(5)).unwrap();
@@ -302,4 +303,77 @@ fn drop_runs_queued_work_and_joins_workers() {
     drop(s);
     assert!(ran.load(Ordering::SeqCst), "queued work ran before the drop returned");
     assert_eq!(Arc::strong_count(&token), 1, "the worker and its closure are gone");
+}
+
+/// CUDA driver API (`cuStreamBeginCapture`, `cuThreadExchangeStreamCaptureMode`): in global mode,
+/// a thread is prohibited from potentially unsafe calls while any other thread has a capture
+/// begun in global mode; thread-local captures only prohibit their own thread; a thread in
+/// relaxed mode is never prohibited. A prohibited call fails with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and the capture is invalidated.
+#[test]
+fn unsafe_calls_from_other_threads_invalidate_global_captures() {
+    let s = Arc::new(sim());
+    let st = s.stream_create(0).unwrap();
+    let word = s.mem_alloc(1, 64).unwrap();
+    let from_another_thread = |f: fn(&SimDriver, DevicePtr) -> DResult<u32>| {
+        let s = s.clone();
+        std::thread::spawn(move || f(&s, word)).join().unwrap()
+    };
+    let peek: fn(&SimDriver, DevicePtr) -> DResult<u32> = |s, w| s.peek_u32(1, w);
+    let relaxed_peek: fn(&SimDriver, DevicePtr) -> DResult<u32> = |s, w| {
+        let _relaxed = crate::driver::RelaxedCapture::enter(s);
+        s.peek_u32(1, w)
+    };
+
+    // Thread-local (nccl-tests' mode): another thread's peek is fine.
+    s.stream_begin_capture_mode(0, st, CaptureMode::ThreadLocal).unwrap();
+    assert_eq!(from_another_thread(peek).unwrap(), 0);
+    let g = s.stream_end_capture(0, st).unwrap();
+    s.graph_destroy(0, g).unwrap();
+
+    // Global (PyTorch's default): another thread's peek fails and invalidates the capture.
+    s.stream_begin_capture_mode(0, st, CaptureMode::Global).unwrap();
+    assert_eq!(code(from_another_thread(peek)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+
+    // The same peek in relaxed mode neither fails nor invalidates it; the mode is restored.
+    s.stream_begin_capture_mode(0, st, CaptureMode::Global).unwrap();
+    assert_eq!(from_another_thread(relaxed_peek).unwrap(), 0);
+    let g = s.stream_end_capture(0, st).unwrap();
+    s.graph_destroy(0, g).unwrap();
+    assert_eq!(s.exchange_capture_mode(CaptureMode::Global).unwrap(), CaptureMode::Global);
+
+    // The capturing thread's own unsafe call invalidates even a thread-local capture; a module
+    // load is potentially unsafe too.
+    s.stream_begin_capture_mode(0, st, CaptureMode::ThreadLocal).unwrap();
+    assert_eq!(code(s.load_kernel_module(0, 7)), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+    // A thread in thread-local mode ignores other threads' global captures.
+    s.stream_begin_capture_mode(0, st, CaptureMode::Global).unwrap();
+    let thread_local_peek: fn(&SimDriver, DevicePtr) -> DResult<u32> = |s, w| {
+        assert_eq!(s.exchange_capture_mode(CaptureMode::ThreadLocal).unwrap(), CaptureMode::Global);
+        s.peek_u32(1, w)
+    };
+    assert_eq!(from_another_thread(thread_local_peek).unwrap(), 0);
+    let g = s.stream_end_capture(0, st).unwrap();
+    s.graph_destroy(0, g).unwrap();
+
+    // Mapped host memory: allocation and free are potentially unsafe too; outside captures
+    // they work, zeroed, tracked by the ledger.
+    let host = s.host_alloc_mapped(0, 4096).unwrap();
+    // SAFETY: 4096 bytes just allocated.
+    assert_eq!(unsafe { *(host as *const u32) }, 0);
+    assert_eq!(s.ledger().host_allocations, 1);
+    s.stream_begin_capture_mode(0, st, CaptureMode::Global).unwrap();
+    let free_elsewhere = {
+        let s = s.clone();
+        std::thread::spawn(move || s.host_free_mapped(0, host)).join().unwrap()
+    };
+    assert_eq!(code(free_elsewhere), CuResult::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(code(s.stream_end_capture(0, st)), CuResult::ERROR_STREAM_CAPTURE_INVALIDATED);
+    s.host_free_mapped(0, host).unwrap();
+    assert_eq!(code(s.host_free_mapped(0, host)), IV, "freed once");
+    s.mem_free(1, word).unwrap();
+    s.stream_destroy(0, st).unwrap();
+    assert!(s.ledger().is_empty(), "{}", s.ledger());
 }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::driver::{
-    AllocationProps, CopyOps, DeviceOps, DevicePtr, ExecOps, FabricInfo, FabricState, Granularity, HandleTypes,
-    LaunchConfig, MemHandle, MemoryOps, MulticastOps, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
+    AllocationProps, CaptureMode, CopyOps, DeviceOps, DevicePtr, ExecOps, FabricInfo, FabricState, Granularity,
+    HandleTypes, LaunchConfig, MemHandle, MemoryOps, MulticastOps, MulticastProp, Stream, FABRIC_HANDLE_BYTES,
 };
 
 const G: usize = 2 * MIB;
