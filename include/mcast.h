@@ -925,9 +925,13 @@ mcast_status_t mcast_team_abort(struct mcast_team_t team);
  * rank's: the rank that timed out tells the others (through their state words and over the
  * connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
  * or slow one within a second of running again. Once set it stays set until the team is
- * destroyed. Returns `MCAST_SUCCESS` when
- * `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
- * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+ * destroyed. When `*error` is not `MCAST_SUCCESS`, `mcast_last_error()` on the calling thread
+ * says why (which rank, which call, which field), as after a failing call. Returns
+ * `MCAST_SUCCESS` when `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+ * `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe, and safe
+ * while another thread captures a CUDA graph: a healthy team's call makes no CUDA call (it
+ * reads a word of host memory the team's kernels write when they record an error), and the
+ * device words it reads after an error are read in relaxed capture mode.
  *
  * # Safety
  * `error` must be NULL or valid for writing an `mcast_status_t`.

@@ -41,6 +41,8 @@
 //   MCAST_ERROR_INFO_OFFSET  u32 detail of the first error: (block slot + 1) | (barrier index << 8);
 //   MCAST_MISSING_OFFSET     MCAST_MISSING_WORDS u32: bit q (word q / 32) set when rank q did not
 //                            arrive in a wait of this rank that timed out;
+//   MCAST_DOORBELL_OFFSET    u64 address of the team's doorbell in host memory (written by the
+//                            host at team creation): rung after an error is recorded;
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
 //   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b;
 //   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh);
@@ -64,6 +66,7 @@
 #define MCAST_ERROR_INFO_OFFSET 4100
 #define MCAST_MISSING_OFFSET 4104
 #define MCAST_MISSING_WORDS 3
+#define MCAST_DOORBELL_OFFSET 4120
 #define MCAST_EPOCH_OFFSET 4352
 #define MCAST_MISMATCH_OFFSET 5120
 #define MCAST_SIG_OFFSET 8448
@@ -99,6 +102,7 @@
 
 // The words the library shares with mcast/device.h (compiled first: src/kernels/source.rs).
 static_assert(MCAST_ERROR_OFFSET == MCAST_DEV_ERROR_OFFSET && MCAST_ERROR_INFO_OFFSET == MCAST_DEV_ERROR_INFO_OFFSET &&
+                  MCAST_DOORBELL_OFFSET == MCAST_DEV_DOORBELL_OFFSET &&
                   MCAST_STATE_OFFSET == MCAST_DEV_STATE_OFFSET,
               "sync region words shared with mcast/device.h");
 static_assert(MCAST_ERR_NONE == MCAST_DEV_ERR_NONE && MCAST_ERR_TIMEOUT == MCAST_DEV_ERR_TIMEOUT &&

@@ -176,6 +176,7 @@ __device__ void record_mismatch(const McastArgs& a, u32 peer, u64 s0, u64 s1) {
     d[2] = a.sig[0];
     d[3] = a.sig[1];
     *(volatile u32*)(own + MCAST_ERROR_INFO_OFFSET) = peer;
+    mcast_dev__ring(own);
   }
   mcast_dev__cas_sys(own + MCAST_STATE_OFFSET, MCAST_STATE_OK, MCAST_STATE_MISMATCH);
 }

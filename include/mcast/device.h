@@ -57,6 +57,10 @@
 #define MCAST_DEV_ERROR_INFO_OFFSET 4100
 #define MCAST_DEV_MISSING_OFFSET 4104
 #define MCAST_DEV_MISSING_WORDS 3
+/* The u64 address of the team's doorbell in this process (host memory every device can store to,
+ * written by the host at team creation; 0: none): whoever records an error rings it, so the
+ * host learns of the error without a driver call (internal). */
+#define MCAST_DEV_DOORBELL_OFFSET 4120
 #define MCAST_DEV_STATE_OFFSET 8192
 /* Values of the state word: OK; STATE_TIMEOUT | (t << 8) once rank t timed out (its kernel writes
  * it in every rank's region, first failure wins); STATE_ABORTED once the team was aborted;
@@ -379,11 +383,23 @@ MCAST_DEV__FN int mcast_dev__status_of(unsigned int code) {
          : code == MCAST_DEV_ERR_INVALID || code == MCAST_DEV_ERR_MISMATCH ? MCAST_DEV_ERROR_INVALID_ARGUMENT
                                          : MCAST_DEV_ERROR_TIMEOUT;
 }
+/* Rings the doorbell of the team whose rank's sync region is at `sync`, after everything this
+ * thread wrote before (the error and its details) is visible to the host: the host, which polls
+ * the doorbell with a plain load, then reads the device words (internal). */
+MCAST_DEV__FN void mcast_dev__ring(unsigned long long sync) {
+  const unsigned long long bell = *(volatile unsigned long long *)(sync + MCAST_DEV_DOORBELL_OFFSET);
+  if (bell != 0) {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(bell), "r"(1u) : "memory");
+  }
+}
 /* Records `code` with its detail in the error word at `sync` (this rank's sync region) unless an
- * error came first. The library's kernels record theirs the same way. */
+ * error came first, and rings the doorbell. The library's kernels record theirs the same way. */
 MCAST_DEV__FN void mcast_dev__record(unsigned long long sync, unsigned int code, unsigned int info) {
-  if (mcast_dev__cas(sync + MCAST_DEV_ERROR_OFFSET, MCAST_DEV_ERR_NONE, code) == MCAST_DEV_ERR_NONE)
+  if (mcast_dev__cas(sync + MCAST_DEV_ERROR_OFFSET, MCAST_DEV_ERR_NONE, code) == MCAST_DEV_ERR_NONE) {
     *(volatile unsigned int *)(sync + MCAST_DEV_ERROR_INFO_OFFSET) = info;
+    mcast_dev__ring(sync);
+  }
 }
 MCAST_DEV__FN unsigned int mcast_dev__info(unsigned int what, unsigned long long value) {
   return MCAST_DEV_INFO_DEVICE_API | (what << 24) | (unsigned int)(value & 0xffffffu);

@@ -219,6 +219,8 @@ pub struct Comm {
     pub forwarded: AtomicU64,
     /// Set by `ncclCommAbort`.
     pub aborted: AtomicBool,
+    /// Set once `ncclCommGetAsyncError` logged the team's error (at `warn`, once).
+    pub async_logged: AtomicBool,
     released: AtomicBool,
 }
 
@@ -239,6 +241,7 @@ impl Comm {
             served: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
+            async_logged: AtomicBool::new(false),
             released: AtomicBool::new(false),
         })
     }

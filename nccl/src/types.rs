@@ -131,11 +131,11 @@ pub fn result_of(status: mcast_status_t) -> ncclResult_t {
 pub fn error_string(r: ncclResult_t) -> &'static std::ffi::CStr {
     match r {
         SUCCESS => c"no error",
-        UNHANDLED_CUDA_ERROR => c"unhandled cuda error (run with MCAST_LOG=debug for details)",
-        SYSTEM_ERROR => c"unhandled system error (run with MCAST_LOG=debug for details)",
+        UNHANDLED_CUDA_ERROR => c"unhandled cuda error (ncclGetLastError says why)",
+        SYSTEM_ERROR => c"unhandled system error (ncclGetLastError says why)",
         INTERNAL_ERROR => c"internal error - please report this issue to the mcast developers",
-        INVALID_ARGUMENT => c"invalid argument (run with MCAST_LOG=debug for details)",
-        INVALID_USAGE => c"invalid usage (run with MCAST_LOG=debug for details)",
+        INVALID_ARGUMENT => c"invalid argument (ncclGetLastError says why)",
+        INVALID_USAGE => c"invalid usage (ncclGetLastError says why)",
         REMOTE_ERROR => c"remote process exited or there was a network error",
         IN_PROGRESS => c"NCCL operation in progress",
         _ => c"unknown result code",

@@ -5,7 +5,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use super::context::mcast_context_t;
-use super::{copy_str, guard, mcast_status_t, out_ptr, status_of};
+use super::{copy_str, guard, mcast_status_t, out_ptr, set_last_error, status_of};
 use crate::bootstrap;
 use crate::runtime::handles;
 use crate::runtime::team::{Team, Transport, SPLIT_NOCOLOR};
@@ -147,9 +147,13 @@ pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
 /// rank's: the rank that timed out tells the others (through their state words and over the
 /// connections of a multi-process team), so every rank reports `MCAST_ERROR_TIMEOUT`, a paused
 /// or slow one within a second of running again. Once set it stays set until the team is
-/// destroyed. Returns `MCAST_SUCCESS` when
-/// `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
-/// `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe.
+/// destroyed. When `*error` is not `MCAST_SUCCESS`, `mcast_last_error()` on the calling thread
+/// says why (which rank, which call, which field), as after a failing call. Returns
+/// `MCAST_SUCCESS` when `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
+/// `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe, and safe
+/// while another thread captures a CUDA graph: a healthy team's call makes no CUDA call (it
+/// reads a word of host memory the team's kernels write when they record an error), and the
+/// device words it reads after an error are read in relaxed capture mode.
 ///
 /// # Safety
 /// `error` must be NULL or valid for writing an `mcast_status_t`.
@@ -160,7 +164,11 @@ pub unsafe extern "C" fn mcast_team_get_error(team: mcast_team_t, error: *mut mc
         let out = unsafe { out_ptr(error, "error") }?;
         let t = handles::team(team.id)?;
         *out = match t.async_error() {
-            Some(kind) => status_of(kind),
+            Some(kind) => {
+                let why = t.error().map_or_else(|| format!("{kind:?}"), |e| e.message);
+                set_last_error(&format!("the team's asynchronous error: {why}"));
+                status_of(kind)
+            }
             None => mcast_status_t::SUCCESS,
         };
         Ok(())

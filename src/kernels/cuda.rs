@@ -23,7 +23,7 @@ use super::abi::{self, KernelArgs, KernelId, Variant, KERNEL_IDS};
 use super::error::KernelError;
 use super::select::{Family, Unit};
 use super::{cache, nvrtc, DType, Launch, Path, RedOp};
-use crate::driver::{Device, Driver, Function, LaunchConfig, Module};
+use crate::driver::{Device, Driver, Function, LaunchConfig, Module, RelaxedCapture};
 
 /// One module loaded on one device, with its unit's entry points by [`abi::KernelId::index`].
 pub struct LoadedModule {
@@ -192,6 +192,10 @@ pub fn load(
     if let Some(m) = cell.get() {
         return Ok(m.clone());
     }
+    // A load is potentially unsafe in a stream capture: a collective's first call may come
+    // while the application (this thread or another) captures a graph, and the load must not
+    // invalidate it. It touches no stream, so the capture does not depend on it.
+    let _relaxed = RelaxedCapture::enter(driver);
     let module = driver.module_load(dev, image)?;
     let mut functions = vec![None; KERNEL_IDS];
     for id in unit.kernels() {

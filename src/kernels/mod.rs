@@ -30,10 +30,7 @@ pub fn load_module(
     unit: select::Unit,
 ) -> Result<(), KernelError> {
     match driver.as_sim() {
-        Some(s) => {
-            sim::load_module(s, dev, variant, unit);
-            Ok(())
-        }
+        Some(s) => sim::load_module(s, dev, variant, unit),
         None => cuda::prepare(driver, dev, variant, unit).map(|_| ()),
     }
 }

@@ -8,6 +8,7 @@ pub mod comm;
 pub mod config;
 pub mod context;
 pub mod device_api;
+pub mod doorbell;
 pub mod env;
 pub mod error;
 pub mod handles;

@@ -123,6 +123,8 @@ pub enum ResourceKind {
     Binding,
     /// A loaded module.
     Module,
+    /// Mapped host memory (`cuMemHostAlloc`): a team's doorbell.
+    HostMemory,
 }
 
 impl ResourceKind {
@@ -134,6 +136,7 @@ impl ResourceKind {
             ResourceKind::MulticastObject => "multicast object",
             ResourceKind::Binding => "multicast binding",
             ResourceKind::Module => "module",
+            ResourceKind::HostMemory => "mapped host memory",
         }
     }
 }
@@ -246,6 +249,8 @@ impl Resources {
                 ResourceKind::Reservation => c.reservations += 1,
                 ResourceKind::Binding => c.bindings += 1,
                 ResourceKind::Module => c.modules += 1,
+                // Not a count of the C struct (`mcast_live_counts_t`): listed by the report.
+                ResourceKind::HostMemory => {}
             }
         }
         c

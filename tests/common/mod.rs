@@ -6,7 +6,7 @@
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use mcast::driver::{Device, Driver, GraphExec, Stream};
+use mcast::driver::{CaptureMode, Device, Driver, GraphExec, Stream};
 use mcast::kernels::abi::Variant;
 use mcast::kernels::nvrtc::{self, Nvrtc};
 use mcast::kernels::select::Unit;
@@ -231,7 +231,7 @@ pub fn load_every_module(sim: &SimDriver) {
         for unit in Unit::all() {
             for ll in [false, true] {
                 for variant in [Variant::Multimem, Variant::Emulated] {
-                    mcast::kernels::sim::load_module(sim, dev, variant, Unit { ll, ..unit });
+                    mcast::kernels::sim::load_module(sim, dev, variant, Unit { ll, ..unit }).unwrap();
                 }
             }
         }
@@ -295,13 +295,25 @@ pub struct RankGraphs {
 impl RankGraphs {
     /// Captures `record(rank, stream)` on a new stream per rank (nothing runs) and instantiates
     /// each capture.
-    pub fn capture(driver: &Arc<dyn Driver>, devices: &[Device], mut record: impl FnMut(usize, Stream)) -> RankGraphs {
+    pub fn capture(driver: &Arc<dyn Driver>, devices: &[Device], record: impl FnMut(usize, Stream)) -> RankGraphs {
+        RankGraphs::capture_in(driver, devices, CaptureMode::ThreadLocal, record)
+    }
+
+    /// [`RankGraphs::capture`] with the captures begun in `mode`.
+    pub fn capture_in(
+        driver: &Arc<dyn Driver>,
+        devices: &[Device],
+        mode: CaptureMode,
+        mut record: impl FnMut(usize, Stream),
+    ) -> RankGraphs {
         let streams: Vec<Stream> = devices.iter().map(|&d| driver.stream_create(d).unwrap()).collect();
         let mut execs = vec![];
         for (r, (&dev, &stream)) in devices.iter().zip(&streams).enumerate() {
-            driver.stream_begin_capture(dev, stream).unwrap();
+            driver.stream_begin_capture_mode(dev, stream, mode).unwrap();
             record(r, stream);
-            let graph = driver.stream_end_capture(dev, stream).unwrap();
+            let graph = driver
+                .stream_end_capture(dev, stream)
+                .unwrap_or_else(|e| panic!("rank {r}'s capture was invalidated: {e}"));
             execs.push(driver.graph_instantiate(dev, graph).unwrap());
             driver.graph_destroy(dev, graph).unwrap();
         }
@@ -316,6 +328,11 @@ impl RankGraphs {
                 driver.graph_launch(dev, exec, stream).unwrap();
             }
         }
+    }
+
+    /// Rank `r`'s executable graph.
+    pub fn exec(&self, r: usize) -> GraphExec {
+        self.execs[r]
     }
 
     /// Destroys the graphs and the streams.

@@ -1,14 +1,16 @@
 //! Versions, unique ids and errors: `ncclGetVersion`, `ncclGetUniqueId`, `ncclGetErrorString`,
 //! `ncclGetLastError`, `ncclCommGetAsyncError`.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::atomic::Ordering;
 
+use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{mcast_get_unique_id, mcast_team_get_error, mcast_unique_id_t};
 
 use crate::comm::{self, check, Failure};
 use crate::types::{self, ncclResult_t, ncclUniqueId};
 
-use super::{fallback_fn, guard, ncclComm_t, ok, on_fallback, out, LAST_ERROR};
+use super::{fallback_fn, guard, ncclComm_t, ok, on_fallback, out, set_last_error, LAST_ERROR};
 
 /// `ncclGetVersion`: the NCCL version whose API this library follows (2.27.7 -> 22707).
 #[no_mangle]
@@ -98,6 +100,18 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut nccl
         // SAFETY: a valid out-pointer.
         check(unsafe { mcast_team_get_error(c.ready()?.team, &mut e) }, "mcast_team_get_error")?;
         *dst = types::result_of(e);
+        if e.0 != 0 {
+            // The reason, for this thread's ncclGetLastError (what a watchdog prints beside the
+            // result) and once in the log at `warn`.
+            // SAFETY: never NULL, NUL-terminated; mcast_team_get_error just set it.
+            let why = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
+            let message = format!("rank {} of {}: {why}", c.rank, c.nranks);
+            if !c.async_logged.swap(true, Ordering::Relaxed) {
+                mcast::runtime::logging::init();
+                tracing::warn!("mcast_nccl: ncclCommGetAsyncError: {message}");
+            }
+            set_last_error(&message);
+        }
         ok()
     })
 }

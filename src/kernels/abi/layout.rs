@@ -34,6 +34,11 @@ pub const ERROR_INFO_OFFSET: usize = 4100;
 pub const MISSING_OFFSET: usize = 4104;
 /// Words of the missing-rank bits: one bit per rank of the largest team.
 pub const MISSING_WORDS: usize = 3;
+/// `u64` address of the team's doorbell in this process: a word of mapped host memory
+/// (`runtime::doorbell`) that a kernel rings (stores 1 to, after a system-scope fence) once it
+/// has recorded an error, so the host learns of device errors with a plain load and no driver
+/// call (`MCAST_DOORBELL_OFFSET`). Written by the host at team creation; 0 rings nothing.
+pub const DOORBELL_OFFSET: usize = 4120;
 /// `u32` per block slot `b` at `EPOCH_OFFSET + 4 * b`: barriers this rank has completed on slot
 /// `b` (the target of slot `b`'s counter is that number times `nranks`).
 pub const EPOCH_OFFSET: usize = 4352;
@@ -231,7 +236,8 @@ pub fn state_error(state: u32) -> u32 {
 }
 
 const _: () = assert!(ERROR_INFO_OFFSET + 4 <= MISSING_OFFSET);
-const _: () = assert!(MISSING_OFFSET + 4 * MISSING_WORDS <= EPOCH_OFFSET);
+const _: () = assert!(MISSING_OFFSET + 4 * MISSING_WORDS <= DOORBELL_OFFSET);
+const _: () = assert!(DOORBELL_OFFSET.is_multiple_of(8) && DOORBELL_OFFSET + 8 <= EPOCH_OFFSET);
 const _: () = assert!(32 * MISSING_WORDS >= crate::kernels::MAX_RANKS);
 const _: () = assert!(EPOCH_OFFSET + 4 * MAX_BLOCKS as usize <= PUSH_SEQ_OFFSET);
 const _: () = assert!(PUSH_SEQ_OFFSET + 4 * MAX_BLOCKS as usize <= LL_SEQ_OFFSET);
@@ -295,6 +301,7 @@ mod tests {
         assert_eq!(define("MCAST_STATE_ABORTED"), STATE_ABORTED as u64);
         assert_eq!(define("MCAST_MISSING_OFFSET"), MISSING_OFFSET as u64);
         assert_eq!(define("MCAST_MISSING_WORDS"), MISSING_WORDS as u64);
+        assert_eq!(define("MCAST_DOORBELL_OFFSET"), DOORBELL_OFFSET as u64);
         assert_eq!(define("MCAST_MISMATCH_OFFSET"), MISMATCH_OFFSET as u64);
         assert_eq!(define("MCAST_ERR_MISMATCH"), ERR_MISMATCH as u64);
         assert_eq!(define("MCAST_STATE_MISMATCH"), STATE_MISMATCH as u64);

@@ -12,9 +12,9 @@ use half::{bf16, f16};
 
 use super::abi::{
     plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, BAR_SIG_MAX_RANKS,
-    BAR_SIG_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, MISSING_OFFSET,
-    PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET, SIG_OFFSET,
-    STATE_OFFSET, STATE_OK,
+    BAR_SIG_OFFSET, DOORBELL_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT,
+    MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET,
+    SIG_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -88,7 +88,7 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     let Some(p) = plan(l).map_err(KernelError::Unsupported)? else { return Ok(()) };
     // From here on the simulated GPU's own work: its job and queue (on CUDA, cuLaunchKernel).
     let _device = crate::driver::sim::DeviceWork::enter();
-    load_module(sim, l.dev, super::cuda::variant_for(l), Unit::of(p.kernel, l.ll));
+    load_module(sim, l.dev, super::cuda::variant_for(l), Unit::of(p.kernel, l.ll))?;
     if let Some(why) = p.fallback {
         tracing::debug!("multicast request runs the P2P kernel: {why}");
     }
@@ -149,8 +149,10 @@ pub fn launch(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
 /// The simulated load of the module of `unit` built as `variant` on `dev`, as the CUDA path
 /// loads it at a kind's first call: the first time it waits for every job queued on the
 /// device ([`SimDriver::load_kernel_module`]).
-pub fn load_module(sim: &SimDriver, dev: Device, variant: Variant, unit: Unit) {
-    sim.load_kernel_module(dev, super::cuda::slot(variant, unit) as u64);
+/// The load runs with the calling thread in relaxed capture mode, as on CUDA ([`super::cuda::load`]).
+pub fn load_module(sim: &SimDriver, dev: Device, variant: Variant, unit: Unit) -> Result<(), KernelError> {
+    let _relaxed = crate::driver::RelaxedCapture::enter(sim);
+    sim.load_kernel_module(dev, super::cuda::slot(variant, unit) as u64).map_err(KernelError::Driver)
 }
 
 /// Enqueues rank `l.rank`'s barrier kernel (`mcast_barrier_p2p`: one barrier across the team,
@@ -173,7 +175,7 @@ pub fn launch_copy_out(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
 fn launch_fixed(sim: &SimDriver, l: &Launch, kind: KernelKind) -> Result<(), KernelError> {
     super::check_fixed(l, kind)?;
     let _device = crate::driver::sim::DeviceWork::enter();
-    load_module(sim, l.dev, Variant::Emulated, Unit::of(KernelId { kind, red: None }, l.ll));
+    load_module(sim, l.dev, Variant::Emulated, Unit::of(KernelId { kind, red: None }, l.ll))?;
     let out: &[u64] = if l.out.is_empty() { &l.data } else { &l.out };
     let job = Job {
         kind,
@@ -237,6 +239,17 @@ fn word(base: *mut u8, offset: usize) -> &'static AtomicU32 {
     // SAFETY: `base` is a rank's sync region (at least SYNC_BYTES, 4-byte aligned, mapped for the
     // team's lifetime); the words are only accessed atomically.
     unsafe { &*(base.add(offset) as *const AtomicU32) }
+}
+
+/// Rings the doorbell whose address rank `me`'s sync region holds (none: nothing), after the
+/// error recorded before it, as `mcast_dev__ring` does (include/mcast/device.h).
+fn ring(me: *mut u8) {
+    let bell = dword(me, DOORBELL_OFFSET).load(Ordering::Acquire);
+    if bell != 0 {
+        // SAFETY: the host wrote the address of a live, 4-byte aligned doorbell word (mapped host
+        // memory the team's context keeps until the team is released); only accessed atomically.
+        unsafe { &*(bell as *const AtomicU32) }.store(1, Ordering::SeqCst);
+    }
 }
 
 impl Job {
@@ -508,6 +521,7 @@ impl Job {
         let me = self.sync.0[self.rank];
         if word(me, ERROR_WORD_OFFSET).compare_exchange(ERR_NONE, code, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             word(me, ERROR_INFO_OFFSET).store(1 | (index << 8), Ordering::Release);
+            ring(me);
         }
     }
 

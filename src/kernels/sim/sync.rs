@@ -138,6 +138,7 @@ impl Job {
                 dword(me, MISMATCH_OFFSET + 8 * i).store(w, Ordering::Relaxed);
             }
             word(me, ERROR_INFO_OFFSET).store(peer as u32, Ordering::Release);
+            super::ring(me);
         }
         let _ = word(me, STATE_OFFSET).compare_exchange(STATE_OK, STATE_MISMATCH, Ordering::AcqRel, Ordering::Acquire);
         false

@@ -12,6 +12,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use super::Team;
+use crate::driver::RelaxedCapture;
 use crate::kernels::abi::signature::{describe_record, MISMATCH_BYTES};
 use crate::kernels::abi::{
     timed_out_rank, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_ABORTED, ERR_INVALID, ERR_MISMATCH, ERR_TIMEOUT,
@@ -64,6 +65,7 @@ impl Team {
         let what = {
             let live = self.sync_live.read();
             let driver = self.env.driver();
+            let _relaxed = RelaxedCapture::enter(&**driver);
             let n = self.size();
             let peek = |rank: usize, offset: usize| {
                 (*live).then(|| driver.peek_u32(self.devices[r], self.sync[r][rank] + offset as u64).ok()).flatten()
@@ -114,6 +116,7 @@ impl Team {
         let what = {
             let live = self.sync_live.read();
             let driver = self.env.driver();
+            let _relaxed = RelaxedCapture::enter(&**driver);
             let peek = |offset: usize| {
                 (*live).then(|| driver.peek_u32(self.devices[r], self.sync[r][r] + offset as u64).ok()).flatten()
             };
@@ -147,6 +150,7 @@ impl Team {
             return;
         }
         let driver = self.env.driver();
+        let _relaxed = RelaxedCapture::enter(&**driver);
         for r in self.own_ranks() {
             let (dev, at) = (self.devices[r], self.sync[r][r] + STATE_OFFSET as u64);
             if driver.peek_u32(dev, at).is_ok_and(|w| w == STATE_OK) {
@@ -249,6 +253,7 @@ impl Team {
             return;
         }
         let driver = self.env.driver();
+        let _relaxed = RelaxedCapture::enter(&**driver);
         let n = self.devices.len();
         for r in self.own_ranks() {
             let targets: Vec<usize> = if peers && self.comm.is_some() { (0..n).collect() } else { vec![r] };
@@ -270,11 +275,16 @@ impl Team {
         if let Some(e) = self.error() {
             return Some(e.kind);
         }
+        // A healthy team: one load of host memory, no driver call (see `runtime::doorbell`).
+        if !self.doorbell.rang() {
+            return None;
+        }
         let live = self.sync_live.read();
         if !*live {
             return None;
         }
         let driver = self.env.driver();
+        let _relaxed = RelaxedCapture::enter(&**driver);
         for r in self.own_ranks() {
             let (dev, base) = (self.devices[r], self.sync[r][r]);
             let state = driver.peek_u32(dev, base + STATE_OFFSET as u64);

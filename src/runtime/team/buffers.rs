@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::pool::{Allocation, Pool};
 use super::{Team, BUFFER_ALIGN};
 use crate::driver::{Device, DevicePtr};
-use crate::runtime::env::Member;
+use crate::runtime::env::{Leftover, Member};
 use crate::runtime::error::{Error, Result};
 use crate::runtime::segment::{External, Segment};
 
@@ -201,7 +201,27 @@ impl Team {
 
     fn release_locked(&self, st: &mut Pool) -> Vec<Error> {
         *self.sync_live.write() = false;
-        st.drain().into_iter().flat_map(|seg| self.release_segment(seg)).collect()
+        let segments = st.drain();
+        let mut errors: Vec<Error> = Vec::new();
+        let mut all_released = true;
+        for seg in segments {
+            errors.extend(self.release_segment(seg.clone()));
+            all_released &= seg.is_released();
+        }
+        // The doorbell goes once nothing of the team can still ring it: with its memory. A
+        // segment that could not be released (its device may still run the team's kernels)
+        // keeps the doorbell for the context's retry.
+        let bell = self.doorbell.clone();
+        if all_released {
+            let failed = bell.release(&self.env);
+            if !failed.is_empty() {
+                self.env.park(bell);
+            }
+            errors.extend(failed);
+        } else {
+            self.env.park(bell);
+        }
+        errors
     }
 
     /// Tears `seg` down; what a failing step kept is handed to the context, which retries it

@@ -15,11 +15,12 @@ use super::transport::{self, handle_type_label, Transport};
 use super::Team;
 use crate::bootstrap::{host, Bootstrap};
 use crate::driver::{uuid_string, Device, HandleTypes};
-use crate::kernels::abi::{device_bytes, device_offset, ll_bytes, ll_offset};
+use crate::kernels::abi::{device_bytes, device_offset, ll_bytes, ll_offset, DOORBELL_OFFSET};
 use crate::kernels::{MAX_RANKS, SYNC_BYTES};
 use crate::runtime::comm::{Comm, Dec, Enc, ID_BYTES};
 use crate::runtime::config::{MulticastMode, MAX_DEVICE_SLOTS};
-use crate::runtime::env::{lcm, Env};
+use crate::runtime::doorbell::Doorbell;
+use crate::runtime::env::{lcm, Env, Leftover};
 use crate::runtime::error::{Error, ErrorKind, Result};
 use crate::runtime::hier::Hier;
 use crate::runtime::policy;
@@ -73,17 +74,21 @@ impl Team {
         };
         let ll = env.ll_wanted() && ll_bytes(devices.len() as u32) > 0;
         let slots = env.config().device_slots;
-        let (seg, reserved) = first_segment(env, &shape, ll, slots)?;
+        let (seg, reserved, bell) = first_segment(env, &shape, ll, slots)?;
         let max_blocks = match transport::block_cap(env, devices) {
             Ok(m) => m,
             Err(e) => {
                 abandon(env, seg);
+                for undo in bell.release(env) {
+                    tracing::error!("rolling back team creation: {undo}");
+                }
                 return Err(e);
             }
         };
         let ce = env.ce_min_bytes();
         let agreed = (max_blocks, ll, ce, slots, env.config().check_calls);
-        let team = Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), seg, reserved);
+        let team =
+            Team::assemble(env, shape, transport, reason, agreed, Domains::one(devices.len()), (seg, reserved, bell));
         tracing::debug!("team {serial} on devices {devices:?}: {transport:?} {}, LL {ll}", team.reason);
         Ok(team)
     }
@@ -267,7 +272,7 @@ impl Team {
             comm: Some(comm),
             handle_type,
         };
-        let (seg, reserved) = first_segment(env, &shape, ll, slots).map_err(|e| match unseen {
+        let first = first_segment(env, &shape, ll, slots).map_err(|e| match unseen {
             // A peer's GPU this process does not see: peer access was left to the import and
             // mapping of its memory, and that failed.
             Some(q) if e.kind == ErrorKind::Driver => Error::not_supported(format!(
@@ -279,16 +284,8 @@ impl Team {
             )),
             _ => e,
         })?;
-        let team = Team::assemble(
-            env,
-            shape,
-            transport,
-            reason,
-            (max_blocks, ll, ce, slots, check_calls),
-            domains,
-            seg,
-            reserved,
-        );
+        let team =
+            Team::assemble(env, shape, transport, reason, (max_blocks, ll, ce, slots, check_calls), domains, first);
         tracing::debug!(
             "multi-process team {serial}, rank {r} of {n} on devices {devices:?}: {transport:?} {}, {} handles, LL {ll}",
             team.reason,
@@ -371,8 +368,7 @@ impl Team {
         reason: String,
         agreed: (u32, bool, u64, u32, bool),
         domains: Domains,
-        seg: Segment,
-        reserved: usize,
+        (seg, reserved, doorbell): (Segment, usize, Arc<Doorbell>),
     ) -> Arc<Team> {
         let n = shape.devices.len();
         let mut state = Pool::default();
@@ -405,6 +401,7 @@ impl Team {
             claims,
             domains,
             hier: OnceLock::new(),
+            doorbell,
         });
         env.join(team.clone());
         team
@@ -446,7 +443,7 @@ fn peer_access(env: &Env, comm: &Comm, device: Device, gpus: &[[u8; 16]]) -> (Re
 /// multi-process team, voted), the push all-reduce's scratch, the staging area, with `ll` the LL
 /// landing area (zeroed), and `slots` device-API slots (zeroed), rounded up to the granularity.
 /// Returns it with the bytes reserved at its start.
-fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segment, usize)> {
+fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segment, usize, Arc<Doorbell>)> {
     let n = shape.devices.len();
     let reserved = crate::kernels::abi::team_reserved_bytes(n as u32, ll, slots);
     let device = (device_offset(n as u32, ll), device_bytes(n as u32, slots));
@@ -459,11 +456,16 @@ fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segm
     // The LL landing area too: a line left there by an earlier owner of the memory could carry
     // the flag of this team's first calls.
     let landing = if ll { Some((ll_offset(n as u32), ll_bytes(n as u32))) } else { None };
-    let zero = |r: usize| {
+    // The doorbell of this process's ranks, made in the first one's context (portable).
+    let bell = Doorbell::create(env, shape.devices[own[0]], &shape.owner);
+    let zero = |r: usize, bell: &Doorbell| {
         let base = seg.peer_base(r, r);
         env.driver()
             .memset_d8(shape.devices[r], base, 0, SYNC_BYTES)
             .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s sync region")))?;
+        env.driver()
+            .memcpy_htod(shape.devices[r], base + DOORBELL_OFFSET as u64, &bell.address().to_ne_bytes())
+            .map_err(|e| Error::driver(e, format_args!("writing the doorbell's address in rank {r}'s sync region")))?;
         if let Some((off, len)) = landing {
             env.driver()
                 .memset_d8(shape.devices[r], base + off as u64, 0, len)
@@ -473,15 +475,26 @@ fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segm
             .memset_d8(shape.devices[r], base + device.0 as u64, 0, device.1)
             .map_err(|e| Error::driver(e, format_args!("zeroing rank {r}'s device-API slots")))
     };
-    let mut zeroed = own.into_iter().try_for_each(zero);
+    let mut zeroed = match &bell {
+        Ok(b) => own.into_iter().try_for_each(|r| zero(r, b)),
+        Err(e) => Err(e.clone()),
+    };
     if let Some(comm) = &shape.comm {
         zeroed = comm.vote("zero sync regions", zeroed);
     }
-    match zeroed {
-        Ok(()) => Ok((seg, reserved)),
-        Err(e) => {
+    match (zeroed, bell) {
+        (Ok(()), Ok(bell)) => Ok((seg, reserved, Arc::new(bell))),
+        (zeroed, bell) => {
             abandon(env, seg);
-            Err(e)
+            match bell {
+                Ok(b) => {
+                    for undo in b.release(env) {
+                        tracing::error!("rolling back team creation: {undo}");
+                    }
+                    Err(zeroed.expect_err("the other arm took success"))
+                }
+                Err(e) => Err(zeroed.err().unwrap_or(e)),
+            }
         }
     }
 }

@@ -28,6 +28,7 @@ pub use pool::Allocation;
 pub use transport::Transport;
 
 use super::comm::Comm;
+use super::doorbell::Doorbell;
 use super::env::Env;
 use super::error::{Error, Result};
 use super::hier::Hier;
@@ -94,6 +95,9 @@ pub struct Team {
     /// whole team's connections, layout and rail communicator; see `runtime::hier`). Set once,
     /// before the team is handed out.
     hier: OnceLock<Hier>,
+    /// Rung by this process's ranks' kernels once they record an error (see
+    /// `runtime::doorbell`): what `mcast_team_get_error` polls, with no driver call.
+    doorbell: Arc<Doorbell>,
 }
 
 /// What `mcast_team_get_info` reports.
