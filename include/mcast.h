@@ -648,7 +648,7 @@ typedef int (*mcast_net_comm_fn)(void *comm);
 typedef void (*mcast_net_release_fn)(void *user);
 
 /**
- * The engine between NVLink domains (README.md, "Teams across NVLink domains"). Each call moves
+ * The engine between NVLink domains (docs/domains.md). Each call moves
  * device memory of the calling rank's device; positions on a rail (`domain`, `root`, block
  * order) are domain indices. Every function returns 0 on success; any other value fails the
  * collective on every rank of the team with `MCAST_ERROR_DRIVER`, naming the engine, the
@@ -743,7 +743,7 @@ void mcast_get_version(int *major, int *minor, int *patch);
  * Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
  * malformed or out-of-range value is ignored with a warning naming the variable, its range and
  * the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
- * range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
+ * range as its variable (docs/environment.md), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
  * ignored. Thread-safe.
  *
  * # Safety

@@ -556,7 +556,10 @@ fn a_timeout_names_the_ranks_that_did_not_arrive() {
     let e = synchronize(&team, 0, Stream::DEFAULT).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
     assert!(e.message.contains("did not arrive: rank 2 (0)"), "{e}");
-    assert!(e.message.contains("One thread driving several ranks"), "{e}");
+    assert!(e.message.contains("docs/collectives.md, \"One thread driving several ranks\""), "{e}");
+    // The page and section the message names exist.
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/collectives.md")).unwrap();
+    assert!(page.lines().any(|l| l == "## One thread driving several ranks"), "docs/collectives.md lacks the section");
     let _ = synchronize(&team, 1, Stream::DEFAULT);
     team.destroy().unwrap();
     for (d, p) in mem.into_iter().enumerate() {

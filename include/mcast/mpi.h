@@ -1,6 +1,5 @@
-/* libmcast_mpi: MPI as mcast's engine between NVLink domains (README.md, "Teams across NVLink
- * domains"). Built with the MPI compiler wrapper where one is found (mpicc); CMake target
- * mcast::mpi, pkg-config mcast-mpi.
+/* libmcast_mpi: MPI as mcast's engine between NVLink domains (docs/domains.md). Built with the
+ * MPI compiler wrapper where one is found (mpicc); CMake target mcast::mpi, pkg-config mcast-mpi.
  *
  *   mcast_context_set_net(ctx, mcast_mpi_net_ops(), mcast_mpi_net_user(MPI_COMM_WORLD));
  *

@@ -159,7 +159,7 @@ impl mcast_config_t {
 /// Fills `*config` with the defaults, then applies the `MCAST_*` environment variables (a
 /// malformed or out-of-range value is ignored with a warning naming the variable, its range and
 /// the field), and sets `struct_size`. `mcast_context_create` accepts each field in the same
-/// range as its variable (README's table), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
+/// range as its variable (docs/environment.md), else `MCAST_ERROR_INVALID_ARGUMENT` naming both. NULL is
 /// ignored. Thread-safe.
 ///
 /// # Safety

@@ -86,7 +86,7 @@ pub type mcast_net_comm_fn = Option<unsafe extern "C" fn(comm: *mut c_void) -> c
 /// Releases the engine's `user`.
 pub type mcast_net_release_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
-/// The engine between NVLink domains (README.md, "Teams across NVLink domains"). Each call moves
+/// The engine between NVLink domains (docs/domains.md). Each call moves
 /// device memory of the calling rank's device; positions on a rail (`domain`, `root`, block
 /// order) are domain indices. Every function returns 0 on success; any other value fails the
 /// collective on every rank of the team with `MCAST_ERROR_DRIVER`, naming the engine, the

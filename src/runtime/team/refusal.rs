@@ -110,7 +110,7 @@ impl Refusals {
 impl super::Team {
     /// For a timeout's message in a one-process team: the ranks that have called fewer
     /// collectives than others (they did not arrive), and the issue-order rule of a thread that
-    /// drives several ranks (README, "One thread driving several ranks"). Empty for
+    /// drives several ranks (docs/collectives.md, "One thread driving several ranks"). Empty for
     /// multi-process teams and teams of one rank.
     pub(crate) fn timeout_hint(&self) -> String {
         let Some(rf) = &self.refusals else { return String::new() };
@@ -127,8 +127,8 @@ impl super::Team {
         };
         format!(
             "{behind}; where one thread drives several ranks, it must issue each collective on every rank before \
-             the next collective on any rank (README, \"One thread driving several ranks\": a kind's first call on \
-             a device loads its kernels, which waits for the device's running kernels)"
+             the next collective on any rank (docs/collectives.md, \"One thread driving several ranks\": a kind's \
+             first call on a device loads its kernels, which waits for the device's running kernels)"
         )
     }
 
