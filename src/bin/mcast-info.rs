@@ -29,7 +29,12 @@ fn main() -> ExitCode {
     println!("mcast {major}.{minor}.{patch}");
     println!("backend: {} ({backend:?}: {why})", ctx.driver().backend_name());
     match ctx.driver().driver_version() {
-        Ok(v) => println!("driver version: {}.{}", v / 1000, (v % 1000) / 10),
+        Ok(v) => println!(
+            "driver version: {}.{}{}",
+            v / 1000,
+            (v % 1000) / 10,
+            if backend == mcast::runtime::config::Backend::Sim { " (simulated)" } else { "" }
+        ),
         Err(e) => println!("driver version: unknown ({e})"),
     }
     let n = ctx.device_count();
