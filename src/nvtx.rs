@@ -19,12 +19,16 @@
 //!
 //! Off (no `NVTX_INJECTION64_PATH`, `MCAST_NVTX=off`, or a tool that failed to load): after the
 //! first call decided it, a call's range costs one relaxed atomic load, and its name is never
-//! built. On: the name is formatted (a heap allocation) and the tool's push and pop are called.
+//! built. On: the name is written into a buffer of the calling thread (the tool copies it during
+//! the push), so a warm call still makes no heap allocation, and the tool's push and pop are
+//! called; a buffer form's name looks the team's handle up in the handle table (shared lock).
 //!
 //! Uses `types` (names of dtypes and operators) and `runtime::logging` (so that a failure to
 //! load the tool is seen even when the first range comes before any context), nothing else.
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -215,9 +219,16 @@ impl Drop for Range {
     }
 }
 
-/// Opens a range named `name()` when a tool records NVTX; `name` is called only then.
+thread_local! {
+    /// Where this thread's range names are written: the tool copies a name during the push, so
+    /// one buffer serves every range and a name allocates only while the buffer grows.
+    static NAME: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Opens a range when a tool records NVTX, named by what `name` writes; `name` is called only
+/// then.
 #[inline]
-pub fn range<F: FnOnce() -> String>(name: F) -> Range {
+pub fn range<F: FnOnce(&mut dyn fmt::Write) -> fmt::Result>(name: F) -> Range {
     if STATE.load(Ordering::Relaxed) == OFF {
         return Range { api: None, _same_thread: PhantomData };
     }
@@ -226,10 +237,25 @@ pub fn range<F: FnOnce() -> String>(name: F) -> Range {
 
 #[cold]
 #[inline(never)]
-fn open<F: FnOnce() -> String>(name: F) -> Range {
+fn open<F: FnOnce(&mut dyn fmt::Write) -> fmt::Result>(name: F) -> Range {
     let Some(api) = loaded().api.as_ref() else { return Range { api: None, _same_thread: PhantomData } };
-    let text = CString::new(name()).unwrap_or_default();
-    push(api, &text);
+    let write = |s: &mut String| {
+        s.clear();
+        let _ = name(s);
+        // A NUL inside would only shorten the name; the names written here hold none.
+        s.push('\0');
+        push(api, s.as_ptr().cast());
+    };
+    let mut write = Some(write);
+    let _ = NAME.try_with(|cell| {
+        if let (Ok(mut s), Some(w)) = (cell.try_borrow_mut(), write.take()) {
+            w(&mut s);
+        }
+    });
+    // The thread's buffer is gone (thread exit) or in use (a range opened while naming one).
+    if let Some(w) = write {
+        w(&mut String::new());
+    }
     Range { api: Some(api), _same_thread: PhantomData }
 }
 
@@ -334,7 +360,7 @@ fn dl_error() -> String {
     }
 }
 
-fn push(api: &Api, name: &CStr) {
+fn push(api: &Api, name: *const c_char) {
     match *api {
         Api::Domain(domain) => {
             let f = slot(MODULE_CORE2, CORE2_DOMAIN_RANGE_PUSH_EX);
@@ -349,7 +375,7 @@ fn push(api: &Api, name: &CStr) {
                     reserved0: 0,
                     payload: 0,
                     message_type: MESSAGE_TYPE_ASCII,
-                    message: name.as_ptr(),
+                    message: name,
                 };
                 // SAFETY: the tool's nvtxDomainRangePushEx, with its domain and valid attributes.
                 unsafe { std::mem::transmute::<usize, DomainRangePushEx>(f)(domain as *mut c_void, &attributes) };
@@ -359,7 +385,7 @@ fn push(api: &Api, name: &CStr) {
             let f = slot(MODULE_CORE, CORE_RANGE_PUSH_A);
             if f != 0 {
                 // SAFETY: the tool's nvtxRangePushA with a NUL-terminated name.
-                unsafe { std::mem::transmute::<usize, RangePushA>(f)(name.as_ptr()) };
+                unsafe { std::mem::transmute::<usize, RangePushA>(f)(name) };
             }
         }
     }
@@ -386,72 +412,71 @@ fn pop(api: &Api) {
 
 // ---- Names ----
 
-/// The name of a collective's range: `func bytes=B [dtype=D op=O] [root=R] team=0xT rank=K`;
-/// `count` is in elements of `dtype` where one is given, else in bytes. Values the call will
-/// refuse are shown as given.
+/// Writes the name of a collective's range: `func bytes=B [dtype=D op=O] [root=R] team=0xT
+/// rank=K`; `count` is in elements of `dtype` where one is given, else in bytes. Values the call
+/// will refuse are shown as given.
 pub fn collective_name(
+    w: &mut dyn fmt::Write,
     func: &str,
     team: Option<u64>,
     rank: i32,
     count: usize,
     reduction: Option<(u32, u32)>,
     root: Option<i32>,
-) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(96);
-    let _ = write!(s, "{func}");
+) -> fmt::Result {
+    w.write_str(func)?;
     match reduction {
         Some((dtype, op)) => {
             match DType::from_raw(dtype) {
-                Some(d) => {
-                    let _ = write!(s, " bytes={} dtype={}", count.saturating_mul(d.size()), d.name());
-                }
-                None => {
-                    let _ = write!(s, " count={count} dtype={dtype}?");
-                }
+                Some(d) => write!(w, " bytes={} dtype={}", count.saturating_mul(d.size()), d.name())?,
+                None => write!(w, " count={count} dtype={dtype}?")?,
             }
             match RedOp::from_raw(op) {
-                Some(o) => {
-                    let _ = write!(s, " op={}", o.name());
-                }
-                None => {
-                    let _ = write!(s, " op={op}?");
-                }
+                Some(o) => write!(w, " op={}", o.name())?,
+                None => write!(w, " op={op}?")?,
             }
         }
-        None => {
-            let _ = write!(s, " bytes={count}");
-        }
+        None => write!(w, " bytes={count}")?,
     }
     if let Some(r) = root {
-        let _ = write!(s, " root={r}");
+        write!(w, " root={r}")?;
     }
     match team {
-        Some(t) => {
-            let _ = write!(s, " team={t:#x}");
-        }
-        None => s.push_str(" team=?"),
+        Some(t) => write!(w, " team={t:#x}")?,
+        None => w.write_str(" team=?")?,
     }
-    let _ = write!(s, " rank={rank}");
-    s
+    write!(w, " rank={rank}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn name(
+        func: &str,
+        team: Option<u64>,
+        rank: i32,
+        count: usize,
+        red: Option<(u32, u32)>,
+        root: Option<i32>,
+    ) -> String {
+        let mut s = String::new();
+        collective_name(&mut s, func, team, rank, count, red, root).unwrap();
+        s
+    }
+
     #[test]
     fn collective_names_carry_the_op_bytes_dtype_team_and_rank() {
         assert_eq!(
-            collective_name("mcast_all_reduce", Some(0x2000001), 1, 1024, Some((0, 0)), None),
+            name("mcast_all_reduce", Some(0x2000001), 1, 1024, Some((0, 0)), None),
             "mcast_all_reduce bytes=4096 dtype=f32 op=sum team=0x2000001 rank=1"
         );
         assert_eq!(
-            collective_name("mcast_broadcast", Some(0x20), 0, 100, None, Some(3)),
+            name("mcast_broadcast", Some(0x20), 0, 100, None, Some(3)),
             "mcast_broadcast bytes=100 root=3 team=0x20 rank=0"
         );
         assert_eq!(
-            collective_name("mcast_team_all_reduce", None, 2, 7, Some((99, 42)), None),
+            name("mcast_team_all_reduce", None, 2, 7, Some((99, 42)), None),
             "mcast_team_all_reduce count=7 dtype=99? op=42? team=? rank=2"
         );
     }

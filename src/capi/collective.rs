@@ -124,8 +124,16 @@ pub extern "C" fn mcast_broadcast(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_broadcast", handles::buffer_team_id(buf.id), rank, bytes, None, Some(root))
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_broadcast",
+            handles::buffer_team_id(buf.id),
+            rank,
+            bytes,
+            None,
+            Some(root),
+        )
     });
     guard("mcast_broadcast", || {
         if root < 0 {
@@ -150,8 +158,9 @@ pub extern "C" fn mcast_all_reduce(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_all_reduce",
             handles::buffer_team_id(buf.id),
             rank,
@@ -180,8 +189,9 @@ pub extern "C" fn mcast_reduce_scatter(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_reduce_scatter",
             handles::buffer_team_id(buf.id),
             rank,
@@ -207,8 +217,8 @@ pub extern "C" fn mcast_all_gather(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_all_gather", handles::buffer_team_id(buf.id), rank, bytes, None, None)
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_all_gather", handles::buffer_team_id(buf.id), rank, bytes, None, None)
     });
     guard("mcast_all_gather", || run(buf, rank, offset, bytes, Collective::AllGather, stream))
 }
@@ -233,8 +243,9 @@ pub extern "C" fn mcast_broadcast_into(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_broadcast_into",
             handles::buffer_team_id(send.id),
             rank,
@@ -268,8 +279,9 @@ pub extern "C" fn mcast_all_reduce_into(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_all_reduce_into",
             handles::buffer_team_id(send.id),
             rank,
@@ -302,8 +314,9 @@ pub extern "C" fn mcast_reduce_scatter_into(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_reduce_scatter_into",
             handles::buffer_team_id(send.id),
             rank,
@@ -331,8 +344,16 @@ pub extern "C" fn mcast_all_gather_into(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_all_gather_into", handles::buffer_team_id(send.id), rank, bytes, None, None)
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_all_gather_into",
+            handles::buffer_team_id(send.id),
+            rank,
+            bytes,
+            None,
+            None,
+        )
     });
     guard("mcast_all_gather_into", || {
         run_into(send, send_offset, recv, recv_offset, rank, bytes, Collective::AllGather, stream)
@@ -382,8 +403,8 @@ pub extern "C" fn mcast_team_broadcast(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_team_broadcast", Some(team.id), rank, bytes, None, Some(root))
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_team_broadcast", Some(team.id), rank, bytes, None, Some(root))
     });
     guard("mcast_team_broadcast", || {
         if root < 0 {
@@ -419,8 +440,16 @@ pub extern "C" fn mcast_team_all_reduce(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_team_all_reduce", Some(team.id), rank, count, Some((dtype.0, op.0)), None)
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_team_all_reduce",
+            Some(team.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
     });
     guard("mcast_team_all_reduce", || {
         let (dtype, op) = reduction(dtype, op)?;
@@ -447,8 +476,9 @@ pub extern "C" fn mcast_team_reduce_scatter(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
+    let _range = crate::nvtx::range(|s| {
         crate::nvtx::collective_name(
+            s,
             "mcast_team_reduce_scatter",
             Some(team.id),
             rank,
@@ -477,8 +507,8 @@ pub extern "C" fn mcast_team_all_gather(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| {
-        crate::nvtx::collective_name("mcast_team_all_gather", Some(team.id), rank, bytes, None, None)
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_team_all_gather", Some(team.id), rank, bytes, None, None)
     });
     guard("mcast_team_all_gather", || run_ptr(team, rank, send, recv, bytes, Collective::AllGather, stream))
 }
@@ -496,7 +526,7 @@ pub extern "C" fn mcast_team_all_gather(
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {
-    let _range = crate::nvtx::range(|| format!("mcast_synchronize team={:#x} rank={rank}", team.id));
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_synchronize team={:#x} rank={rank}", team.id));
     guard("mcast_synchronize", || {
         let t = handles::team(team.id)?;
         collective::synchronize(&t, t.own_index(rank)?, Stream(stream as usize))

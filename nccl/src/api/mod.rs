@@ -60,7 +60,7 @@ fn set_last_error(message: &str) {
 /// Runs the body of export `func`.
 fn guard(func: &'static str, body: impl FnOnce() -> Outcome<ncclResult_t>) -> ncclResult_t {
     // A range per call in Nsight Systems; the mcast calls it makes have theirs inside it.
-    let _range = mcast::nvtx::range(|| func.to_string());
+    let _range = mcast::nvtx::range(|s| s.write_str(func));
     // mcast's leak report names the NCCL call the user wrote, not the mcast call beneath it.
     match mcast::runtime::registry::in_call(func, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(Ok(r)) => r,
