@@ -6,6 +6,8 @@
  *                 warning is on stderr exactly once for two contexts. Where a driver and a device
  *                 exist: CUDA and no warning.
  * stderr (file descriptor 2, where the library's log goes) is captured in a temporary file. */
+#define _POSIX_C_SOURCE 200809L /* mkstemp, dup, off_t */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
