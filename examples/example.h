@@ -64,6 +64,11 @@ static inline Ranks ranks_open() {
     std::exit(77);
   }
   CHECK_MCAST(s);
+  mcast_context_info_t info{};
+  info.struct_size = sizeof info;
+  CHECK_MCAST(mcast_context_get_info(r.ctx, &info));
+  std::printf("mcast on %s (%s), CUDA driver %d\n", info.backend == MCAST_BACKEND_CUDA ? "CUDA" : "the SIMULATOR",
+              info.backend_reason, info.driver_version);
   for (int i = 0; i < RANKS; ++i) r.dev[i] = ndev > 1 ? i : 0;
   CHECK_MCAST(mcast_team_create(r.ctx, r.dev, RANKS, &r.team));
   for (int i = 0; i < RANKS; ++i) {

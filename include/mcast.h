@@ -390,6 +390,37 @@ typedef struct mcast_live_counts_t {
 } mcast_live_counts_t;
 
 /**
+ * What a context runs on (`mcast_context_get_info`): print it, or refuse to run on the
+ * simulator where a GPU was expected.
+ */
+typedef struct mcast_context_info_t {
+  /**
+   * `sizeof(mcast_context_info_t)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * The backend in use: `MCAST_BACKEND_CUDA` or `MCAST_BACKEND_SIM`, never
+   * `MCAST_BACKEND_AUTO` (AUTO is resolved at creation).
+   */
+  mcast_backend_t backend;
+  /**
+   * Why that backend, NUL-terminated: `"backend SIM requested"`, `"a CUDA driver and a
+   * device were found"`, or, where AUTO fell back to the simulator, what was missing (the
+   * driver library that could not be loaded and the loader's message, or no device).
+   */
+  char backend_reason[256];
+  /**
+   * Devices of the context, as `mcast_device_count` gives them.
+   */
+  int32_t device_count;
+  /**
+   * The CUDA driver's version as `cuDriverGetVersion` gives it (13000 for 13.0); on the
+   * simulator, the version it stands for; 0 where the driver cannot say.
+   */
+  int32_t driver_version;
+} mcast_context_info_t;
+
+/**
  * What a device is and whether multicast is usable on it.
  */
 typedef struct mcast_device_info_t {
@@ -800,6 +831,20 @@ mcast_status_t mcast_context_live_counts(struct mcast_context_t ctx,
  * `buf` must be NULL or valid for writing `len` bytes.
  */
 size_t mcast_context_leak_report(struct mcast_context_t ctx, char *buf, size_t len);
+
+/**
+ * Describes `ctx` in `*info`: the backend in use and why, the device count and the driver
+ * version. The caller sets `struct_size` to `sizeof(mcast_context_info_t)`; fields a later
+ * version appends are written only up to the caller's `struct_size`.
+ * `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
+ * `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+ *
+ * # Safety
+ * `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+ * `sizeof(mcast_context_info_t)` are written).
+ */
+mcast_status_t mcast_context_get_info(struct mcast_context_t ctx,
+                                      struct mcast_context_info_t *info);
 
 /**
  * Writes the number of devices of `ctx` into `*count`. `MCAST_ERROR_INVALID_ARGUMENT`: `count`

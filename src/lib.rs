@@ -8,7 +8,8 @@
 //! - [`driver`]: the CUDA driver subset, real ([`driver::cuda`]) or simulated ([`driver::sim`]).
 //!
 //! Beside them, [`bootstrap`] (how processes meet), [`libpath`] (the rule for libraries named
-//! by environment variables) and [`dynlib`] (how such a library is loaded).
+//! by environment variables), [`dynlib`] (how such a library is loaded) and [`nvtx`] (the
+//! calls as named ranges for Nsight Systems).
 
 pub mod bootstrap;
 pub mod capi;
@@ -16,5 +17,6 @@ pub mod driver;
 pub mod dynlib;
 pub mod kernels;
 pub mod libpath;
+pub mod nvtx;
 pub mod runtime;
 pub mod types;

@@ -1,5 +1,6 @@
-//! Libraries named by environment variables (`MCAST_NVRTC_PATH`, and `MCAST_NCCL_FALLBACK` of
-//! `libmcast_nccl`): the one rule for loading code a variable points at.
+//! Libraries named by environment variables (`MCAST_NVRTC_PATH`, `MCAST_NCCL_FALLBACK` of
+//! `libmcast_nccl`, a tool's `NVTX_INJECTION64_PATH`): the one rule for loading code a variable
+//! points at.
 //!
 //! - In a setuid or setgid program (`AT_SECURE` in the auxiliary vector) the variable is
 //!   ignored, with a warning: its environment comes from a less privileged user, and the

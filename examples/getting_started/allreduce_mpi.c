@@ -38,6 +38,11 @@ int main(int argc, char **argv) {
 
   mcast_context_t ctx;
   CHECK(mcast_context_create(NULL, &ctx)); /* NULL: defaults and MCAST_* variables */
+  mcast_context_info_t info = {.struct_size = sizeof info};
+  CHECK(mcast_context_get_info(ctx, &info)); /* GPUs, or the simulator where there is no driver */
+  if (rank == 0)
+    printf("mcast on %s (%s)\n", info.backend == MCAST_BACKEND_CUDA ? "CUDA" : "the SIMULATOR",
+           info.backend_reason);
   CHECK(mcast_device_count(ctx, &ndev));
   if (local_rank >= ndev) {
     fprintf(stderr, "rank %d: local rank %d but only %d GPUs\n", rank, local_rank, ndev);

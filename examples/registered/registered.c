@@ -26,6 +26,10 @@ enum { MAX_RANKS = 8, N = 4096 };
 int main(void) {
   mcast_context_t ctx;
   CHECK(mcast_context_create(NULL, &ctx)); /* NULL: defaults and MCAST_* variables */
+  mcast_context_info_t info = {.struct_size = sizeof info};
+  CHECK(mcast_context_get_info(ctx, &info)); /* say what runs: GPUs, or the simulator */
+  printf("mcast on %s (%s)\n", info.backend == MCAST_BACKEND_CUDA ? "CUDA" : "the SIMULATOR",
+         info.backend_reason);
   int ndev = 0;
   CHECK(mcast_device_count(ctx, &ndev));
   int n = ndev < MAX_RANKS ? ndev : MAX_RANKS, devices[MAX_RANKS];

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         println!("usage: mcast-info\n\nLists the devices mcast sees (UUID, PCI bus id, NVLink fabric) and whether");
         println!("multicast is usable on each.");
         println!("Set MCAST_BACKEND=sim|cuda|auto, MCAST_MULTICAST=auto|off|require, MCAST_SIM_DEVICES=N.");
+        println!("Also prints the version, the backend and why, and whether NVTX ranges are recorded.");
         return ExitCode::SUCCESS;
     }
     let ctx = match Context::new(Config::from_env()) {
@@ -29,9 +30,15 @@ fn main() -> ExitCode {
     println!("mcast {major}.{minor}.{patch}");
     println!("backend: {} ({backend:?}: {why})", ctx.driver().backend_name());
     match ctx.driver().driver_version() {
-        Ok(v) => println!("driver version: {}.{}", v / 1000, (v % 1000) / 10),
+        Ok(v) => println!(
+            "driver version: {}.{}{}",
+            v / 1000,
+            (v % 1000) / 10,
+            if backend == mcast::runtime::config::Backend::Sim { " (simulated)" } else { "" }
+        ),
         Err(e) => println!("driver version: unknown ({e})"),
     }
+    println!("NVTX ranges: {}", mcast::nvtx::status().1);
     let n = ctx.device_count();
     println!("devices: {n}");
     let mut failed = false;

@@ -32,6 +32,7 @@ pub unsafe extern "C" fn mcast_buffer_alloc(
     bytes: usize,
     out: *mut mcast_buffer_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_buffer_alloc bytes={bytes} team={:#x}", team.id));
     guard("mcast_buffer_alloc", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
@@ -73,6 +74,7 @@ pub unsafe extern "C" fn mcast_buffer_register(
     bytes: usize,
     out: *mut mcast_buffer_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_buffer_register bytes={bytes} team={:#x}", team.id));
     guard("mcast_buffer_register", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
@@ -95,6 +97,7 @@ pub unsafe extern "C" fn mcast_buffer_register(
 /// `MCAST_SUCCESS`; a freed or unknown handle gives `MCAST_ERROR_INVALID_HANDLE`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_buffer_free(buf: mcast_buffer_t) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_buffer_free buffer={:#x}", buf.id));
     guard("mcast_buffer_free", || if buf.id == 0 { Ok(()) } else { handles::free_buffer(buf.id) })
 }
 

@@ -124,6 +124,17 @@ pub extern "C" fn mcast_broadcast(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_broadcast",
+            handles::buffer_team_id(buf.id),
+            rank,
+            bytes,
+            None,
+            Some(root),
+        )
+    });
     guard("mcast_broadcast", || {
         if root < 0 {
             return Err(Error::invalid_argument(format!("root {root} is negative")));
@@ -147,6 +158,17 @@ pub extern "C" fn mcast_all_reduce(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_all_reduce",
+            handles::buffer_team_id(buf.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_all_reduce", || {
         let (dtype, op) = reduction(dtype, op)?;
         run(buf, rank, offset, count, Collective::AllReduce { dtype, op }, stream)
@@ -167,6 +189,17 @@ pub extern "C" fn mcast_reduce_scatter(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_reduce_scatter",
+            handles::buffer_team_id(buf.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_reduce_scatter", || {
         let (dtype, op) = reduction(dtype, op)?;
         run(buf, rank, offset, count, Collective::ReduceScatter { dtype, op }, stream)
@@ -184,6 +217,9 @@ pub extern "C" fn mcast_all_gather(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_all_gather", handles::buffer_team_id(buf.id), rank, bytes, None, None)
+    });
     guard("mcast_all_gather", || run(buf, rank, offset, bytes, Collective::AllGather, stream))
 }
 
@@ -207,6 +243,17 @@ pub extern "C" fn mcast_broadcast_into(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_broadcast_into",
+            handles::buffer_team_id(send.id),
+            rank,
+            bytes,
+            None,
+            Some(root),
+        )
+    });
     guard("mcast_broadcast_into", || {
         if root < 0 {
             return Err(Error::invalid_argument(format!("root {root} is negative")));
@@ -232,6 +279,17 @@ pub extern "C" fn mcast_all_reduce_into(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_all_reduce_into",
+            handles::buffer_team_id(send.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_all_reduce_into", || {
         let (dtype, op) = reduction(dtype, op)?;
         run_into(send, send_offset, recv, recv_offset, rank, count, Collective::AllReduce { dtype, op }, stream)
@@ -256,6 +314,17 @@ pub extern "C" fn mcast_reduce_scatter_into(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_reduce_scatter_into",
+            handles::buffer_team_id(send.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_reduce_scatter_into", || {
         let (dtype, op) = reduction(dtype, op)?;
         run_into(send, send_offset, recv, recv_offset, rank, count, Collective::ReduceScatter { dtype, op }, stream)
@@ -275,6 +344,17 @@ pub extern "C" fn mcast_all_gather_into(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_all_gather_into",
+            handles::buffer_team_id(send.id),
+            rank,
+            bytes,
+            None,
+            None,
+        )
+    });
     guard("mcast_all_gather_into", || {
         run_into(send, send_offset, recv, recv_offset, rank, bytes, Collective::AllGather, stream)
     })
@@ -323,6 +403,9 @@ pub extern "C" fn mcast_team_broadcast(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_team_broadcast", Some(team.id), rank, bytes, None, Some(root))
+    });
     guard("mcast_team_broadcast", || {
         if root < 0 {
             return Err(Error::invalid_argument(format!("root {root} is negative")));
@@ -357,6 +440,17 @@ pub extern "C" fn mcast_team_all_reduce(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_team_all_reduce",
+            Some(team.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_team_all_reduce", || {
         let (dtype, op) = reduction(dtype, op)?;
         run_ptr(team, rank, send, recv, count, Collective::AllReduce { dtype, op }, stream)
@@ -382,6 +476,17 @@ pub extern "C" fn mcast_team_reduce_scatter(
     op: mcast_op_t,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(
+            s,
+            "mcast_team_reduce_scatter",
+            Some(team.id),
+            rank,
+            count,
+            Some((dtype.0, op.0)),
+            None,
+        )
+    });
     guard("mcast_team_reduce_scatter", || {
         let (dtype, op) = reduction(dtype, op)?;
         run_ptr(team, rank, send, recv, count, Collective::ReduceScatter { dtype, op }, stream)
@@ -402,6 +507,9 @@ pub extern "C" fn mcast_team_all_gather(
     bytes: usize,
     stream: mcast_stream_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| {
+        crate::nvtx::collective_name(s, "mcast_team_all_gather", Some(team.id), rank, bytes, None, None)
+    });
     guard("mcast_team_all_gather", || run_ptr(team, rank, send, recv, bytes, Collective::AllGather, stream))
 }
 
@@ -418,6 +526,7 @@ pub extern "C" fn mcast_team_all_gather(
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_synchronize team={:#x} rank={rank}", team.id));
     guard("mcast_synchronize", || {
         let t = handles::team(team.id)?;
         collective::synchronize(&t, t.own_index(rank)?, Stream(stream as usize))

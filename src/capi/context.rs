@@ -4,9 +4,9 @@ use std::ffi::c_char;
 use std::mem::size_of;
 use std::sync::Arc;
 
-use super::config::mcast_config_t;
-use super::{guard, mcast_status_t, out_ptr};
-use crate::runtime::config::Config;
+use super::config::{mcast_backend_t, mcast_config_t, McastBackend};
+use super::{copy_str, guard, mcast_status_t, out_ptr, write_versioned};
+use crate::runtime::config::{Backend, Config};
 use crate::runtime::context::Context;
 use crate::runtime::handles;
 
@@ -39,6 +39,27 @@ pub struct mcast_live_counts_t {
     pub reservations: u64,
     /// Physical bytes held, all devices.
     pub device_bytes: u64,
+}
+
+/// What a context runs on (`mcast_context_get_info`): print it, or refuse to run on the
+/// simulator where a GPU was expected.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct mcast_context_info_t {
+    /// `sizeof(mcast_context_info_t)`, set by the caller.
+    pub struct_size: u32,
+    /// The backend in use: `MCAST_BACKEND_CUDA` or `MCAST_BACKEND_SIM`, never
+    /// `MCAST_BACKEND_AUTO` (AUTO is resolved at creation).
+    pub backend: mcast_backend_t,
+    /// Why that backend, NUL-terminated: `"backend SIM requested"`, `"a CUDA driver and a
+    /// device were found"`, or, where AUTO fell back to the simulator, what was missing (the
+    /// driver library that could not be loaded and the loader's message, or no device).
+    pub backend_reason: [c_char; 256],
+    /// Devices of the context, as `mcast_device_count` gives them.
+    pub device_count: i32,
+    /// The CUDA driver's version as `cuDriverGetVersion` gives it (13000 for 13.0); on the
+    /// simulator, the version it stands for; 0 where the driver cannot say.
+    pub driver_version: i32,
 }
 
 /// Creates a context. `config` NULL means the result of `mcast_config_init`. On success
@@ -156,4 +177,42 @@ pub unsafe extern "C" fn mcast_context_leak_report(ctx: mcast_context_t, buf: *m
         }
     }
     report.len()
+}
+
+/// Describes `ctx` in `*info`: the backend in use and why, the device count and the driver
+/// version. The caller sets `struct_size` to `sizeof(mcast_context_info_t)`; fields a later
+/// version appends are written only up to the caller's `struct_size`.
+/// `MCAST_ERROR_INVALID_ARGUMENT`: `info` NULL or `struct_size` too small;
+/// `MCAST_ERROR_INVALID_HANDLE`: `ctx` not live. Thread-safe.
+///
+/// # Safety
+/// `info` must be NULL or valid for reading and writing `info->struct_size` bytes (at most
+/// `sizeof(mcast_context_info_t)` are written).
+#[no_mangle]
+pub unsafe extern "C" fn mcast_context_get_info(
+    ctx: mcast_context_t,
+    info: *mut mcast_context_info_t,
+) -> mcast_status_t {
+    guard("mcast_context_get_info", || {
+        let fill = |struct_size| {
+            let context = handles::context(ctx.id)?;
+            let (backend, reason) = context.backend();
+            let backend = match backend {
+                Backend::Sim => McastBackend::MCAST_BACKEND_SIM,
+                Backend::Cuda => McastBackend::MCAST_BACKEND_CUDA,
+                Backend::Auto => McastBackend::MCAST_BACKEND_AUTO,
+            };
+            let mut v = mcast_context_info_t {
+                struct_size,
+                backend: mcast_backend_t(backend as u32),
+                backend_reason: [0; 256],
+                device_count: context.device_count() as i32,
+                driver_version: context.driver().driver_version().unwrap_or(0),
+            };
+            copy_str(&mut v.backend_reason, reason);
+            Ok(v)
+        };
+        // SAFETY: the caller passes NULL or a pointer valid for `struct_size` bytes.
+        unsafe { write_versioned(info, size_of::<mcast_context_info_t>(), "mcast_context_info_t", fill) }
+    })
 }

@@ -28,6 +28,7 @@ pub unsafe extern "C" fn mcast_mem_alloc(
     bytes: usize,
     ptr: *mut *mut c_void,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_mem_alloc bytes={bytes} device={device}"));
     guard("mcast_mem_alloc", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
@@ -45,6 +46,7 @@ pub unsafe extern "C" fn mcast_mem_alloc(
 /// freed; `MCAST_ERROR_INVALID_HANDLE`: `ctx`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_mem_free(ctx: mcast_context_t, ptr: *mut c_void) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_mem_free ptr={ptr:p}"));
     guard("mcast_mem_free", || {
         let c = handles::context(ctx.id)?;
         c.memory.free(&c, ptr as usize as u64)

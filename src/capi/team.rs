@@ -83,6 +83,7 @@ pub unsafe extern "C" fn mcast_team_create(
     ndevices: c_int,
     out: *mut mcast_team_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_team_create ranks={ndevices}"));
     guard("mcast_team_create", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
@@ -110,6 +111,7 @@ pub unsafe extern "C" fn mcast_team_create(
 /// reported (the team is gone all the same). Thread-safe.
 #[no_mangle]
 pub extern "C" fn mcast_team_destroy(team: mcast_team_t) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_team_destroy team={:#x}", team.id));
     guard("mcast_team_destroy", || if team.id == 0 { Ok(()) } else { handles::destroy_team(team.id) })
 }
 
@@ -201,6 +203,7 @@ pub unsafe extern "C" fn mcast_team_split(
     keys: *const c_int,
     out: *mut mcast_team_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_team_split team={:#x}", team.id));
     guard("mcast_team_split", || {
         for (p, name) in [(colors.is_null(), "colors"), (keys.is_null(), "keys"), (out.is_null(), "out")] {
             if p {
@@ -373,6 +376,7 @@ pub unsafe extern "C" fn mcast_team_init_rank(
     device: c_int,
     out: *mut mcast_team_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_team_init_rank ranks={nranks} rank={rank} device={device}"));
     guard("mcast_team_init_rank", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
@@ -433,6 +437,7 @@ pub unsafe extern "C" fn mcast_team_init_oob(
     device: c_int,
     out: *mut mcast_team_t,
 ) -> mcast_status_t {
+    let _range = crate::nvtx::range(|s| write!(s, "mcast_team_init_oob device={device}"));
     guard("mcast_team_init_oob", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;

@@ -2,7 +2,7 @@
 //! reports devices, live counts and, at shutdown, what was left.
 
 use std::ops::Deref;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use super::config::{Backend, Config};
 use super::env::{Env, Member};
@@ -66,7 +66,8 @@ fn cuda_driver() -> std::result::Result<Arc<CudaDriver>, String> {
     static CUDA: OnceLock<std::result::Result<Arc<CudaDriver>, String>> = OnceLock::new();
     CUDA.get_or_init(|| {
         if !crate::driver::cuda::library_present() {
-            return Err("libcuda.so.1 (the NVIDIA driver) could not be loaded".to_string());
+            let loader = crate::driver::cuda::library_error().unwrap_or_else(|| "no candidate name loads".into());
+            return Err(format!("libcuda.so.1 (the NVIDIA driver) could not be loaded ({loader})"));
         }
         cuda_driver_load()
     })
@@ -82,6 +83,23 @@ fn cuda_driver_load() -> std::result::Result<Arc<CudaDriver>, String> {
         },
         Err(e) => Err(format!("the CUDA driver is unavailable: {e}")),
     }
+}
+
+/// The warning that backend AUTO found no usable CUDA driver and runs on the simulator: at warn,
+/// the default level, once per process (the first such context), so that a GPU job whose
+/// container lacks the driver does not pass unnoticed.
+fn warn_simulator_fallback(why: &str) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| tracing::warn!("{}", simulator_fallback_warning(why)));
+}
+
+/// The text of that warning: why, what runs instead, and how to make it an error.
+pub fn simulator_fallback_warning(why: &str) -> String {
+    format!(
+        "no usable CUDA driver: {why}; running on the SIMULATOR (host memory, no GPU). \
+         Set MCAST_BACKEND=cuda to make this an error, or MCAST_BACKEND=sim to choose the simulator \
+         without this warning"
+    )
 }
 
 impl Context {
@@ -101,7 +119,11 @@ impl Context {
             },
             Backend::Auto => match cuda_driver() {
                 Ok(d) => (d, Backend::Cuda, "a CUDA driver and a device were found".into()),
-                Err(why) => (Arc::new(Self::simulator(&config)?), Backend::Sim, format!("{why}; using the simulator")),
+                Err(why) => {
+                    warn_simulator_fallback(&why);
+                    let reason = format!("{why}; using the simulator (MCAST_BACKEND=cuda makes this an error)");
+                    (Arc::new(Self::simulator(&config)?), Backend::Sim, reason)
+                }
             },
         };
         let count = driver.device_count().map_err(|e| Error::driver(e, "counting devices"))?.max(0) as usize;

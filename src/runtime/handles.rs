@@ -56,6 +56,17 @@ pub fn team(id: u64) -> Result<Arc<Team>> {
     TEAMS.read().get(id).ok_or_else(|| describe(id, "team"))
 }
 
+/// The handle of `team`, if it has one (a linear search: for names and messages, not for a
+/// call's path).
+pub fn team_id(team: &Arc<Team>) -> Option<u64> {
+    TEAMS.read().find(|t| Arc::ptr_eq(t, team))
+}
+
+/// The handle of the team of buffer `id`, if both are live (for names, as [`team_id`]).
+pub fn buffer_team_id(id: u64) -> Option<u64> {
+    buffer(id).ok().and_then(|b| team_id(b.team()))
+}
+
 /// Destroys the team behind `id` (refused while it has buffers, unless it failed: then its
 /// buffers' handles go with it). The table is not locked while the team waits for its work,
 /// so an abort from another thread can reach the team and end that wait; of racing destroys

@@ -58,7 +58,12 @@ impl<T: Clone> HandleMap<T> {
         let slot = &mut self.slots[index as usize];
         slot.generation += 1;
         slot.value = Some(value);
-        ((self.kind as u64) << 56) | (slot.generation << 32) | (u64::from(index) + 1)
+        let generation = slot.generation;
+        self.id(index as usize, generation)
+    }
+
+    fn id(&self, index: usize, generation: u64) -> u64 {
+        ((self.kind as u64) << 56) | (generation << 32) | (index as u64 + 1)
     }
 
     fn index_of(&self, id: u64) -> Option<usize> {
@@ -100,6 +105,12 @@ impl<T: Clone> HandleMap<T> {
             }
         }
         removed
+    }
+
+    /// The id of the first live value `pred` selects.
+    pub fn find(&self, mut pred: impl FnMut(&T) -> bool) -> Option<u64> {
+        let (index, slot) = self.slots.iter().enumerate().find(|(_, s)| s.value.as_ref().is_some_and(&mut pred))?;
+        Some(self.id(index, slot.generation))
     }
 
     /// Live values.
@@ -304,6 +315,18 @@ mod tests {
         assert_eq!(other.get(b), None, "foreign kind");
         assert_eq!(map.get(0), None);
         assert_eq!(map.get(b ^ (1 << 32)), None, "wrong generation");
+    }
+
+    #[test]
+    fn find_gives_the_live_id_of_a_value() {
+        let mut map = HandleMap::new(HandleKind::Team);
+        let a = map.insert("a");
+        let b = map.insert("b");
+        assert_eq!(map.find(|v| *v == "b"), Some(b));
+        map.remove(a);
+        assert_eq!(map.find(|v| *v == "a"), None, "a removed value has no id");
+        let c = map.insert("c");
+        assert_eq!(map.find(|v| *v == "c"), Some(c), "the reused slot's new generation");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The exported `nccl*` functions (declared in `include/mcast/nccl.h`).
 //!
 //! Every export runs inside `guard`: a panic becomes `ncclInternalError`, a failure its
-//! `ncclResult_t` with the detail kept for `ncclGetLastError`. Out-parameters are written only on
-//! success. Enums from C are checked integers.
+//! `ncclResult_t` with the detail kept for `ncclGetLastError`; each call is an NVTX range named
+//! by its function (`mcast::nvtx`). Out-parameters are written only on success. Enums from C are
+//! checked integers.
 //!
 //! One file per chapter of NCCL's API reference: `errors.rs` (versions, ids, errors),
 //! `communicator.rs` (creation and management), `memory.rs` (allocation, registration, windows),
@@ -58,6 +59,8 @@ fn set_last_error(message: &str) {
 
 /// Runs the body of export `func`.
 fn guard(func: &'static str, body: impl FnOnce() -> Outcome<ncclResult_t>) -> ncclResult_t {
+    // A range per call in Nsight Systems; the mcast calls it makes have theirs inside it.
+    let _range = mcast::nvtx::range(|s| s.write_str(func));
     // mcast's leak report names the NCCL call the user wrote, not the mcast call beneath it.
     match mcast::runtime::registry::in_call(func, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(Ok(r)) => r,

@@ -78,6 +78,28 @@ pub fn library_present() -> bool {
     // initialisers, which is what every CUDA program does.
     unsafe { cu::is_culib_present() }
 }
+
+/// What the dynamic loader says when asked for `libcuda.so.1` (its `dlerror` text, such as
+/// "libcuda.so.1: cannot open shared object file: No such file or directory"), for the
+/// message that says why there is no CUDA backend; `None` when it loads.
+pub fn library_error() -> Option<String> {
+    // SAFETY: dlopen of the driver library with a NUL-terminated name, closed again at once
+    // (what `library_present` does); dlerror's text is read before any other dl call on this
+    // thread.
+    unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if !handle.is_null() {
+            libc::dlclose(handle);
+            return None;
+        }
+        let text = libc::dlerror();
+        Some(if text.is_null() {
+            "libcuda.so.1 not found".to_string()
+        } else {
+            std::ffi::CStr::from_ptr(text).to_string_lossy().into_owned()
+        })
+    }
+}
 /// A primary context retained by this driver.
 #[derive(Clone, Copy)]
 struct Retained {
