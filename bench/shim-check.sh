@@ -10,6 +10,8 @@
 #      header and library as NCCL_HOME) and run -g N -G 20 -c 1 for the four collectives.
 # Usage, on the GPU machine from the repository root, PREFIX an installed mcast (scripts/install):
 #   PREFIX=... [NCCL_TESTS_SRC=...] [MIN=8K] [MAX=256M] [REPLAYS=1000] bench/shim-check.sh OUT [N]
+# SHIM_ONLY=1 NO_FALLBACK=1 run the shim's steps alone, without the fallback NCCL: with fewer GPUs
+# than N (the ranks then share GPUs, which mcast's teams allow and NCCL refuses).
 # Each step writes OUT/<name>.log and a line "name: exit CODE" to OUT/summary.txt.
 # Multicast stays off: the kill switches are exported here and never unset.
 set -uo pipefail
@@ -46,17 +48,22 @@ step() {
   grep -E "graph_check:|note:.*fail|Error|error" "$out/$name.log" | head -n 12
 }
 torchrun_n=(torchrun --standalone --nproc_per_node="$n")
-on_shim=(LD_PRELOAD="$shim" MCAST_NCCL_FALLBACK="$nccl" MCAST_BACKEND=cuda)
+on_shim=(LD_PRELOAD="$shim" MCAST_BACKEND=cuda)
+# The fallback NCCL (for calls mcast does not serve) keeps a communicator beside each team, which
+# NCCL refuses where ranks share a GPU: NO_FALLBACK=1 leaves it out.
+[ -n "${NO_FALLBACK:-}" ] || on_shim+=(MCAST_NCCL_FALLBACK="$nccl")
 
-step "graph_check_nccl_$n" -- "${torchrun_n[@]}" bench/graph_check.py --replays "$replays"
+[ -n "${SHIM_ONLY:-}" ] || step "graph_check_nccl_$n" -- "${torchrun_n[@]}" bench/graph_check.py --replays "$replays"
 step "graph_check_shim_$n" "${on_shim[@]}" -- "${torchrun_n[@]}" bench/graph_check.py --replays "$replays"
-step "peers_nccl_$n" -- "${torchrun_n[@]}" bench/peers.py --out "$out/peers_nccl_$n.csv" \
+[ -n "${SHIM_ONLY:-}" ] || step "peers_nccl_$n" -- "${torchrun_n[@]}" bench/peers.py --out "$out/peers_nccl_$n.csv" \
   --min-bytes "$min" --max-bytes "$max"
 step "peers_shim_$n" "${on_shim[@]}" -- "${torchrun_n[@]}" bench/peers.py --out "$out/peers_shim_$n.csv" \
   --min-bytes "$min" --max-bytes "$max" --ops "${OPS:-all_reduce,all_gather,reduce_scatter,broadcast}"
 
-python3 bench/shim_table.py "$out/peers_nccl_$n.csv" "$out/peers_shim_$n.csv" >"$out/shim.md" 2>&1 &&
-  cat "$out/shim.md"
+if [ -f "$out/peers_nccl_$n.csv" ] && [ -f "$out/peers_shim_$n.csv" ]; then
+  python3 bench/shim_table.py "$out/peers_nccl_$n.csv" "$out/peers_shim_$n.csv" >"$out/shim.md" 2>&1 &&
+    cat "$out/shim.md"
+fi
 
 if [ -n "${NCCL_TESTS_SRC:-}" ]; then
   home="$out/nccl_home"
