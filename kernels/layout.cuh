@@ -51,56 +51,13 @@ __device__ __forceinline__ typename Ty<D>::E p2p_reduce_scalar(const McastArgs& 
   return Ty<D>::down(acc);
 }
 
-// Reduce U vectors (byte offsets off[u], valid where u < n) over the R >= nranks ranks' copies:
-// every rank's loads are issued at once, in the walk order of peer_at (the peers from rank + 1
-// on, this rank's own last), into registers indexed by rank, then reduced in rank order.
-// Registers: R x U x 16 bytes.
-template <int D, int O, int R, int U>
-__device__ __forceinline__ void p2p_reduce_rotated(const McastArgs& a, const u64* off, int n, V16* out) {
-  V16 x[R][U];
-  const u32 N = a.nranks, me = a.rank;
-  // Two passes over the ranks with static register indices: first those after this rank, then
-  // those up to it.
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-#pragma unroll
-    for (u32 q = 0; q < R; ++q) {
-      if (q >= N || (pass == 0) != (q > me)) continue;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (u < n) x[q][u] = ld16(a.data[q] + off[u]);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (u < n) {
-      Vec<D> acc;
-      acc.load(x[0][u]);
-#pragma unroll
-      for (u32 q = 1; q < R; ++q)
-        if (q < N) acc.template reduce<O>(x[q][u]);
-      out[u] = acc.pack();
-    }
-  }
-}
-
 // Reduce up to MCAST_UNROLL vectors (byte offsets off[u], valid where u < n) over all ranks in rank
-// order. Teams of 3 to 8: every rank's loads in flight at once, issued in the rotated walk order
-// (p2p_reduce_rotated; 8 ranks in two halves of the vectors, for registers). Two ranks and teams
-// past 8: software-pipelined: the loads of rank p + 1 are in flight while rank p's are reduced,
-// so two ranks' latencies (one of them remote) overlap instead of adding up.
+// order, loads too (loading every rank's values at once in the walk order of peer_at would need
+// them all in registers: at 512 threads it spilled, up to 7 KB per thread in the two-shot, by
+// ptxas -v). Software-pipelined: the loads of rank p + 1 are in flight while rank p's are reduced, so
+// two ranks' latencies (one of them remote) overlap instead of adding up.
 template <int D, int O>
 __device__ __forceinline__ void p2p_reduce_vectors(const McastArgs& a, const u64* off, int n, V16* out) {
-  static_assert(MCAST_UNROLL == 4, "p2p_reduce_rotated's register budget assumes 4 vectors");
-  if (a.nranks >= 3 && a.nranks <= 4) {
-    p2p_reduce_rotated<D, O, 4, MCAST_UNROLL>(a, off, n, out);
-    return;
-  }
-  if (a.nranks >= 5 && a.nranks <= 8) {
-    p2p_reduce_rotated<D, O, 8, 2>(a, off, n < 2 ? n : 2, out);
-    if (n > 2) p2p_reduce_rotated<D, O, 8, 2>(a, off + 2, n - 2, out + 2);
-    return;
-  }
   Vec<D> acc[MCAST_UNROLL];
   V16 cur[MCAST_UNROLL], nxt[MCAST_UNROLL];
 #pragma unroll
