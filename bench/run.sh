@@ -6,8 +6,8 @@
 #   mcast     mcast-bench, one process driving the N ranks (--devices 0,...,N-1), eager and -G;
 #   procs     mcast-bench, one process per rank (--procs N), eager and -G;
 #   nccl      nccl-tests *_perf -g N, eager and -G: from NCCL_TESTS_DIR (built binaries), else
-#             built into OUT/nccl-tests from the source tree NCCL_TESTS_SRC against the PyTorch
-#             wheel's NCCL (sm_90 only; needs nvcc and make);
+#             built once into $TMPDIR/mcast-nccl-tests from the source tree NCCL_TESTS_SRC against
+#             the PyTorch wheel's NCCL (sm_90 only; needs nvcc and make);
 #   peers     NCCL and PyTorch symmetric memory through torch.distributed (bench/peers.py under
 #             torchrun --nproc_per_node=N), eager and replayed from torch.cuda.CUDAGraph;
 #   compare   bench/compare.py over everything in OUT -> OUT/table.md, and bench/plot.py ->
@@ -127,24 +127,24 @@ if want nccl; then
     ntd=""
   elif [[ -z "$ntd" && -n "${NCCL_TESTS_SRC:-}" ]]; then
     # Build from source against the wheel's NCCL (its lib has libnccl.so.2 only: link through a
-    # directory with the libnccl.so name).
-    if [[ -z "$wheel" ]] || ! command -v nvcc >/dev/null; then
+    # directory with the libnccl.so name), outside OUT, once per machine.
+    work="${TMPDIR:-/tmp}/mcast-nccl-tests"
+    if [[ -x "$work/build/all_reduce_perf" ]]; then
+      ntd="$work/build"
+    elif [[ -z "$wheel" ]] || ! command -v nvcc >/dev/null; then
       note "NCCL_TESTS_SRC given but no nvcc or no nvidia.nccl wheel: nccl-tests skipped"
     else
-      home="$out/nccl-tests/nccl-home"
-      mkdir -p "$home/lib"
-      ln -sfn "$wheel/include" "$home/include"
-      ln -sf "$(ls "$wheel"/lib/libnccl.so* | head -n 1)" "$home/lib/libnccl.so"
-      cp -r "$NCCL_TESTS_SRC" "$out/nccl-tests/src"
-      if make -C "$out/nccl-tests/src" -j "$(nproc)" MPI=0 NCCL_HOME="$(cd "$home" && pwd)" \
+      rm -rf "$work" && mkdir -p "$work/nccl-home/lib"
+      ln -sfn "$wheel/include" "$work/nccl-home/include"
+      ln -sf "$(ls "$wheel"/lib/libnccl.so* | head -n 1)" "$work/nccl-home/lib/libnccl.so"
+      cp -r "$NCCL_TESTS_SRC" "$work/src"
+      if make -C "$work/src" -j "$(nproc)" MPI=0 NCCL_HOME="$work/nccl-home" \
         CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc)")")" \
-        NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$(cd "$out/nccl-tests" && pwd)/build" \
-        >"$out/nccl-tests/build.log" 2>&1; then
-        ntd="$out/nccl-tests/build"
+        NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$work/build" >"$out/nccl-tests-build.log" 2>&1; then
+        ntd="$work/build"
       else
-        note "nccl-tests build failed: $(tail -n 3 "$out/nccl-tests/build.log" | tr '\n' ' ')"
+        note "nccl-tests build failed: $(tail -n 3 "$out/nccl-tests-build.log" | tr '\n' ' ')"
       fi
-      rm -rf "$out/nccl-tests/src"
     fi
   fi
   if [[ -n "$ntd" && -d "$ntd" ]]; then
