@@ -2,13 +2,16 @@
 // mcast_all_gather_{p2p,ll,mc}.
 
 // All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
-// out (at q*out_stride), for every q != r (and q == r out of place).
+// out (at q*out_stride), for every q != r (and q == r out of place), peers in the walk order of
+// peer_at (r + 1 first, its own block last).
 __device__ void all_gather_p2p(const McastArgs& a) {
   if (!barrier<false>(a, 0)) return;
   const u64 stride = out_stride(a);
-  for (u32 q = 0; q < a.nranks; ++q)
+  for (u32 i = 0; i < a.nranks; ++i) {
+    const u32 q = peer_at(a, i);
     if (q != a.rank || a.out[a.rank] != a.data[a.rank])
       copy_bytes(a.out[a.rank] + (u64)q * stride, a.data[q] + (u64)q * a.count, a.count);
+  }
   barrier<false>(a, 1);
 }
 

@@ -125,8 +125,8 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
         const u64 v = v0 + (u64)u * blockDim.x;
         if (v < nv) x[u] = ld16(src + lo + v * 16);
       }
-      for (u32 p = 0; p < a.nranks; ++p) {
-        if (p == me) continue;
+      for (u32 i = 0; i + 1 < a.nranks; ++i) {
+        const u32 p = peer_at(a, i);
         const u64 row = push_slot_row(a, p, slot, s, me);
 #pragma unroll
         for (int u = 0; u < MCAST_PUSH_UNROLL; ++u) {
@@ -137,8 +137,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
     }
     for (u64 e = nv * 16 / sizeof(E) + threadIdx.x; e < (hi - lo) / sizeof(E); e += blockDim.x) {
       const E x = ((const E*)(src + lo))[e];
-      for (u32 p = 0; p < a.nranks; ++p)
-        if (p != me) ((E*)push_slot_row(a, p, slot, s, me))[e] = x;
+      for (u32 i = 0; i + 1 < a.nranks; ++i) ((E*)push_slot_row(a, peer_at(a, i), slot, s, me))[e] = x;
     }
   };
   // Publish step j to every peer: __syncthreads makes the block's stores visible to the
@@ -234,8 +233,11 @@ __device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
       *(E*)(a.out[0] + o) = p2p_reduce_scalar<D, O>(a, o);
     }
   if (!barrier<false>(a, 1)) return;
-  for (u64 q = 0; q < N; ++q)
-    if (q != me) copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
+  // The owners' slices in the walk order of peer_at (every owner serves one reader per step).
+  for (u32 i = 0; i + 1 < N; ++i) {
+    const u64 q = peer_at(a, i);
+    copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
+  }
   if (me != 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
       const u64 o = scalar_off(r, i, sizeof(E));

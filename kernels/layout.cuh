@@ -28,6 +28,16 @@ __device__ __forceinline__ bool same_alignment(const McastArgs& a) {
   for (u32 p = 0; p < a.nranks; ++p) m |= (u32)(((a.data[p] ^ a.data[0]) | (a.out[p] ^ a.data[0])) & 15);
   return m == 0;
 }
+// The rank a rank visits at step i (0 <= i < nranks) when it walks the team: rank r takes r + 1,
+// r + 2, ... (mod nranks) and itself last, so that at every step each rank reads from (or writes
+// to) a different peer and every GPU's NVLink egress is busy (in rank order every rank would
+// read rank 0 first, then rank 1, ...: one GPU serving nranks - 1 readers while the others
+// idle). Only copies and loads issued before a reduction take this order; reductions stay in
+// rank order, so every rank's result is bit-identical.
+__device__ __forceinline__ u32 peer_at(const McastArgs& a, u32 i) {
+  const u32 q = a.rank + 1 + i;
+  return q >= a.nranks ? q - a.nranks : q;
+}
 __device__ __forceinline__ u64 gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 gthreads() { return (u64)gridDim.x * blockDim.x; }
 
@@ -42,7 +52,9 @@ __device__ __forceinline__ typename Ty<D>::E p2p_reduce_scalar(const McastArgs& 
 }
 
 // Reduce up to MCAST_UNROLL vectors (byte offsets off[u], valid where u < n) over all ranks in rank
-// order. Software-pipelined: the loads of rank p + 1 are in flight while rank p's are reduced, so
+// order, loads too (loading every rank's values at once in the walk order of peer_at would need
+// them all in registers: at 512 threads it spilled, up to 7 KB per thread in the two-shot, by
+// ptxas -v). Software-pipelined: the loads of rank p + 1 are in flight while rank p's are reduced, so
 // two ranks' latencies (one of them remote) overlap instead of adding up.
 template <int D, int O>
 __device__ __forceinline__ void p2p_reduce_vectors(const McastArgs& a, const u64* off, int n, V16* out) {

@@ -293,8 +293,10 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     const u64 off = p.lo + i * 8;
     const u32 n = ll_line_bytes(p, i);
     mine[k] = ld_payload(src + (u64)me * block + off, n);
-    for (u32 q = 0; q < a.nranks; ++q)
-      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
+    for (u32 j = 0; j + 1 < a.nranks; ++j) {
+      const u32 q = peer_at(a, j);
+      ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
+    }
   }
   // Every line is awaited and reduced into registers; with a.check a thread's first wait on each
   // peer also awaits that peer's signature lines (ll_wait_signed), so a thread writes its lines
@@ -353,8 +355,7 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     if (i >= nl || !sends) break;
     const u64 off = blk + p.lo + i * 8;
     mine[k] = ld_payload(a.data[me] + off, ll_line_bytes(p, i));
-    for (u32 q = 0; q < a.nranks; ++q)
-      if (q != me) ll_store(ll_row(a, q, b, p.parity, me) + i * 16, mine[k], p.flag);
+    for (u32 j = 0; j + 1 < a.nranks; ++j) ll_store(ll_row(a, peer_at(a, j), b, p.parity, me) + i * 16, mine[k], p.flag);
   }
   // Every line is awaited into registers. With a.check: in an all-gather, as in ll_reduce, a
   // thread's first wait on each peer also awaits its signature lines; in a broadcast (a rank

@@ -54,7 +54,10 @@ impl Family {
             KernelKind::ReduceScatterP2p | KernelKind::ReduceScatterMc | KernelKind::ReduceScatterLl => {
                 Family::ReduceScatter
             }
-            KernelKind::BroadcastP2p | KernelKind::BroadcastMc | KernelKind::BroadcastLl => Family::Broadcast,
+            KernelKind::BroadcastP2p
+            | KernelKind::BroadcastP2pScatter
+            | KernelKind::BroadcastMc
+            | KernelKind::BroadcastLl => Family::Broadcast,
             // The barrier and copy-out kernels live in the all-gather module (the copy-engine
             // all-gather is the barrier's main user).
             KernelKind::AllGatherP2p
@@ -243,7 +246,7 @@ mod tests {
         let b = Unit { family: Family::Broadcast, red: None, ll: true };
         assert_eq!(
             b.kernels().iter().map(|k| k.name()).collect::<Vec<_>>(),
-            ["mcast_broadcast_p2p", "mcast_broadcast_mc", "mcast_broadcast_ll"]
+            ["mcast_broadcast_p2p", "mcast_broadcast_p2p_scatter", "mcast_broadcast_mc", "mcast_broadcast_ll"]
         );
         assert_eq!(b.defines().iter().filter(|x| x.ends_with("=1")).count(), 1 + 8 + 3 + 1);
     }

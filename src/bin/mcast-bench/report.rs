@@ -1,6 +1,6 @@
 //! What the bench prints and writes: the table's column header and rows (device time, or host
 //! time per call in host-overhead mode), the summary lines, CSV and JSON, and the date. The
-//! device-time formats are parsed by bench/compare.py, bench/run-h200x2.sh and
+//! device-time formats are parsed by bench/compare.py, bench/run.sh and
 //! tests/bench_cli.rs: keep them as they are.
 
 use std::fmt::Write as _;

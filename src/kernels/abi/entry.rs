@@ -22,8 +22,11 @@ pub enum KernelKind {
     AllReduceMc,
     /// `mcast_reduce_scatter_mc_<d>_<op>`.
     ReduceScatterMc,
-    /// `mcast_broadcast_p2p`.
+    /// `mcast_broadcast_p2p` (every rank pulls the whole message from the root).
     BroadcastP2p,
+    /// `mcast_broadcast_p2p_scatter` (scatter then all-gather, pipelined by chunks: teams of
+    /// three or more, large messages).
+    BroadcastP2pScatter,
     /// `mcast_broadcast_mc`.
     BroadcastMc,
     /// `mcast_all_gather_p2p`.
@@ -54,8 +57,9 @@ const REDUCING: [KernelKind; 8] = [
     KernelKind::AllReduceLl,
     KernelKind::ReduceScatterLl,
 ];
-const COPYING: [KernelKind; 8] = [
+const COPYING: [KernelKind; 9] = [
     KernelKind::BroadcastP2p,
+    KernelKind::BroadcastP2pScatter,
     KernelKind::BroadcastMc,
     KernelKind::AllGatherP2p,
     KernelKind::AllGatherMc,
@@ -135,6 +139,7 @@ impl KernelId {
             KernelKind::AllReduceMc => "all_reduce_mc",
             KernelKind::ReduceScatterMc => "reduce_scatter_mc",
             KernelKind::BroadcastP2p => "broadcast_p2p",
+            KernelKind::BroadcastP2pScatter => "broadcast_p2p_scatter",
             KernelKind::BroadcastMc => "broadcast_mc",
             KernelKind::AllGatherP2p => "all_gather_p2p",
             KernelKind::AllGatherMc => "all_gather_mc",
@@ -168,7 +173,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 8);
+        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 9);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(

@@ -1,5 +1,75 @@
 //! The kernel plan: which entry point, grid and push row one [`Launch`] runs, the same choice on
-//! every rank, with the size thresholds between the one-shot, push and two-shot all-reduces.
+//! every rank, with the size thresholds between the algorithms, from a cost model whose inputs
+//! every rank agrees on (collective, bytes, team size, transport, grid cap).
+//!
+//! # The cost model
+//!
+//! Per GPU, one NVLink direction carries B = 365 GB/s ([`LINK_BYTES_PER_US`]: SM pushes measured
+//! 362-366 GB/s, the copy engine 390, pulls 337, both directions busy, on 2 x H200 (NV18),
+//! 2026-11-22; single-pair writes 371-377 on 8 x H100, NVIDIA/nccl issue 1264). An algorithm costs
+//! its launch and barriers plus the bytes through the busiest link over B. With S the message:
+//!
+//! | algorithm | busiest link carries | fixed cost |
+//! |---|---|---|
+//! | LL one-shot all-reduce (flag beside every 4 payload bytes) | 2(N-1) S | launch + one trip |
+//! | push / pull one-shot all-reduce | (N-1) S | + one barrier |
+//! | two-shot all-reduce (reduce-scatter, then all-gather) | 2(N-1)/N S | + D = 2 us ([`TWO_SHOT_EXTRA_US`]) |
+//! | LL reduce-scatter, all-gather, broadcast (payload P each sender sends each peer) | 2(N-1) P | launch + one trip |
+//! | their barrier kernels | (N-1) P | + two barriers (about D) |
+//! | broadcast, every rank pulls from the root | (N-1) S (the root's egress) | + two barriers |
+//! | broadcast, scatter then all-gather (N-1 slices, pipelined) | S (N-1 slices out of the root, then each owner's slice to the others) | + a barrier per chunk |
+//! | multicast all-reduce (NVLink SHARP) | (1 + 1/N) S | + two barriers |
+//!
+//! Setting two costs equal gives each switch point (D B = 730 KB):
+//! - LL all-reduce to the one-shot/two-shot: 2(N-1) S/B = 2(N-1)/N S/B + D, so
+//!   S* = D B N / (2 (N-1)^2) ([`ll_max_payload`]);
+//! - LL of the other collectives: 2(N-1) P/B = (N-1) P/B + D, so P* = D B / (N-1);
+//!   the two-barrier kernels cost about two D more than LL's one trip: P* = 2 D B / (N-1);
+//! - one-shot to two-shot all-reduce: (N-1) S/B = 2(N-1)/N S/B + D, so
+//!   S* = D B N / ((N-1)(N-2)) ([`one_shot_max_bytes`]); it fits the switch points measured on
+//!   Hopper by others: push one-shot to two-shot at 384 KB (4 ranks) and 160 KB (8) in SGLang,
+//!   512 KB / 256 KB in vLLM, 256 KB at 8 in TensorRT-LLM;
+//! - one-pull broadcast to scatter-then-all-gather (one chunk: S/B (2N-3)/(N-1) + 2 barriers):
+//!   (N-1) S/B = (2N-3)/(N-1) S/B + D, so S* = D B (N-1) / (N-2)^2
+//!   ([`broadcast_scatter_min_bytes`]);
+//! - multicast: each GPU's link carries (1 + 1/N) S against two-shot's 2(N-1)/N S, so its
+//!   bandwidth bound is 2(N-1)/(N+1) B: 0.67 B at 2 ranks (never pays), 1.0 B at 3, 1.2 B at 4,
+//!   1.56 B at 8; and two barriers lose to LL's one trip wherever LL serves
+//!   ([`multicast_pays`]).
+//!
+//! Two ranks keep the values measured on 2 x H200 (bench/results/2026-11-23-h200x2*), which the
+//! model's formulas would not change where they bind (one-shot and two-shot move the same bytes at
+//! N = 2; LL's model limits lie above the landing area's [`LL_MAX_BYTES`]).
+//!
+//! | ranks | LL all-reduce up to | LL RS/AG/BC payload up to | push/one-shot all-reduce up to | broadcast scatters from | multicast (where the team has it) |
+//! |---|---|---|---|---|---|
+//! | 2 | 256 KiB (landing area) | 256 KiB | push 4 MiB, one-shot 1 MiB (measured) | never (one pull) | never: P2P |
+//! | 3 | 256 KiB (model 273,750 B) | 256 KiB (model 730 KB) | 1056 KiB (model 1,095,000 B) | 1440 KiB (model 1,460,000 B) | above LL |
+//! | 4 | 152 KiB (model 162,222 B) | 256 KiB (model 486,666 B) | 464 KiB (model 486,666 B) | 544 KiB (model 547,500 B) | above LL |
+//! | 5 | 104 KiB (model 114,062 B) | 256 KiB (model 365 KB) | 288 KiB (pull one-shot; model 304,166 B) | 320 KiB (model 324,444 B) | above LL |
+//! | 8 | 56 KiB (model 59,591 B) | 200 KiB (model 208,571 B) | 128 KiB (pull one-shot; model 139,047 B) | 144 KiB (model 141,944 B) | above LL |
+//!
+//! LL limits are rounded down to a whole LL part (8 KiB: one block each), one-shot limits down to
+//! 16 KiB, the broadcast's up to 16 KiB. Measured at 4 ranks with the limits before these (4 x
+//! H200, 2026-11-28, bf16, CUDA graphs, shared/reference/n-gpu.md): the 256 KB all-reduce ran LL
+//! (the landing area's limit) in 10.92 us against PyTorch's two-shot 9.04, where the model puts
+//! LL's end near 160 KB; 512 KB ran mcast's two-shot (the one-shot's old 256 KiB limit) in 18.11
+//! us, where a push one-shot costs about 256 KB / B x 3 = 2.1 us of wire more than at 256 KB;
+//! broadcast from the root alone reached 125 GB/s at 1 GB (the root's egress shared by three
+//! readers) against NCCL's 360. These thresholds are to be measured with `bench/run.sh 4` and
+//! the table corrected where the measurements say otherwise.
+//!
+//! Grid: one block per [`BYTES_PER_BLOCK`] of the bytes a rank moves (one block-round of
+//! vectors), [`ONE_SHOT_BYTES_PER_BLOCK`] for the one-shot and push all-reduces, half a round for
+//! the pulling kernels of teams of three or more (a block reads one peer at a time, so mid-size
+//! messages spread over more blocks and more peers at once), up to [`GRID_MAX_BLOCKS`]. The cap
+//! is the sync region's block slots ([`MAX_BLOCKS`]: 64 barrier counters, epochs and signature
+//! lines, all laid out in the 64 KiB region): a grid of 132 blocks (the H200's SMs) needs a larger
+//! region first. Pulls on 2 x H200 are flat from 66 to 528 blocks (p2p-roofline).
+//!
+//! Every input is the same on every rank, so every rank launches the same kernel and grid.
+//! `MCAST_LL` (on/off, the team's `ll`) and `MCAST_CE_MIN_BYTES` (the copy engines, chosen
+//! before the plan) stay the only run-time overrides.
 
 use super::entry::{multimem_has_reduction, KernelId, KernelKind};
 use super::layout::{
@@ -13,10 +83,14 @@ use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
 pub const GRID_MAX_BLOCKS: u32 = 64;
 /// Bytes of work per block before another block is added (one block-round of vectors).
 pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
-/// P2P all-reduce with more than two ranks: one-shot up to this many bytes, two-shot above
-/// (one-shot reads (N-1) x the message from peers, two-shot 2(N-1)/N x; PyTorch and vLLM switch
-/// at 256-512 KiB; to be measured on 4 and 8 GPUs).
-pub const ONE_SHOT_MAX_BYTES: u64 = 256 * 1024;
+/// B of the cost model: bytes per microsecond one NVLink direction of a Hopper GPU carries
+/// (365 GB/s).
+pub const LINK_BYTES_PER_US: u64 = 365_000;
+/// D of the cost model: what a two-shot all-reduce (or a kernel with barriers against LL's one
+/// trip) costs beyond the one-shot, in microseconds (1-3 us measured on Hopper by others; 2).
+pub const TWO_SHOT_EXTRA_US: u64 = 2;
+/// D x B: bytes the link carries in the time of the extra fixed cost.
+const DB: u64 = TWO_SHOT_EXTRA_US * LINK_BYTES_PER_US;
 /// Bytes per block of a one-shot all-reduce: small, so that mid-size messages get many blocks
 /// and many remote loads in flight (measured on 2 x H200: bench/results).
 pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
@@ -24,12 +98,34 @@ pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
 /// The largest all-reduce that runs one-shot for `nranks` ranks. With two ranks one-shot moves
 /// the same remote bytes as two-shot with one barrier fewer, so it wins up to one round of the
 /// full grid (measured on 2 x H200: 13.7 us two-shot vs one-shot at 512 KiB, bench/results).
+/// With more, the cost model's S* = D B N / ((N-1)(N-2)), rounded down to 16 KiB (464 KiB at 4
+/// ranks, 128 KiB at 8; see the module's table).
 pub fn one_shot_max_bytes(nranks: u32) -> u64 {
     if nranks <= 2 {
         1 << 20
     } else {
-        ONE_SHOT_MAX_BYTES
+        let n = u64::from(nranks);
+        (DB * n / ((n - 1) * (n - 2))) / (16 << 10) * (16 << 10)
     }
+}
+
+/// The smallest broadcast that runs scatter-then-all-gather (`mcast_broadcast_p2p_scatter`)
+/// for `nranks` ranks, `None` where it never does (two ranks: the scatter adds a barrier and
+/// moves nothing less). The cost model's S* = D B (N-1) / (N-2)^2, rounded up to 16 KiB (544
+/// KiB at 4 ranks, 144 KiB at 8).
+pub fn broadcast_scatter_min_bytes(nranks: u32) -> Option<u64> {
+    (nranks >= 3).then(|| {
+        let n = u64::from(nranks);
+        (DB * (n - 1) / ((n - 2) * (n - 2))).div_ceil(16 << 10) * (16 << 10)
+    })
+}
+
+/// The scatter-then-all-gather broadcast's chunk (bytes moved into every rank per round): a
+/// sixteenth of the message, at least 4 MiB, in 16-byte vectors (kernels/broadcast.cu,
+/// bcast_chunk_vectors: MCAST_BCAST_CHUNK_MIN, MCAST_BCAST_ROUNDS_MAX). Below 4 MiB one round
+/// scatters and the next gathers; above, round k gathers chunk k - 1 while it scatters chunk k.
+pub fn broadcast_chunk_bytes(count: u64) -> u64 {
+    ((count / 16).div_ceil(16) * 16).max(4 << 20)
 }
 
 /// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when
@@ -60,6 +156,25 @@ pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
 /// collective (BENCHMARKS.md, "LL on by default, copy engines measured").
 pub const LL_MAX_BYTES: u64 = LL_MAX_BLOCKS as u64 * LL_PART;
 
+/// The largest LL payload of `collective` on `nranks` ranks: the cost model's switch point
+/// (all-reduce S* = D B N / (2 (N-1)^2); the others P* = 2 D B / (N-1)), rounded down to whole
+/// LL parts, within the landing area ([`LL_MAX_BYTES`], which binds at two ranks).
+pub fn ll_max_payload(collective: Collective, nranks: u32) -> u64 {
+    let n = u64::from(nranks.max(2));
+    let model = match collective {
+        Collective::AllReduce { .. } => DB * n / (2 * (n - 1) * (n - 1)),
+        _ => 2 * DB / (n - 1),
+    };
+    (model / LL_PART * LL_PART).clamp(LL_PART, LL_MAX_BYTES)
+}
+
+/// True when the cost model calls the multicast kernels faster than the P2P ones for
+/// `collective` of `count` on `nranks` ranks (`ll`: the team runs the LL kernels): never at two
+/// ranks (multicast's bandwidth bound 2(N-1)/(N+1) B is 0.67 B there, P2P's B), and not where the
+/// LL kernels serve the call (one trip against two barriers); above, from three ranks, it is.
+pub fn multicast_pays(collective: Collective, nranks: u32, count: u64, ll: bool, max_blocks: u32) -> bool {
+    nranks >= 3 && !(ll && ll_serves(collective, nranks, count, max_blocks))
+}
 /// The payload of `collective` with `count`: the bytes each sender sends each peer.
 fn ll_payload(collective: Collective, count: u64) -> Option<u64> {
     match collective {
@@ -77,13 +192,14 @@ fn ll_blocks(payload: u64) -> u64 {
 
 /// True when the LL kernels serve `collective` of `count` on a team of `nranks` whose launches
 /// may use `max_blocks` blocks: teams of 2..=[`LL_MAX_RANKS`] (they keep an LL landing area),
-/// payloads up to [`LL_MAX_BYTES`] that fit the grid. Depends only on values equal on every
+/// payloads up to [`ll_max_payload`] (the landing area's [`LL_MAX_BYTES`] at two ranks) that fit
+/// the grid. Depends only on values equal on every
 /// rank; the pointer forms route by it (no staging where it holds).
 pub fn ll_serves(collective: Collective, nranks: u32, count: u64, max_blocks: u32) -> bool {
     let Some(payload) = ll_payload(collective, count) else { return false };
     (2..=LL_MAX_RANKS).contains(&nranks)
         && payload > 0
-        && payload <= LL_MAX_BYTES
+        && payload <= ll_max_payload(collective, nranks)
         && ll_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
 }
 
@@ -145,7 +261,13 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
     }
     let too_big = || format!("count {} overflows the address space", l.count);
     let me = l.data[l.rank as usize];
-    let mc = l.path == Path::Multicast;
+    // A multicast team runs the multicast kernels only where the cost model says they pay
+    // (multicast_pays); otherwise the P2P kernels, with the model as the reason.
+    let mc_model = l.path != Path::Multicast
+        || l.local_only
+        || multicast_pays(l.collective, l.nranks, l.count, l.ll, l.max_blocks);
+    const NOT_PAYING: &str = "the cost model: multicast does not pay for this call (two ranks, or LL serves it)";
+    let mc = l.path == Path::Multicast && mc_model;
     // Address whose alignment the multicast kernel sees (the multicast address, or in emulation
     // this rank's copy: both have the same alignment modulo 16 as every rank's copy).
     let mc_addr = l.data_mc.unwrap_or(me);
@@ -185,9 +307,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
+            let scatter = broadcast_scatter_min_bytes(l.nranks).is_some_and(|min| l.count >= min);
             let kind = match (mc && fb.is_none() && !l.local_only, ll) {
                 (true, _) => KernelKind::BroadcastMc,
                 (false, true) => KernelKind::BroadcastLl,
+                (false, false) if scatter => KernelKind::BroadcastP2pScatter,
                 (false, false) => KernelKind::BroadcastP2p,
             };
             (kind, None, l.count, fb)
@@ -250,8 +374,19 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             (kind, Some((dtype, op)), bytes, fb)
         }
     };
+    let fallback = fallback.or((l.path == Path::Multicast && !mc_model).then_some(NOT_PAYING));
+    // Teams of three or more: the pulling kernels get a block per half round (module doc).
     let per_block = match kind {
         KernelKind::AllReduceP2p | KernelKind::AllReduceP2pPush => ONE_SHOT_BYTES_PER_BLOCK,
+        KernelKind::AllReduceP2pTwoShot
+        | KernelKind::ReduceScatterP2p
+        | KernelKind::AllGatherP2p
+        | KernelKind::BroadcastP2p
+        | KernelKind::BroadcastP2pScatter
+            if l.nranks >= 3 =>
+        {
+            BYTES_PER_BLOCK / 2
+        }
         _ => BYTES_PER_BLOCK,
     };
     // LL: one block per LL_PART of payload, so that no block's part is empty (every block
@@ -273,6 +408,14 @@ mod tests {
     use super::super::test_launch as launch;
     use super::*;
     use crate::kernels::{DType, RedOp, SYNC_BYTES};
+
+    /// `l` on a team of three ranks (multicast pays from three ranks on: the cost model).
+    fn three(mut l: Launch) -> Launch {
+        l.nranks = 3;
+        l.data = [0x1000_0000, 0x2000_0000, 0x7000_0000].into();
+        l.sync = [0x3000_0000, 0x4000_0000, 0x8000_0000].into();
+        l
+    }
 
     #[test]
     fn plan_chooses_kernels_and_fallbacks() {
@@ -326,15 +469,22 @@ mod tests {
         let p = plan(&launch(ar(DType::F32, RedOp::Min), Path::Multicast, 1024)).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         assert!(p.fallback.is_some());
-        let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
+        let p = plan(&three(launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024))).unwrap().unwrap();
         assert_eq!((p.kernel.kind, p.fallback), (KernelKind::AllReduceMc, None));
-        let p = plan(&launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023)).unwrap().unwrap();
+        // Two ranks: the P2P kernels, the cost model the reason.
+        let p = plan(&launch(ar(DType::F16, RedOp::Max), Path::Multicast, 1024)).unwrap().unwrap();
+        assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
+        assert!(p.fallback.is_some_and(|f| f.contains("cost model")));
+        let p = plan(&three(launch(ar(DType::F16, RedOp::Sum), Path::Multicast, 1023))).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllReduceP2pPush);
         let rs = Collective::ReduceScatter { dtype: DType::I64, op: RedOp::Sum };
-        assert_eq!(plan(&launch(rs, Path::Multicast, 7)).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterMc);
-        let p = plan(&launch(Collective::AllGather, Path::Multicast, 6)).unwrap().unwrap();
+        assert_eq!(
+            plan(&three(launch(rs, Path::Multicast, 7))).unwrap().unwrap().kernel.kind,
+            KernelKind::ReduceScatterMc
+        );
+        let p = plan(&three(launch(Collective::AllGather, Path::Multicast, 6))).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::AllGatherP2p);
-        let p = plan(&launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8)).unwrap().unwrap();
+        let p = plan(&three(launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8))).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::BroadcastMc);
         assert!(plan(&launch(Collective::Broadcast { root: 2 }, Path::P2P, 8)).is_err());
         assert_eq!(plan(&launch(Collective::AllGather, Path::P2P, 0)).unwrap(), None);
@@ -376,8 +526,13 @@ mod tests {
             // Without LL (a team of CUDA ranks by default), the kernels before it.
             assert!(!plan(&launch(c, Path::P2P, count)).unwrap().unwrap().kernel.kind.is_ll());
         }
-        // LL replaces P2P kernels only: the multicast kernels stay, their fallbacks take LL.
-        assert_eq!(plan(&ll(ar, Path::Multicast, 64)).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
+        // Where LL serves, it beats the multicast kernels (the cost model): they run above it,
+        // from three ranks on; their fallbacks take LL too.
+        assert_eq!(plan(&three(ll(ar, Path::Multicast, 64))).unwrap().unwrap().kernel.kind, KernelKind::AllReduceLl);
+        assert_eq!(
+            plan(&three(ll(ar, Path::Multicast, 1 << 20))).unwrap().unwrap().kernel.kind,
+            KernelKind::AllReduceMc
+        );
         let f32_min = Collective::AllReduce { dtype: DType::F32, op: RedOp::Min };
         assert_eq!(plan(&ll(f32_min, Path::Multicast, 64)).unwrap().unwrap().kernel.kind, KernelKind::AllReduceLl);
         // The grid must fit the team's cap (ranks sharing a device), else the other kernels.
@@ -409,11 +564,11 @@ mod tests {
     #[test]
     fn plan_out_of_place() {
         let ar = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
-        let mut l = launch(ar, Path::Multicast, 1024);
-        l.out = vec![0x5000_0000, 0x6000_0000].into();
+        let mut l = three(launch(ar, Path::Multicast, 1024));
+        l.out = vec![0x5000_0000, 0x6000_0000, 0x9000_0000].into();
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::AllReduceMc);
         // recv 4 bytes off send's alignment modulo 16: the multicast kernel cannot pair vectors.
-        l.out = vec![0x5000_0004, 0x6000_0004].into();
+        l.out = vec![0x5000_0004, 0x6000_0004, 0x9000_0004].into();
         let p = plan(&l).unwrap().unwrap();
         assert_eq!(
             (p.kernel.kind, p.fallback),
@@ -429,17 +584,17 @@ mod tests {
         assert!(plan(&l).is_err(), "one out address for two ranks");
         // All-gather out of place: the same choice on every rank, whatever its block's offset.
         for count in [340u64, 352] {
-            let kinds: Vec<KernelKind> = (0..2u32)
+            let kinds: Vec<KernelKind> = (0..3u32)
                 .map(|rank| {
-                    let mut l = launch(Collective::AllGather, Path::Multicast, count);
+                    let mut l = three(launch(Collective::AllGather, Path::Multicast, count));
                     l.rank = rank;
                     let send = 0x7000_0000u64;
-                    l.data = (0..2).map(|p| send.wrapping_sub(p * count)).collect();
-                    l.out = vec![0x5000_0000, 0x6000_0000].into();
+                    l.data = (0..3).map(|p| send.wrapping_sub(p * count)).collect();
+                    l.out = vec![0x5000_0000, 0x6000_0000, 0x9000_0000].into();
                     plan(&l).unwrap().unwrap().kernel.kind
                 })
                 .collect();
-            assert_eq!(kinds[0], kinds[1], "count {count}");
+            assert!(kinds.iter().all(|k| *k == kinds[0]), "count {count}");
             let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
             assert_eq!(kinds[0], want, "count {count}");
         }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant, BAR_SIG_MAX_RANKS,
-    BAR_SIG_OFFSET, DOORBELL_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT,
-    MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET, SIGNAL_OFFSET,
-    SIG_OFFSET, STATE_OFFSET, STATE_OK,
+    broadcast_chunk_bytes, plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant,
+    BAR_SIG_MAX_RANKS, BAR_SIG_OFFSET, DOORBELL_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE,
+    ERR_TIMEOUT, MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET,
+    SIGNAL_OFFSET, SIG_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
@@ -428,6 +428,43 @@ impl Job {
                     _ => {}
                 }
                 sync();
+            }
+            KernelKind::BroadcastP2pScatter => {
+                // kernels/broadcast.cu, broadcast_p2p_scatter: chunks cut into one slice per rank
+                // other than the root; round k pulls this rank's slice of chunk k from the root
+                // and the other owners' slices of chunk k - 1 from their outs; a barrier per round.
+                let Collective::Broadcast { root } = self.collective else { unreachable!("a broadcast kernel") };
+                let root = root as usize;
+                if !sync() {
+                    return;
+                }
+                if r == root {
+                    copy(data[root], out[r], 0, count);
+                }
+                let chunk = broadcast_chunk_bytes(count as u64) as usize;
+                let chunks = count.div_ceil(chunk);
+                let part = |k: usize, s: usize| {
+                    let c0 = k * chunk;
+                    let len = (count - c0).min(chunk);
+                    (c0 + len * s / (n - 1), c0 + len * (s + 1) / (n - 1))
+                };
+                for k in 0..=chunks {
+                    if r != root {
+                        if k < chunks {
+                            let (lo, hi) = part(k, writer_row(root, r));
+                            copy(data[root], out[r], lo, hi - lo);
+                        }
+                        if k > 0 {
+                            for q in (0..n).filter(|&q| q != r && q != root) {
+                                let (lo, hi) = part(k - 1, writer_row(root, q));
+                                copy(out[q], out[r], lo, hi - lo);
+                            }
+                        }
+                    }
+                    if !sync() {
+                        return;
+                    }
+                }
             }
             KernelKind::BarrierP2p => {
                 sync();
