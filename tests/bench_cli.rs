@@ -387,3 +387,37 @@ fn host_overhead_mode_times_the_calls() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
     }
 }
+
+/// The pointer form's staged route writes a pulling kernel's result straight into the caller's
+/// memory; the scatter-then-gather broadcast (teams of three or more, large messages) reads the
+/// peers' slices from their outputs, so there it must run in the staging areas: 4 ranks, 4 MiB
+/// from root 2 (above the staging area's 1 MiB and the scatter form's threshold), in and out
+/// of place, every element checked.
+#[test]
+fn pointer_form_broadcast_of_four_ranks_across_staging_chunks() {
+    for inplace in ["1", "0"] {
+        let out = bench(&[
+            "--devices",
+            "0,0,0,0",
+            "--op",
+            "broadcast",
+            "--memory",
+            "pointer",
+            "--inplace",
+            inplace,
+            "-d",
+            "bf16",
+            "--root",
+            "2",
+            "-b",
+            "4M",
+            "-e",
+            "4M",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "in place {inplace}: {}", text(&out));
+    }
+}

@@ -394,7 +394,11 @@ fn run_staged(
     // loaded after it, it would wait for that kernel, which waits for ranks this thread may not
     // have issued yet (README, "One thread driving several ranks").
     let pulls = stage_mc.is_none() && !kernels::cuda::emulate_forced();
-    if !pulls || matches!(collective, Collective::AllReduce { .. }) {
+    // The broadcast of three or more ranks may scatter then gather (plan.rs), reading the peers'
+    // slices from their outs: those must be the staging areas, so its results leave through
+    // the copy-out kernel too.
+    let bcast_direct = n < 3;
+    if !pulls || matches!(collective, Collective::AllReduce { .. }) || (!bcast_direct && is_broadcast(collective)) {
         let copy_out_unit = Unit::of(KernelId { kind: KernelKind::CopyOut, red: None }, team.ll());
         kernels::load_module(driver.as_ref(), dev, Variant::Emulated, copy_out_unit)
             .map_err(|e| kernel_error_at(e, r, collective, dev))?;
@@ -428,7 +432,8 @@ fn run_staged(
         let direct = match collective {
             _ if !pulls => None,
             Collective::Broadcast { root } if root as usize == r && in_place => None,
-            Collective::Broadcast { .. } => Some(recv + o as u64),
+            Collective::Broadcast { .. } if bcast_direct => Some(recv + o as u64),
+            Collective::Broadcast { .. } => None,
             Collective::ReduceScatter { .. } => Some((recv + o as u64).wrapping_sub((r * len) as u64)),
             Collective::AllGather => Some(recv + o as u64),
             Collective::AllReduce { .. } => None,
@@ -605,4 +610,8 @@ pub fn synchronize(team: &Team, rank: i32, stream: Stream) -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+fn is_broadcast(c: Collective) -> bool {
+    matches!(c, Collective::Broadcast { .. })
 }
