@@ -14,6 +14,7 @@ pub mod handles;
 pub mod hier;
 pub mod launch;
 pub mod logging;
+pub mod mem_alloc;
 pub mod memory;
 pub mod net;
 pub mod policy;

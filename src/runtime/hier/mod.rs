@@ -259,7 +259,8 @@ impl Hier {
         why: &str,
     ) -> Result<(Arc<dyn Engine>, Layout)> {
         let layout = Layout::new(of_rank, names);
-        let engine = crate::runtime::net::choose(env).map_err(|tried| {
+        let sim = env.driver().backend_name() == "sim";
+        let engine = crate::runtime::net::choose(env.registered_net(), env.config(), sim).map_err(|tried| {
             Error::not_supported(format!("{spanning}; rank {} has no engine between them: {tried}{why}", global.rank()))
         });
         let status = match (&layout, &engine) {
