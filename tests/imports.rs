@@ -71,27 +71,27 @@ impl Crate {
     /// Reads the crate whose root file is `root`, following its `mod` items.
     fn read(root: &Path) -> Crate {
         let mut c = Crate::default();
-        c.load(Vec::new(), root, true);
+        c.load(Vec::new(), root, true, false);
         c
     }
 
     /// Reads `file` as module `at`; `owns_dir`: its child modules' files are beside it (a
     /// crate root, a `mod.rs`), else in the folder of its name.
-    fn load(&mut self, at: ModPath, file: &Path, owns_dir: bool) {
+    fn load(&mut self, at: ModPath, file: &Path, owns_dir: bool, in_test: bool) {
         let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", file.display()));
         let dir = if owns_dir { file.parent().unwrap().to_path_buf() } else { file.with_extension("") };
-        let mut v = Collect { c: self, at: at.clone(), out_of_file: Vec::new() };
+        let mut v = Collect { c: self, at: at.clone(), out_of_file: Vec::new(), in_test };
         v.c.files.insert(at.clone(), file.to_path_buf());
         v.c.children.entry(at.clone()).or_default();
         for item in &ast.items {
             v.visit_item(item);
         }
-        for (name, inner) in std::mem::take(&mut v.out_of_file) {
+        for (name, inner, test) in std::mem::take(&mut v.out_of_file) {
             let (flat, nested) = (dir.join(format!("{}.rs", name)), dir.join(&name).join("mod.rs"));
             match (flat.exists(), nested.exists()) {
-                (true, false) => self.load(inner, &flat, false),
-                (false, true) => self.load(inner, &nested, true),
+                (true, false) => self.load(inner, &flat, false, test),
+                (false, true) => self.load(inner, &nested, true, test),
                 _ => panic!(
                     "mod {name} of {}: neither or both of {} and {}",
                     file.display(),
@@ -188,8 +188,10 @@ impl Crate {
 struct Collect<'a> {
     c: &'a mut Crate,
     at: ModPath,
-    /// `mod name;` items of this file: (name, module path).
-    out_of_file: Vec<(String, ModPath)>,
+    /// `mod name;` items of this file: (name, module path, compiled only for tests).
+    out_of_file: Vec<(String, ModPath, bool)>,
+    /// Inside an item compiled only for tests: its paths are not recorded.
+    in_test: bool,
 }
 
 impl Collect<'_> {
@@ -218,6 +220,7 @@ impl Collect<'_> {
                 }
                 self.import(r.rename.to_string(), p);
             }
+            syn::UseTree::Glob(_) if self.in_test => {}
             syn::UseTree::Glob(_) => {
                 self.c.globs.entry(self.at.clone()).or_default().push(prefix.clone());
                 self.c.paths.push((self.at.clone(), prefix.clone()));
@@ -231,6 +234,9 @@ impl Collect<'_> {
     }
 
     fn import(&mut self, alias: String, path: Vec<String>) {
+        if self.in_test {
+            return;
+        }
         if alias != "_" {
             self.c.imports.entry(self.at.clone()).or_default().insert(alias, path.clone());
         }
@@ -292,9 +298,10 @@ impl<'ast> Visit<'ast> for Collect<'_> {
             syn::Item::Struct(s) => &s.attrs,
             _ => return syn::visit::visit_item(self, item),
         };
-        if !test_only(attrs) {
-            syn::visit::visit_item(self, item);
-        }
+        let outer = self.in_test;
+        self.in_test |= test_only(attrs);
+        syn::visit::visit_item(self, item);
+        self.in_test = outer;
     }
 
     fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
@@ -303,7 +310,7 @@ impl<'ast> Visit<'ast> for Collect<'_> {
         let mut inner = self.at.clone();
         inner.push(name.clone());
         match &m.content {
-            None => self.out_of_file.push((name, inner)),
+            None => self.out_of_file.push((name, inner, self.in_test)),
             Some((_, items)) => {
                 self.c.children.entry(inner.clone()).or_default();
                 let outer = std::mem::replace(&mut self.at, inner);
@@ -320,22 +327,28 @@ impl<'ast> Visit<'ast> for Collect<'_> {
     }
 
     fn visit_path(&mut self, p: &'ast syn::Path) {
-        if p.segments.len() > 1 {
+        if p.segments.len() > 1 && !self.in_test {
             self.c.paths.push((self.at.clone(), p.segments.iter().map(|s| s.ident.to_string()).collect()));
         }
         syn::visit::visit_path(self, p);
     }
 
     fn visit_macro(&mut self, m: &'ast syn::Macro) {
-        self.macro_paths(m.tokens.clone());
+        if !self.in_test {
+            self.macro_paths(m.tokens.clone());
+        }
         syn::visit::visit_macro(self, m);
     }
 }
 
+/// A circle: the module whose children form it, the children, and for each dependency between
+/// two of them (from, to) the first that makes it and how many others do.
+type Circle = (ModPath, Vec<String>, Vec<(String, String, Dep, usize)>);
+
 /// The circles among `deps` of one crate: for each module whose children form one, the
 /// children and, for each dependency between two of them, the first path that makes it and how
 /// many others do.
-fn circles(deps: &BTreeSet<Dep>) -> Vec<(ModPath, Vec<String>, Vec<(String, String, Dep, usize)>)> {
+fn circles(deps: &BTreeSet<Dep>) -> Vec<Circle> {
     // Per level (the lowest common ancestor): child -> child -> the dependencies under them.
     let mut levels: BTreeMap<ModPath, BTreeMap<(String, String), Vec<Dep>>> = BTreeMap::new();
     for d in deps {
@@ -478,7 +491,7 @@ fn every_source_file_is_read() {
 /// The checker itself, on a small crate written for it: a circle between siblings through a
 /// re-export and a macro call is found with the paths that make it; a child's `super::` and a
 /// parent's use of its own children are not circles; a third module that only depends on the
-/// others is not in the circle.
+/// others is not in the circle, nor brought into it by a test module's import.
 #[test]
 fn the_checker_finds_circles_between_siblings_only() {
     let dir = std::env::temp_dir().join(format!("mcast-imports-{}", std::process::id()));
@@ -486,7 +499,7 @@ fn the_checker_finds_circles_between_siblings_only() {
         ("lib.rs", "mod a;\nmod b;\nmod c;\npub use a::Alpha;\n"),
         ("a/mod.rs", "mod inner;\npub use inner::Alpha;\nuse inner::helper;\n"),
         ("a/inner.rs", "use super::super::b;\npub struct Alpha;\npub fn helper() { let _ = b::Beta; }\n"),
-        ("b.rs", "pub struct Beta;\nfn f() { tracing::warn!(\"{:?}\", crate::Alpha); }\n"),
+        ("b.rs", "pub struct Beta;\nfn f() { tracing::warn!(\"{:?}\", crate::Alpha); }\n#[cfg(test)]\nmod tests { use crate::c; }\n"),
         ("c.rs", "use crate::a::Alpha;\nuse crate::b::Beta;\nmod kid { use super::*; }\n"),
     ];
     for (name, text) in files {
@@ -496,7 +509,7 @@ fn the_checker_finds_circles_between_siblings_only() {
     }
     let (report, stale) = check(&[("t", dir.join("lib.rs"))], &[]);
     assert!(report.starts_with("t: a circle among the children of crate: a, b\n"), "{report}");
-    assert!(report.contains("\n    a -> b: ") && report.contains("inner.rs: super::super::b and 1 more\n"), "{report}");
+    assert!(report.contains("\n    a -> b: ") && report.contains("inner.rs: b::Beta and 1 more\n"), "{report}");
     // b names crate::Alpha, a re-export of a::inner's Alpha.
     assert!(report.contains("\n    b -> a: ") && report.contains("b.rs: crate::Alpha\n"), "{report}");
     assert_eq!(report.lines().count(), 3, "{report}");

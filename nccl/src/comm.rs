@@ -184,7 +184,7 @@ impl Comm {
         let bytes: [u8; 128] = id.internal.map(|b| b as u8);
         match Team::join_rank(&ctx, &bytes, self.nranks, self.rank, self.device).map_err(fail)? {
             Joined::Team(team) => Ok(Ok(mcast_team_t { id: mcast::runtime::handles::insert_team(team) })),
-            Joined::AcrossDomains { comm, refusal } => Ok(Err((comm, refusal.message))),
+            Joined::AcrossDomains { comm, refusal, .. } => Ok(Err((comm, refusal.message))),
         }
     }
 

@@ -22,5 +22,6 @@ pub mod registry;
 pub mod retry;
 pub mod segment;
 pub mod team;
+pub mod teams;
 
 pub use error::{Error, ErrorKind, Result};

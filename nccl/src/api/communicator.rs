@@ -325,12 +325,8 @@ fn split_fallback(parent: &Comm, color: c_int, key: c_int) -> Outcome<Option<usi
 /// A communicator over `team`, split from `parent`.
 fn child(parent: &Comm, team: mcast_team_t, fallback: Option<usize>) -> Outcome<usize> {
     let t = mcast::runtime::handles::team(team.id).map_err(|e| Failure::new(types::INTERNAL_ERROR, e.message))?;
-    // A team across NVLink domains (MCAST_NCCL_HIER=on) is its domain team, whose size and
-    // rank are the domain's; the communicator's are the whole team's.
-    let (rank, nranks) = match t.hier() {
-        Some(h) => (h.rank as c_int, h.layout.size() as c_int),
-        None => (t.local_rank().unwrap_or(0) as c_int, t.size() as c_int),
-    };
+    // A team across NVLink domains (MCAST_NCCL_HIER=on) numbers its ranks in the whole team.
+    let (rank, nranks) = (t.local_rank().unwrap_or(0) as c_int, t.size() as c_int);
     let ctx: ContextRef = process::acquire_context()?;
     let c = Comm::new(ctx, rank, nranks, parent.device, parent.nonblocking);
     let no_fallback = if fallback.is_none() { parent.ready()?.no_fallback.clone() } else { None };
