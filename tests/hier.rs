@@ -238,8 +238,33 @@ fn collectives(ctx: &Arc<Context>, team: Arc<Across>, n: usize, r: usize) {
     }
     d.mem_free(dev, send).unwrap();
     d.mem_free(dev, recv).unwrap();
+    ranges(&team, n, r);
     team.destroy().unwrap();
     assert_clean(ctx);
+}
+
+/// The buffer forms' range checks (the flat form's, over the whole team's blocks): a range past
+/// the end of the buffer is refused before any stage, naming the range; one that fits runs.
+fn ranges(team: &Arc<Across>, n: usize, r: usize) {
+    let any = AnyTeam::Across(team.clone());
+    let (a, b) = (any.alloc(4 * n * 64).unwrap(), any.alloc(4 * n * 64).unwrap());
+    let ag = Collective::AllGather;
+    let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Sum };
+    let refused = |got: Result<()>, says: &str| {
+        let e = got.expect_err("past the end");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains(says), "rank {r}: {says:?} in {e}");
+    };
+    // All-gather into b: n blocks of 64 x 4 bytes fit from 0, not from 4.
+    refused(a.run_into(0, &b, 4, r as i32, 4 * 64, ag, Stream(0)), "the collective's recv range");
+    // Reduce-scatter from a: n blocks of 64 f32 fit from 0, not from 4.
+    refused(a.run_into(4, &b, 0, r as i32, 64, rs, Stream(0)), "the collective's send range");
+    // In place: the all-gather's n blocks past the end.
+    refused(a.run(r as i32, 4, 4 * 64, ag, Stream(0)), "the collective's range");
+    a.run_into(0, &b, 0, r as i32, 4 * 64, ag, Stream(0)).unwrap();
+    team.synchronize(r as i32, Stream(0)).unwrap();
+    a.buf.free().unwrap();
+    b.buf.free().unwrap();
 }
 
 fn chunked(ctx: &Arc<Context>, team: Arc<Across>, n: usize, r: usize) {

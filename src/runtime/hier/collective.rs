@@ -108,8 +108,9 @@ pub fn run(
     if count == 0 {
         return Ok(());
     }
-    let block = bytes_of(count, esize)?;
-    check_extent(buf, "", offset, block, blocks)?;
+    // The flat form's check, over the whole team's blocks (no alignment: the domain stages take
+    // the pointer form).
+    let block = domain::check_range(buf, "", offset, count, esize, blocks, 1)? / blocks;
     let base = buf.local_ptr(h.local as i32)? + offset as u64;
     let g = h.rank as u64;
     let (send, recv) = match c {
@@ -144,14 +145,14 @@ pub fn run_into(
     if count == 0 {
         return Ok(());
     }
-    let block = bytes_of(count, esize)?;
     let (sb, rb) = match c {
         Collective::AllGather => (1, blocks),
         Collective::ReduceScatter { .. } => (blocks, 1),
         _ => (1, 1),
     };
-    check_extent(send, "send ", send_offset, block, sb)?;
-    check_extent(recv, "recv ", recv_offset, block, rb)?;
+    // The flat form's checks, as in `run`.
+    domain::check_range(send, "send ", send_offset, count, esize, sb, 1)?;
+    domain::check_range(recv, "recv ", recv_offset, count, esize, rb, 1)?;
     let s = send.local_ptr(h.local as i32)? + send_offset as u64;
     let r = recv.local_ptr(h.local as i32)? + recv_offset as u64;
     let sig = signature(c, count as u64, Offsets::Into { send: send_offset as u64, recv: recv_offset as u64 });
@@ -212,18 +213,6 @@ fn geometry(h: &Across, c: Collective) -> Result<(usize, usize)> {
 
 fn bytes_of(count: usize, size: usize) -> Result<usize> {
     count.checked_mul(size).ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))
-}
-
-/// Checks `[offset, offset + blocks * block)` lies in `buf`.
-fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: usize) -> Result<()> {
-    match block.checked_mul(blocks).and_then(|e| offset.checked_add(e)) {
-        Some(end) if end <= buf.size() => Ok(()),
-        _ => Err(Error::invalid_argument(format!(
-            "the collective's {what}range ({blocks} block(s) of {block} bytes from offset {offset}) is past the end of \
-             the {}-byte buffer",
-            buf.size()
-        ))),
-    }
 }
 
 /// One rank's composed collective (arguments checked); `sig` the user call's signature, which
