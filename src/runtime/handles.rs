@@ -86,5 +86,5 @@ pub fn buffer(id: u64) -> Result<AnyBuffer> {
 /// Frees the buffer behind `id`.
 pub fn free_buffer(id: u64) -> Result<()> {
     let buf = BUFFERS.write().remove(id).ok_or_else(|| describe(id, "buffer"))?;
-    buf.buf.free()
+    buf.free()
 }

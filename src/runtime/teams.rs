@@ -117,7 +117,11 @@ impl AnyTeam {
     pub fn own_index(&self, rank: i32) -> Result<i32> {
         match self {
             AnyTeam::Flat(_) => Ok(rank),
-            AnyTeam::Across(a) => Ok(a.own(rank, "rank")? as i32),
+            AnyTeam::Across(a) => {
+                // The call that follows on the domain team's memory finds the whole team's failures.
+                a.domain_team();
+                Ok(a.own(rank, "rank")? as i32)
+            }
         }
     }
 
@@ -241,6 +245,12 @@ impl AnyBuffer {
     /// Bytes per rank.
     pub fn size(&self) -> usize {
         self.buf.size()
+    }
+
+    /// Frees the buffer (`mcast_buffer_free`; refused once the team was aborted).
+    pub fn free(&self) -> Result<()> {
+        self.team.inner();
+        self.buf.free()
     }
 
     /// Rank `rank`'s copy (`mcast_buffer_local_ptr`).

@@ -280,6 +280,9 @@ impl Steps<'_> {
     /// different domains meet only on the rails, which do not compare calls: `super::agree`
     /// compares them before the first stage.
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
+        // What ranks of other domains told since the last stage stops this one, as the domain's
+        // own failures do.
+        self.h.hear();
         crate::runtime::launch::signed_as(self.sig, || {
             domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
         })

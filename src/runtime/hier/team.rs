@@ -27,8 +27,8 @@ impl Across {
 
     /// Records in the domain team a failure ranks of other domains told over the whole team's
     /// connections (first: the whole team's failure names its cause; a domain peer's exit after
-    /// it, only that).
-    fn hear(&self) {
+    /// it, only that), so the domain team's own checks find it.
+    pub(super) fn hear(&self) {
         if !self.team.is_failed() {
             if let Some((kind, why)) = self.global.failure() {
                 self.team.told(kind, &why);
