@@ -61,7 +61,8 @@ fn handles_hold_the_buffer_pointers_and_the_team_slots() {
         }));
         let team = team_create(ctx, &[0, 1, 2]).unwrap();
         let buf = alloc(team, 3000).unwrap();
-        let t = handles::team(team.id).unwrap();
+        let any = handles::team(team.id).unwrap();
+        let t = any.inner();
         for rank in 0..3 {
             let h = team_handle(team, rank).unwrap();
             assert_eq!((h.struct_size, h.version, h.rank, h.nranks, h.nslots), (128, 1, rank, 3, 256));
@@ -175,12 +176,11 @@ fn a_device_api_error_is_the_team_error() {
 /// `MCAST_DEVICE_SLOTS` (the config field behind it) sets the slots a team reserves.
 #[test]
 fn the_slot_count_comes_from_the_config() {
-    use mcast::runtime::device_api::team_view;
     use mcast::runtime::team::Team;
     let cfg = mcast::runtime::config::Config { device_slots: 1000, ..sim_runtime(true, 2, 1000) };
     let ctx = runtime_context(cfg);
     let team = Team::create(ctx.env(), &[0, 1]).unwrap();
-    let v = team_view(&team, 0).unwrap();
+    let v = team.device_view(0).unwrap();
     assert_eq!(v.nslots, 1000);
     assert_eq!(v.timeout_ns, 1_000_000_000);
     let own = v.sync_peer0 + v.dev_offset;

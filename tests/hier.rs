@@ -14,12 +14,12 @@ use common::*;
 use mcast::bootstrap::{host, new_root_id, new_unique_id, Bootstrap, ID_BYTES};
 use mcast::driver::{Device, DevicePtr, Driver, Stream};
 use mcast::kernels::{Collective, DType, RedOp};
-use mcast::runtime::collective::synchronize;
 use mcast::runtime::config::{Config, NetMode};
 use mcast::runtime::context::Context;
 use mcast::runtime::hier::collective::{run_ptr, Chunks, DEPTH_BYTES};
+use mcast::runtime::hier::Across;
 use mcast::runtime::net::{Engine, RailComm, RailOob};
-use mcast::runtime::team::Team;
+use mcast::runtime::teams::AnyTeam;
 use mcast::runtime::{Error, ErrorKind, Result};
 
 const ROLE: &str = "MCAST_HIER_CHILD";
@@ -155,17 +155,20 @@ fn child() {
             .then(|| (ctx.driver().clone(), (r % 4) as i32));
         ctx.set_net(Some(Arc::new(TestEngine { rank: r, fail, ordered })));
     }
-    let made = Team::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32);
+    let made = AnyTeam::init_rank(&ctx, &id, n as i32, r as i32, (r % 4) as i32).map(|t| match t {
+        AnyTeam::Across(a) => a,
+        AnyTeam::Flat(_) => panic!("rank {r}: a flat team over two domains"),
+    });
     match case {
         "collectives" => collectives(&ctx, made.unwrap(), n, r),
         "chunked" | "ordered" => chunked(&ctx, made.unwrap(), n, r),
         "unequal" => {
-            let e = made.err().expect("refused");
+            let e = made.expect_err("refused");
             assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
             assert!(e.message.contains("MCAST_DOMAIN=A has 2, MCAST_DOMAIN=B has 1"), "{e}");
         }
         "none" => {
-            let e = made.err().expect("refused");
+            let e = made.expect_err("refused");
             assert_eq!(e.kind, ErrorKind::NotSupported, "{e}");
             for part in ["the team spans 2 NVLink domains", "MCAST_DOMAIN=A (ranks 0)", "MCAST_NET=none"] {
                 assert!(e.message.contains(part), "{part:?} in {e}");
@@ -180,15 +183,15 @@ fn child() {
     }
 }
 
-fn collectives(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
+fn collectives(ctx: &Arc<Context>, team: Arc<Across>, n: usize, r: usize) {
     let info = team.info();
     assert_eq!((info.size, info.domains, info.domain_size, info.net_engine.as_str()), (n, 2, n / 2, "test"));
-    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let dev = team.team.devices()[team.local];
     let d = ctx.driver();
     let (send, recv) = (d.mem_alloc(dev, 1 << 20).unwrap(), d.mem_alloc(dev, 1 << 20).unwrap());
     let run = |s: DevicePtr, q: DevicePtr, count: usize, c: Collective| {
         run_ptr(&team, r as i32, s, q, count, c, Stream(0)).unwrap();
-        synchronize(&team, team.own_index(r as i32).unwrap(), Stream(0)).unwrap();
+        team.synchronize(r as i32, Stream(0)).unwrap();
     };
     let value = |q: usize, i: usize| ((q * 7 + i * 3) % 11) as f32 - 5.0;
     // All-reduce: the short way (5) and the domain reduce-scatter, rail shard, domain all-gather
@@ -235,13 +238,38 @@ fn collectives(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
     }
     d.mem_free(dev, send).unwrap();
     d.mem_free(dev, recv).unwrap();
+    ranges(&team, n, r);
     team.destroy().unwrap();
     assert_clean(ctx);
 }
 
-fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
+/// The buffer forms' range checks (the flat form's, over the whole team's blocks): a range past
+/// the end of the buffer is refused before any stage, naming the range; one that fits runs.
+fn ranges(team: &Arc<Across>, n: usize, r: usize) {
+    let any = AnyTeam::Across(team.clone());
+    let (a, b) = (any.alloc(4 * n * 64).unwrap(), any.alloc(4 * n * 64).unwrap());
+    let ag = Collective::AllGather;
+    let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Sum };
+    let refused = |got: Result<()>, says: &str| {
+        let e = got.expect_err("past the end");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        assert!(e.message.contains(says), "rank {r}: {says:?} in {e}");
+    };
+    // All-gather into b: n blocks of 64 x 4 bytes fit from 0, not from 4.
+    refused(a.run_into(0, &b, 4, r as i32, 4 * 64, ag, Stream(0)), "the collective's recv range");
+    // Reduce-scatter from a: n blocks of 64 f32 fit from 0, not from 4.
+    refused(a.run_into(4, &b, 0, r as i32, 64, rs, Stream(0)), "the collective's send range");
+    // In place: the all-gather's n blocks past the end.
+    refused(a.run(r as i32, 4, 4 * 64, ag, Stream(0)), "the collective's range");
+    a.run_into(0, &b, 0, r as i32, 4 * 64, ag, Stream(0)).unwrap();
+    team.synchronize(r as i32, Stream(0)).unwrap();
+    a.buf.free().unwrap();
+    b.buf.free().unwrap();
+}
+
+fn chunked(ctx: &Arc<Context>, team: Arc<Across>, n: usize, r: usize) {
     let l = n / 2;
-    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let dev = team.team.devices()[team.local];
     let d = ctx.driver();
     const BYTES: usize = 34 << 20;
     let (send, recv) = (d.mem_alloc(dev, BYTES).unwrap(), d.mem_alloc(dev, BYTES).unwrap());
@@ -280,7 +308,7 @@ fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
         let src = if in_place { recv } else { send };
         d.memcpy_htod(dev, src, &x).unwrap();
         run_ptr(&team, r as i32, src, recv, count, Collective::AllReduce { dtype, op }, Stream(0)).unwrap();
-        synchronize(&team, team.own_index(r as i32).unwrap(), Stream(0)).unwrap();
+        team.synchronize(r as i32, Stream(0)).unwrap();
         let mut y = vec![0u8; x.len()];
         d.memcpy_dtoh(dev, &mut y, recv).unwrap();
         let all: Vec<Vec<u8>> = (0..n).map(|q| input(q, count, dtype)).collect();
@@ -296,8 +324,8 @@ fn chunked(ctx: &Arc<Context>, team: Arc<Team>, n: usize, r: usize) {
     assert_clean(ctx);
 }
 
-fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
-    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+fn fail(ctx: &Arc<Context>, team: Arc<Across>, r: usize) {
+    let dev = team.team.devices()[team.local];
     let d = ctx.driver();
     let buf = d.mem_alloc(dev, 4096).unwrap();
     let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
@@ -309,9 +337,8 @@ fn fail(ctx: &Arc<Context>, team: Arc<Team>, r: usize) {
     }
     // Every rank learns it (told over the team's connections) within a few seconds.
     let t0 = Instant::now();
-    let local = team.own_index(r as i32).unwrap();
     let e = loop {
-        match synchronize(&team, local, Stream(0)) {
+        match team.synchronize(r as i32, Stream(0)) {
             Err(e) => break e,
             Ok(()) if t0.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(10)),
             Ok(()) => panic!("rank {r} was not told of the engine's failure"),
@@ -333,11 +360,10 @@ enum Disagree {
     Root,
 }
 
-fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, what: Disagree) {
-    let h = team.hier().expect("a team across domains");
-    let (local, in_b) = (h.local, h.domain == 1);
-    let (b0, a1) = (h.layout.rank_of(1, 0), h.layout.rank_of(0, 1));
-    let dev = team.devices()[local];
+fn across(ctx: &Arc<Context>, team: Arc<Across>, r: usize, what: Disagree) {
+    let (local, in_b) = (team.local, team.domain == 1);
+    let (b0, a1) = (team.layout.rank_of(1, 0), team.layout.rank_of(0, 1));
+    let dev = team.team.devices()[local];
     let d = ctx.driver();
     let buf = d.mem_alloc(dev, 8192).unwrap();
     let before: Vec<u8> = (0..8192).map(|i| (i * 7 + r) as u8).collect();
@@ -361,7 +387,7 @@ fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, what: Disagree) {
     assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
     assert!(e.message.contains(&says), "rank {r}: {says:?} in {e}");
     assert!(e.message.starts_with(&format!("rank {r}: ")), "rank {r}: {e}");
-    let e = synchronize(&team, local as i32, Stream(0)).expect_err("the team keeps the error");
+    let e = team.synchronize(r as i32, Stream(0)).expect_err("the team keeps the error");
     assert!(e.kind == ErrorKind::InvalidArgument && e.message.contains(&says), "rank {r}: {e}");
     let e = run_ptr(&team, r as i32, buf, buf, 16, ar, Stream(0)).expect_err("a later call is refused");
     assert!(e.kind == ErrorKind::InvalidArgument && e.message.contains(&says), "rank {r}: {e}");
@@ -370,7 +396,7 @@ fn across(ctx: &Arc<Context>, team: Arc<Team>, r: usize, what: Disagree) {
     team.destroy().unwrap();
 }
 
-fn killed(ctx: &Arc<Context>, made: Result<Arc<Team>>, r: usize) {
+fn killed(ctx: &Arc<Context>, made: Result<Arc<Across>>, r: usize) {
     if r == 3 {
         std::process::exit(0);
     }
@@ -383,14 +409,13 @@ fn killed(ctx: &Arc<Context>, made: Result<Arc<Team>>, r: usize) {
             return;
         }
     };
-    let dev = team.devices()[team.own_index(r as i32).unwrap() as usize];
+    let dev = team.team.devices()[team.local];
     let d = ctx.driver();
     let buf = d.mem_alloc(dev, 1 << 20).unwrap();
     let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
     let t0 = Instant::now();
-    let local = team.own_index(r as i32).unwrap();
     let e = run_ptr(&team, r as i32, buf, buf, 100_000, c, Stream(0))
-        .and_then(|()| synchronize(&team, local, Stream(0)))
+        .and_then(|()| team.synchronize(r as i32, Stream(0)))
         .expect_err("a rank is gone");
     let took = t0.elapsed();
     assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Aborted), "{e}");

@@ -11,7 +11,7 @@
 mod common;
 
 use common::nvrtc_or_skip;
-use mcast::kernels::abi::{self, KernelId, Variant};
+use mcast::kernels::abi::{KernelId, Variant};
 use mcast::kernels::nvrtc;
 use mcast::kernels::select::{Family, Unit};
 use mcast::kernels::source;
@@ -29,7 +29,8 @@ fn every_kernel_variant_compiles_for_sm_90() {
                 let target = format!("{arch} {}", variant.name());
                 let opts = nvrtc::options(&arch, variant);
                 let (wall, cpu) = (std::time::Instant::now(), cpu_seconds());
-                let out = nv.compile(abi::SOURCE, abi::SOURCE_NAME, &opts, &target).unwrap_or_else(|e| panic!("{e}"));
+                let out =
+                    nv.compile(source::SOURCE, source::SOURCE_NAME, &opts, &target).unwrap_or_else(|e| panic!("{e}"));
                 let (wall, cpu) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
                 assert!(out.log.is_empty(), "{target}: NVRTC log not empty:\n{}", out.log);
                 assert!(out.cubin.len() > 1024, "{target}: cubin too small");

@@ -436,7 +436,7 @@ fn grid_is_capped_so_ranks_sharing_a_device_stay_resident() {
     let sms = c.props(0).unwrap().sm_count as u32;
     let spread = team_create(ctx, &[0, 1]).unwrap();
     let shared = team_create(ctx, &[0, 0, 0, 0, 0, 0, 0, 1]).unwrap();
-    let cap = |t: mcast_team_t| mcast::runtime::handles::team(t.id).unwrap().max_blocks();
+    let cap = |t: mcast_team_t| mcast::runtime::handles::team(t.id).unwrap().inner().max_blocks();
     assert_eq!(cap(spread), sms);
     assert_eq!(cap(shared), sms / 7, "7 ranks share device 0");
     mcast_context_destroy(ctx);

@@ -6,8 +6,8 @@
 //! (also for `ncclCommInitAll`, whose ranks all live in this process): each rank then calls the
 //! mcast API for itself, as NCCL's ranks do.
 
-use std::collections::{HashMap, HashSet};
-use std::ffi::{c_int, c_void, CStr};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -18,10 +18,6 @@ use mcast::capi::collective::{
     mcast_all_reduce, mcast_broadcast, mcast_dtype_t, mcast_op_t, mcast_stream_t, mcast_synchronize, McastDtype,
     McastOp,
 };
-use mcast::capi::config::{mcast_config_init, mcast_config_t};
-use mcast::capi::context::{mcast_context_create, mcast_context_destroy, mcast_context_t};
-use mcast::capi::mcast_status_t;
-use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{mcast_team_abort, mcast_team_destroy, mcast_team_init_rank, mcast_team_t, mcast_unique_id_t};
 use mcast::runtime::comm::Comm as RtComm;
 use mcast::runtime::team::{Joined, Team};
@@ -29,147 +25,8 @@ use parking_lot::Mutex;
 
 use crate::domains;
 use crate::fallback;
-use crate::types::{self, ncclResult_t, ncclUniqueId};
-
-/// A failed call: the result and the message `ncclGetLastError` shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// The result returned.
-    pub code: ncclResult_t,
-    /// What went wrong and what to do.
-    pub message: String,
-}
-
-impl Failure {
-    /// A failure with `code`.
-    pub fn new(code: ncclResult_t, message: impl Into<String>) -> Failure {
-        Failure { code, message: message.into() }
-    }
-}
-
-/// What a call returns internally.
-pub type Outcome<T = ()> = Result<T, Failure>;
-
-/// Turns an mcast status into an outcome, with `mcast_last_error` as the message.
-pub fn check(status: mcast_status_t, what: &str) -> Outcome {
-    if status.0 == 0 {
-        return Ok(());
-    }
-    // SAFETY: mcast_last_error never returns NULL; the text is NUL-terminated.
-    let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
-    let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
-    Err(Failure::new(types::result_of(status), message))
-}
-
-/// The process's mcast context, shared by every communicator and every `ncclMemAlloc`
-/// allocation, destroyed when the last of them goes.
-struct Process {
-    ctx: mcast_context_t,
-    users: usize,
-    sim: bool,
-    devices: c_int,
-}
-
-static PROCESS: Mutex<Option<Process>> = Mutex::new(None);
-
-/// What a user of the process context learns.
-#[derive(Clone, Copy, Debug)]
-pub struct ContextRef {
-    /// The context.
-    pub ctx: mcast_context_t,
-    /// Whether it runs on the simulator.
-    pub sim: bool,
-    /// Its devices.
-    pub devices: c_int,
-}
-
-/// Takes a reference to the process context, creating it (from the `MCAST_*` environment) on
-/// first use.
-pub fn acquire_context() -> Outcome<ContextRef> {
-    let mut p = PROCESS.lock();
-    if p.is_none() {
-        let mut config = std::mem::MaybeUninit::<mcast_config_t>::zeroed();
-        // SAFETY: a valid pointer to a config to fill.
-        unsafe { mcast_config_init(config.as_mut_ptr()) };
-        // SAFETY: filled above.
-        let config = unsafe { config.assume_init() };
-        let mut ctx = mcast_context_t { id: 0 };
-        // SAFETY: valid pointers.
-        check(unsafe { mcast_context_create(&config, &mut ctx) }, "creating the mcast context")?;
-        let (sim, devices) = match mcast::runtime::handles::context(ctx.id) {
-            Ok(c) => (c.driver().backend_name() == "sim", c.device_count() as c_int),
-            Err(e) => {
-                mcast_context_destroy(ctx);
-                return Err(Failure::new(types::INTERNAL_ERROR, e.message));
-            }
-        };
-        *p = Some(Process { ctx, users: 0, sim, devices });
-    }
-    let proc = p.as_mut().expect("made above");
-    proc.users += 1;
-    Ok(ContextRef { ctx: proc.ctx, sim: proc.sim, devices: proc.devices })
-}
-
-/// Drops a reference taken with [`acquire_context`]; the last one destroys the context.
-pub fn release_context() {
-    let mut p = PROCESS.lock();
-    let last = match p.as_mut() {
-        Some(proc) => {
-            proc.users = proc.users.saturating_sub(1);
-            proc.users == 0
-        }
-        None => false,
-    };
-    if last {
-        let proc = p.take().expect("checked");
-        let st = mcast_context_destroy(proc.ctx);
-        if st.0 != 0 {
-            tracing::warn!("mcast_nccl: destroying the mcast context: status {}", st.0);
-        }
-    }
-}
-
-/// The device a new rank uses: the calling thread's current CUDA device; on the simulator
-/// `MCAST_SIM_DEVICE` if set, else `rank` modulo the simulated devices.
-pub fn current_device(ctx: &ContextRef, rank: c_int) -> Outcome<c_int> {
-    if ctx.sim {
-        if let Some(v) = std::env::var("MCAST_SIM_DEVICE").ok().filter(|v| !v.is_empty()) {
-            return v.trim().parse::<c_int>().map_err(|_| {
-                Failure::new(types::INVALID_ARGUMENT, format!("MCAST_SIM_DEVICE={v:?} is not a device number"))
-            });
-        }
-        return Ok(rank.rem_euclid(ctx.devices.max(1)));
-    }
-    cuda_current_device()
-}
-
-/// `cuCtxGetDevice` of the calling thread, looked up in the libcuda mcast already loaded.
-fn cuda_current_device() -> Outcome<c_int> {
-    type GetDevice = unsafe extern "C" fn(*mut c_int) -> c_int;
-    static SYMBOL: OnceLock<Option<GetDevice>> = OnceLock::new();
-    let f = SYMBOL.get_or_init(|| {
-        // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds an already loaded library.
-        let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        if lib.is_null() {
-            return None;
-        }
-        // SAFETY: a live handle and a NUL-terminated name.
-        let p = unsafe { libc::dlsym(lib, c"cuCtxGetDevice".as_ptr()) };
-        // SAFETY: cuCtxGetDevice has this signature (CUresult (*)(CUdevice *)).
-        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, GetDevice>(p) })
-    });
-    let Some(f) = f else {
-        return Err(Failure::new(types::UNHANDLED_CUDA_ERROR, "cuCtxGetDevice is not available in libcuda.so.1"));
-    };
-    let mut dev: c_int = 0;
-    // SAFETY: a valid out-pointer.
-    match unsafe { f(&mut dev) } {
-        0 => Ok(dev),
-        // CUDA_ERROR_INVALID_CONTEXT: no current context yet: the runtime's default device.
-        201 => Ok(0),
-        code => Err(Failure::new(types::UNHANDLED_CUDA_ERROR, format!("cuCtxGetDevice failed with CUresult {code}"))),
-    }
-}
+use crate::process::{self, ContextRef};
+use crate::types::{self, check, ncclResult_t, ncclUniqueId, Failure, Outcome};
 
 /// What a communicator holds once its team exists.
 pub struct Ready {
@@ -276,7 +133,11 @@ impl Comm {
         } else {
             match (self.join(id)?, fallback::library()) {
                 (Ok(team), _) => team,
-                (Err((comm, refusal)), Some(Ok(lib))) => return self.whole_fallback(lib, &comm, &refusal),
+                (Err((comm, refusal)), Some(Ok(lib))) => {
+                    let whole = (self.rank, self.nranks, self.device);
+                    let fc = domains::whole_fallback(lib, &comm, &refusal, &self.ctx, whole)?;
+                    return Ok(Ready { team: mcast_team_t { id: 0 }, fallback: Some(fc), no_fallback: None });
+                }
                 (Err((_, refusal)), _) => {
                     let what =
                         format!("rank {} of {}: creating the team on device {}", self.rank, self.nranks, self.device);
@@ -326,7 +187,7 @@ impl Comm {
         let bytes: [u8; 128] = id.internal.map(|b| b as u8);
         match Team::join_rank(&ctx, &bytes, self.nranks, self.rank, self.device).map_err(fail)? {
             Joined::Team(team) => Ok(Ok(mcast_team_t { id: mcast::runtime::handles::insert_team(team) })),
-            Joined::AcrossDomains { comm, refusal } => Ok(Err((comm, refusal.message))),
+            Joined::AcrossDomains { comm, refusal, .. } => Ok(Err((comm, refusal.message))),
         }
     }
 
@@ -372,7 +233,7 @@ impl Comm {
                 // SAFETY: a valid out-pointer.
                 let r = unsafe { get_id(&mut fid) };
                 if r != types::SUCCESS {
-                    let detail = fallback_last_error(lib);
+                    let detail = fallback::last_error(lib);
                     local = Err(Failure::new(r, format!("the fallback NCCL's ncclGetUniqueId failed: {detail}")));
                 }
             }
@@ -395,13 +256,13 @@ impl Comm {
             // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
             let r = unsafe { init(&mut comm, self.nranks, fid, self.rank) };
             if r != types::SUCCESS {
-                let detail = fallback_last_error(lib);
+                let detail = fallback::last_error(lib);
                 return Err(Failure::new(
                     r,
                     format!("rank {}: the fallback NCCL's ncclCommInitRank failed: {detail}", self.rank),
                 ));
             }
-            track_fallback(comm as usize);
+            fallback::track(comm as usize);
             Ok(comm as usize)
         });
         if !agree {
@@ -411,7 +272,7 @@ impl Comm {
             (None, made) => Ok(made),
             (Some(_), Err(f)) => Ok(Err(f)),
             (Some(r), Ok(fc)) => {
-                if let Err(e) = destroy_fallback(lib, fc, false) {
+                if let Err(e) = fallback::destroy(lib, fc, false) {
                     tracing::warn!("mcast_nccl: rank {}: the unused flat communicator: {}", self.rank, e.message);
                 }
                 Ok(Err(Failure::new(
@@ -543,7 +404,7 @@ impl Comm {
                 first = first.and(r);
             }
             if let (Some(fc), Some(Ok(lib))) = (ready.fallback, fallback::library()) {
-                first = first.and(destroy_fallback(lib, fc, abort));
+                first = first.and(fallback::destroy(lib, fc, abort));
             }
             let r = check(mcast_team_destroy(ready.team), "destroying the team");
             first = first.and(r);
@@ -556,7 +417,7 @@ impl Comm {
             self.nranks,
             self.device
         );
-        release_context();
+        process::release_context();
         first
     }
 
@@ -618,82 +479,4 @@ pub fn unpublish(ptr: *const c_void) -> Outcome<Arc<Comm>> {
     let comm = lookup(ptr)?;
     COMMS.lock().as_mut().and_then(|m| m.remove(&(ptr as usize)));
     Ok(comm)
-}
-
-/// Communicators of the fallback NCCL made by this library (beside a team, or by a split).
-static FALLBACK_COMMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-/// Destroys (`abort`: aborts) the fallback communicator `fc`, made by this process, once, and
-/// forgets it: the fallback NCCL's error with its last-error text when the call fails (where the
-/// library lacks the function, `fc` is only forgotten). Untracked only after the call returns:
-/// NCCL calls its own exported functions (`ncclCommGetAsyncError`) on `fc` while it destroys
-/// it, and they may arrive here.
-fn destroy_fallback(lib: &fallback::Nccl, fc: usize, abort: bool) -> Outcome {
-    type Destroy = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
-    let name = if abort { "ncclCommAbort" } else { "ncclCommDestroy" };
-    // SAFETY: NCCL's signature of both functions.
-    let Ok(f) = (unsafe { lib.function::<Destroy>(name) }) else {
-        untrack_fallback(fc);
-        return Ok(());
-    };
-    // SAFETY: a fallback communicator this process made, destroyed once (the caller's promise).
-    let r = unsafe { f(fc as *mut c_void) };
-    untrack_fallback(fc);
-    if r != types::SUCCESS {
-        return Err(Failure::new(r, format!("the fallback NCCL's {name} failed: {}", fallback_last_error(lib))));
-    }
-    Ok(())
-}
-
-/// Records `fc`, a communicator the fallback NCCL made for this library.
-pub fn track_fallback(fc: usize) {
-    FALLBACK_COMMS.lock().get_or_insert_with(HashSet::new).insert(fc);
-}
-
-/// Forgets `fc` once the fallback NCCL destroyed it.
-pub fn untrack_fallback(fc: usize) {
-    if let Some(s) = FALLBACK_COMMS.lock().as_mut() {
-        s.remove(&fc);
-    }
-}
-
-/// The fallback NCCL when `ptr` is one of its live communicators rather than one of ours.
-///
-/// NCCL calls its own exported functions (`ncclCommGetAsyncError` from `ncclCommDestroy`,
-/// `ncclCommFinalize` and `ncclCommAbort`; `ncclBroadcast` from `ncclBcast`; registration and
-/// windows in NCCL 2.28) through the dynamic linker. When this library is in front of NCCL
-/// (`LD_PRELOAD`, or linked before a `libnccl` the program also loads, as PyTorch's
-/// `libtorch_cuda.so` does) those calls arrive here with NCCL's own communicators, and must go
-/// back to NCCL. The same holds for the rail communicators of mcast's NCCL engine, which with
-/// `MCAST_NCCL_HIER=on` the fallback NCCL makes for a team across NVLink domains.
-pub fn foreign(ptr: *const c_void) -> Option<&'static fallback::Nccl> {
-    let ours = FALLBACK_COMMS.lock().as_ref().is_some_and(|s| s.contains(&(ptr as usize)));
-    if ptr.is_null() || !(ours || mcast::runtime::net::nccl::is_rail_comm(ptr)) {
-        return None;
-    }
-    match fallback::library() {
-        Some(Ok(lib)) => Some(lib),
-        _ => None,
-    }
-}
-
-/// The fallback NCCL's `ncclGetLastError`, or a note that it has none.
-pub fn fallback_last_error(lib: &fallback::Nccl) -> String {
-    type LastError = unsafe extern "C" fn(*mut c_void) -> *const std::ffi::c_char;
-    // SAFETY: NCCL's signature of ncclGetLastError.
-    let Ok(f) = (unsafe { lib.function::<LastError>("ncclGetLastError") }) else {
-        return "(the fallback NCCL has no ncclGetLastError)".into();
-    };
-    // SAFETY: NULL is a valid communicator argument of ncclGetLastError.
-    let p = unsafe { f(std::ptr::null_mut()) };
-    if p.is_null() {
-        return "(no detail)".into();
-    }
-    // SAFETY: NCCL returns a NUL-terminated string.
-    let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-    if text.is_empty() {
-        "(no detail from the fallback NCCL's ncclGetLastError)".into()
-    } else {
-        text
-    }
 }

@@ -16,9 +16,9 @@ use std::ffi::{c_int, c_void};
 
 use mcast::runtime::comm::Comm as RtComm;
 
-use crate::comm::{fallback_last_error, track_fallback, Comm, ContextRef, Failure, Outcome, Ready};
 use crate::fallback;
-use crate::types::{self, ncclResult_t, ncclUniqueId};
+use crate::process::ContextRef;
+use crate::types::{self, ncclResult_t, ncclUniqueId, Failure, Outcome};
 
 /// The variable that serves communicators across domains hierarchically.
 pub const HIER_ENV: &str = "MCAST_NCCL_HIER";
@@ -70,60 +70,59 @@ pub fn refused(what: &str, message: &str) -> Failure {
     )
 }
 
-impl Comm {
-    /// A communicator over several NVLink domains, handed whole to the fallback NCCL: rank 0
-    /// makes its unique id, the team's connections carry it, every rank joins; no mcast team.
-    pub(crate) fn whole_fallback(&self, lib: &fallback::Nccl, comm: &RtComm, refusal: &str) -> Outcome<Ready> {
-        type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
-        type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-        let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
-        // SAFETY: the types are NCCL's documented signatures.
-        let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
-        // SAFETY: as above.
-        let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
-        let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
-        let mut made = Ok(());
-        if self.rank == 0 {
-            // SAFETY: a valid out-pointer.
-            let r = unsafe { get_id(&mut fid) };
-            if r != types::SUCCESS {
-                made =
-                    Err(mcast::runtime::Error::internal(format!("the fallback NCCL's ncclGetUniqueId returned {r}")));
-            }
-        }
-        let bytes: Vec<u8> = fid.internal.iter().map(|&b| b as u8).collect();
-        let parts = comm.exchange("fallback NCCL id", made, &bytes, &[]).map_err(|e| {
-            Failure::new(types::INTERNAL_ERROR, format!("handing the fallback NCCL its id: {}", e.message))
-        })?;
-        for (d, s) in fid.internal.iter_mut().zip(&parts[0].bytes) {
-            *d = *s as _;
-        }
-        if !self.ctx.sim {
-            if let Ok(c) = mcast::runtime::handles::context(self.ctx.ctx.id) {
-                c.driver()
-                    .bind_thread(self.device)
-                    .map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
-            }
-        }
-        let domains = refusal.split(';').next().unwrap_or(refusal);
-        if self.rank == 0 {
-            tracing::warn!(
-                "mcast_nccl: {domains}; mcast serves one NVLink domain, so this communicator runs whole on the \
-                 fallback NCCL ({}; {HIER_ENV}=on serves it on mcast inside each domain)",
-                lib.path
-            );
-        }
-        let mut fc: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
-        let r = unsafe { init(&mut fc, self.nranks, fid, self.rank) };
+/// A communicator over several NVLink domains, handed whole to the fallback NCCL: rank 0 makes
+/// its unique id, the team's connections (`comm`) carry it, every rank joins (rank `rank` of
+/// `nranks`, on `device` of `ctx`); no mcast team. Returns the fallback communicator.
+pub fn whole_fallback(
+    lib: &fallback::Nccl,
+    comm: &RtComm,
+    refusal: &str,
+    ctx: &ContextRef,
+    (rank, nranks, device): (c_int, c_int, c_int),
+) -> Outcome<usize> {
+    type GetId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
+    type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, ncclUniqueId, c_int) -> ncclResult_t;
+    let unusable = |e: String| Failure::new(types::INVALID_USAGE, e);
+    // SAFETY: the types are NCCL's documented signatures.
+    let get_id: GetId = unsafe { lib.function("ncclGetUniqueId") }.map_err(unusable)?;
+    // SAFETY: as above.
+    let init: InitRank = unsafe { lib.function("ncclCommInitRank") }.map_err(unusable)?;
+    let mut fid = ncclUniqueId { internal: [0; types::UNIQUE_ID_BYTES] };
+    let mut made = Ok(());
+    if rank == 0 {
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { get_id(&mut fid) };
         if r != types::SUCCESS {
-            let detail = fallback_last_error(lib);
-            return Err(Failure::new(
-                r,
-                format!("rank {}: the fallback NCCL's ncclCommInitRank failed: {detail}", self.rank),
-            ));
+            made = Err(mcast::runtime::Error::internal(format!("the fallback NCCL's ncclGetUniqueId returned {r}")));
         }
-        track_fallback(fc as usize);
-        Ok(Ready { team: mcast::capi::team::mcast_team_t { id: 0 }, fallback: Some(fc as usize), no_fallback: None })
     }
+    let bytes: Vec<u8> = fid.internal.iter().map(|&b| b as u8).collect();
+    let parts = comm
+        .exchange("fallback NCCL id", made, &bytes, &[])
+        .map_err(|e| Failure::new(types::INTERNAL_ERROR, format!("handing the fallback NCCL its id: {}", e.message)))?;
+    for (d, s) in fid.internal.iter_mut().zip(&parts[0].bytes) {
+        *d = *s as _;
+    }
+    if !ctx.sim {
+        if let Ok(c) = mcast::runtime::handles::context(ctx.ctx.id) {
+            c.driver().bind_thread(device).map_err(|e| Failure::new(types::UNHANDLED_CUDA_ERROR, e.to_string()))?;
+        }
+    }
+    let domains = refusal.split(';').next().unwrap_or(refusal);
+    if rank == 0 {
+        tracing::warn!(
+            "mcast_nccl: {domains}; mcast serves one NVLink domain, so this communicator runs whole on the \
+             fallback NCCL ({}; {HIER_ENV}=on serves it on mcast inside each domain)",
+            lib.path
+        );
+    }
+    let mut fc: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the id came from the fallback's rank 0.
+    let r = unsafe { init(&mut fc, nranks, fid, rank) };
+    if r != types::SUCCESS {
+        let detail = fallback::last_error(lib);
+        return Err(Failure::new(r, format!("rank {}: the fallback NCCL's ncclCommInitRank failed: {detail}", rank)));
+    }
+    fallback::track(fc as usize);
+    Ok(fc as usize)
 }

@@ -16,9 +16,9 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::comm::{Comm, Failure, Outcome};
+use crate::comm::Comm;
 use crate::fallback;
-use crate::types::{self, ncclResult_t};
+use crate::types::{self, ncclResult_t, Failure, Outcome};
 
 /// A call run now or at the end of the group.
 pub struct Op {

@@ -3,9 +3,10 @@
 //! Enums from C arrive as integers and are checked here: a value outside the enum is an error
 //! value, never undefined behaviour.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 
 use mcast::capi::mcast_status_t;
+use mcast::capi::status::mcast_last_error;
 
 /// `ncclResult_t` (a C enum: an `int`).
 pub type ncclResult_t = c_int;
@@ -176,4 +177,34 @@ mod tests {
         assert_eq!(red_op(1).unwrap().1, None);
         assert!(red_op(-3).is_none());
     }
+}
+
+/// A failed call: the result and the message `ncclGetLastError` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The result returned.
+    pub code: ncclResult_t,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code`.
+    pub fn new(code: ncclResult_t, message: impl Into<String>) -> Failure {
+        Failure { code, message: message.into() }
+    }
+}
+
+/// What a call returns internally.
+pub type Outcome<T = ()> = Result<T, Failure>;
+
+/// Turns an mcast status into an outcome, with `mcast_last_error` as the message.
+pub fn check(status: mcast_status_t, what: &str) -> Outcome {
+    if status.0 == 0 {
+        return Ok(());
+    }
+    // SAFETY: mcast_last_error never returns NULL; the text is NUL-terminated.
+    let detail = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
+    let message = if detail.starts_with(what) { detail } else { format!("{what}: {detail}") };
+    Err(Failure::new(result_of(status), message))
 }

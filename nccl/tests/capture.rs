@@ -140,7 +140,7 @@ fn graphs_captured_beside_a_polling_watchdog_and_thrown_away_captures() {
     let mut comms: [ncclComm_t; N] = [null_mut(); N];
     // SAFETY: room for N communicators; NULL devlist.
     ok(unsafe { ncclCommInitAll(comms.as_mut_ptr(), N as c_int, std::ptr::null()) }, "ncclCommInitAll");
-    let process = mcast_nccl::comm::acquire_context().unwrap();
+    let process = mcast_nccl::process::acquire_context().unwrap();
     let driver = mcast::runtime::handles::context(process.ctx.id).unwrap().driver().clone();
     let devices: Vec<Device> = comms
         .iter()
@@ -224,5 +224,5 @@ fn graphs_captured_beside_a_polling_watchdog_and_thrown_away_captures() {
     for c in comms {
         ok(ncclCommDestroy(c), "ncclCommDestroy");
     }
-    mcast_nccl::comm::release_context();
+    mcast_nccl::process::release_context();
 }

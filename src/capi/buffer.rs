@@ -1,11 +1,9 @@
 //! `mcast_buffer_t`: symmetric buffers, the same size and layout on every rank.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 
 use super::team::mcast_team_t;
 use super::{guard, mcast_status_t, out_ptr};
-use crate::runtime::buffer::Buffer;
 use crate::runtime::{handles, Error};
 
 /// A symmetric buffer. Passed by value; id 0 is never valid.
@@ -36,9 +34,8 @@ pub unsafe extern "C" fn mcast_buffer_alloc(
     guard("mcast_buffer_alloc", || {
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
-        let t = handles::team(team.id)?;
-        let buf = Buffer::alloc(&t, bytes)?;
-        *out = mcast_buffer_t { id: handles::insert_buffer(Arc::new(buf)) };
+        let buf = handles::team(team.id)?.alloc(bytes)?;
+        *out = mcast_buffer_t { id: handles::insert_buffer(buf) };
         Ok(())
     })
 }
@@ -82,12 +79,12 @@ pub unsafe extern "C" fn mcast_buffer_register(
         if ptrs.is_null() {
             return Err(Error::invalid_argument("ptrs is NULL"));
         }
-        let n = if t.local_rank().is_some() { 1 } else { t.size() };
+        let n = t.held();
         // SAFETY: the caller passes one pointer per rank this process holds.
         let ptrs: Vec<u64> =
             unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().map(|&p| p as usize as u64).collect();
-        let buf = Buffer::register(&t, &ptrs, bytes)?;
-        *out = mcast_buffer_t { id: handles::insert_buffer(Arc::new(buf)) };
+        let buf = t.register(&ptrs, bytes)?;
+        *out = mcast_buffer_t { id: handles::insert_buffer(buf) };
         Ok(())
     })
 }
@@ -131,7 +128,7 @@ pub unsafe extern "C" fn mcast_buffer_local_ptr(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
         let b = handles::buffer(buf.id)?;
-        *out = b.local_ptr(b.team().own_index(rank)?)? as *mut c_void;
+        *out = b.local_ptr(rank)? as *mut c_void;
         Ok(())
     })
 }
@@ -152,7 +149,7 @@ pub unsafe extern "C" fn mcast_buffer_peer_ptr(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
         let b = handles::buffer(buf.id)?;
-        *out = b.peer_ptr(b.team().own_index(rank)?, b.team().peer_index(peer)?)? as *mut c_void;
+        *out = b.peer_ptr(rank, peer)? as *mut c_void;
         Ok(())
     })
 }
@@ -173,7 +170,7 @@ pub unsafe extern "C" fn mcast_buffer_multicast_ptr(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(ptr, "ptr") }?;
         let b = handles::buffer(buf.id)?;
-        *out = b.multicast_ptr(b.team().own_index(rank)?)? as *mut c_void;
+        *out = b.multicast_ptr(rank)? as *mut c_void;
         Ok(())
     })
 }
@@ -203,7 +200,7 @@ pub unsafe extern "C" fn mcast_buffer_write(
             // SAFETY: the caller guarantees `bytes` readable bytes at `src`.
             unsafe { std::slice::from_raw_parts(src.cast::<u8>(), bytes) }
         };
-        b.write(b.team().own_index(rank)?, offset, data)
+        b.write(rank, offset, data)
     })
 }
 
@@ -232,6 +229,6 @@ pub unsafe extern "C" fn mcast_buffer_read(
             // SAFETY: the caller guarantees `bytes` writable bytes at `dst`.
             unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), bytes) }
         };
-        b.read(b.team().own_index(rank)?, offset, data)
+        b.read(rank, offset, data)
     })
 }

@@ -10,8 +10,7 @@ use super::team::mcast_team_t;
 use super::{guard, mcast_status_t};
 use crate::driver::Stream;
 use crate::kernels::{Collective, DType, RedOp};
-use crate::runtime::hier::collective as hier;
-use crate::runtime::{collective, handles, Error};
+use crate::runtime::{handles, Error};
 
 /// The CUDA stream type (`cudaStream_t` and `CUstream` are the same type); declared, never
 /// defined, so `mcast.h` needs no CUDA header.
@@ -84,11 +83,7 @@ fn run(
     c: Collective,
     stream: mcast_stream_t,
 ) -> Result<(), Error> {
-    let b = handles::buffer(buf.id)?;
-    if b.team().hier().is_some() {
-        return hier::run(&b, rank, offset, count, c, Stream(stream as usize));
-    }
-    collective::run(&b, rank, offset, count, c, Stream(stream as usize))
+    handles::buffer(buf.id)?.run(rank, offset, count, c, Stream(stream as usize))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -104,10 +99,7 @@ fn run_into(
 ) -> Result<(), Error> {
     let s = handles::buffer(send.id)?;
     let r = handles::buffer(recv.id)?;
-    if s.team().hier().is_some() {
-        return hier::run_into(&s, send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize));
-    }
-    collective::run_into(&s, send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize))
+    s.run_into(send_offset, &r, recv_offset, rank, count, c, Stream(stream as usize))
 }
 
 /// Copies root's `[offset, offset + bytes)` of `buf` to every rank. Call once per rank.
@@ -371,10 +363,7 @@ fn run_ptr(
     stream: mcast_stream_t,
 ) -> Result<(), Error> {
     let t = handles::team(team.id)?;
-    if t.hier().is_some() {
-        return hier::run_ptr(&t, rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize));
-    }
-    collective::run_ptr(&t, rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize))
+    t.run_ptr(rank, send as usize as u64, recv as usize as u64, count, c, Stream(stream as usize))
 }
 
 /// NCCL's `ncclBroadcast` on device pointers of rank `rank`'s device: root's `send`
@@ -527,8 +516,5 @@ pub extern "C" fn mcast_team_all_gather(
 #[no_mangle]
 pub extern "C" fn mcast_synchronize(team: mcast_team_t, rank: c_int, stream: mcast_stream_t) -> mcast_status_t {
     let _range = crate::nvtx::range(|s| write!(s, "mcast_synchronize team={:#x} rank={rank}", team.id));
-    guard("mcast_synchronize", || {
-        let t = handles::team(team.id)?;
-        collective::synchronize(&t, t.own_index(rank)?, Stream(stream as usize))
-    })
+    guard("mcast_synchronize", || handles::team(team.id)?.synchronize(rank, Stream(stream as usize)))
 }

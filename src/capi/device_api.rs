@@ -11,7 +11,6 @@ use std::mem::size_of;
 use super::buffer::mcast_buffer_t;
 use super::team::mcast_team_t;
 use super::{check_struct_size, guard, mcast_status_t, out_ptr};
-use crate::runtime::device_api::{buffer_view, team_view};
 use crate::runtime::handles;
 
 /// `MCAST_DEV_VERSION` of `mcast/device.h`.
@@ -100,7 +99,7 @@ pub unsafe extern "C" fn mcast_team_device_handle(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
         check_struct_size(out.struct_size, size_of::<mcast_dev_team_t>(), "mcast_dev_team_t")?;
-        let v = team_view(&*handles::team(team.id)?, rank)?;
+        let v = handles::team(team.id)?.device_view(rank)?;
         *out = mcast_dev_team_t {
             struct_size: size_of::<mcast_dev_team_t>() as u32,
             version: DEV_VERSION,
@@ -141,7 +140,7 @@ pub unsafe extern "C" fn mcast_buffer_device_handle(
         // SAFETY: the caller passes NULL or a valid pointer.
         let out = unsafe { out_ptr(out, "out") }?;
         check_struct_size(out.struct_size, size_of::<mcast_dev_buffer_t>(), "mcast_dev_buffer_t")?;
-        let v = buffer_view(&*handles::buffer(buf.id)?, rank)?;
+        let v = handles::buffer(buf.id)?.device_view(rank)?;
         *out = mcast_dev_buffer_t {
             struct_size: size_of::<mcast_dev_buffer_t>() as u32,
             version: DEV_VERSION,

@@ -2,13 +2,13 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
-use std::sync::Arc;
 
 use super::context::mcast_context_t;
 use super::{copy_str, guard, mcast_status_t, out_ptr, set_last_error, status_of};
 use crate::bootstrap;
 use crate::runtime::handles;
 use crate::runtime::team::{Team, Transport, SPLIT_NOCOLOR};
+use crate::runtime::teams::AnyTeam;
 use crate::runtime::Error;
 
 /// A team. Passed by value; id 0 is never valid.
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn mcast_team_get_error(team: mcast_team_t, error: *mut mc
         let t = handles::team(team.id)?;
         *out = match t.async_error() {
             Some(kind) => {
-                let why = t.error().map_or_else(|| format!("{kind:?}"), |e| e.message);
+                let why = t.inner().error().map_or_else(|| format!("{kind:?}"), |e| e.message);
                 set_last_error(&format!("the team's asynchronous error: {why}"));
                 status_of(kind)
             }
@@ -211,22 +211,21 @@ pub unsafe extern "C" fn mcast_team_split(
             }
         }
         let t = handles::team(team.id)?;
-        let n = if t.local_rank().is_some() { 1 } else { t.size() };
+        let n = t.held();
         // SAFETY: the caller guarantees one readable element per rank this process holds.
         let (colors, keys) = unsafe { (std::slice::from_raw_parts(colors, n), std::slice::from_raw_parts(keys, n)) };
         let made = t.split(colors, keys)?;
-        let mut ids: Vec<(*const Team, u64)> = Vec::new();
+        let mut ids: Vec<(AnyTeam, u64)> = Vec::new();
         let handles: Vec<mcast_team_t> = made
             .into_iter()
             .map(|m| match m {
                 None => mcast_team_t { id: 0 },
                 Some(team) => {
-                    let key = Arc::as_ptr(&team);
-                    let id = match ids.iter().find(|(k, _)| *k == key) {
+                    let id = match ids.iter().find(|(k, _)| k.same(&team)) {
                         Some(&(_, id)) => id,
                         None => {
-                            let id = handles::insert_team(team);
-                            ids.push((key, id));
+                            let id = handles::insert_team(team.clone());
+                            ids.push((team, id));
                             id
                         }
                     };
@@ -385,7 +384,7 @@ pub unsafe extern "C" fn mcast_team_init_rank(
         for (d, s) in bytes.iter_mut().zip(id.internal) {
             *d = s as u8;
         }
-        let team = Team::init_rank(&context, &bytes, nranks, rank, device)?;
+        let team = AnyTeam::init_rank(&context, &bytes, nranks, rank, device)?;
         *out = mcast_team_t { id: handles::insert_team(team) };
         Ok(())
     })
@@ -467,7 +466,7 @@ pub unsafe extern "C" fn mcast_team_init_oob(
                 Err(format!("the application's allgather (oob->allgather) returned {rc}"))
             }
         };
-        let team = Team::init_oob(&context, &mut gather, o.nranks, o.rank, device)?;
+        let team = AnyTeam::init_oob(&context, &mut gather, o.nranks, o.rank, device)?;
         *out = mcast_team_t { id: handles::insert_team(team) };
         Ok(())
     })

@@ -9,7 +9,6 @@ pub mod layout;
 pub mod plan;
 pub mod signature;
 
-pub use super::source::{SOURCE, SOURCE_NAME};
 pub use args::*;
 pub use entry::*;
 pub use layout::*;

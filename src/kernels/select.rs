@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn the_source_guards_every_flag_the_host_sets() {
-        let source = super::super::abi::SOURCE;
+        let source = super::super::source::SOURCE;
         let unit = Unit { family: Family::AllReduce, red: None, ll: true };
         for d in unit.defines().iter().skip(1) {
             let name = &d[2..d.find('=').unwrap()];

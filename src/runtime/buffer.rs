@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::comm::Comm;
+use super::device_api::{even_stride, BufferView};
 use super::error::{Error, Result};
 use super::segment::External;
 use super::team::{Allocation, Team, Transport};
@@ -341,6 +342,26 @@ impl Buffer {
     /// Offset of this buffer in its segment.
     pub fn segment_offset(&self) -> usize {
         self.alloc.offset
+    }
+
+    /// The device view of this buffer for rank `rank` (a rank this process holds).
+    pub fn device_view(&self, rank: i32) -> Result<BufferView> {
+        let team = &self.team;
+        let r = team.check_own_rank(rank, "rank")?;
+        let n = team.size();
+        let peers = (0..n as i32).map(|p| self.peer_ptr(rank, p)).collect::<Result<Vec<_>>>()?;
+        let (peer0, peer_stride) = even_stride(&peers, "the buffer")?;
+        let mc = if team.transport() == Transport::Multicast { self.multicast_ptr(rank)? } else { 0 };
+        Ok(BufferView {
+            rank,
+            nranks: n as i32,
+            bytes: self.size() as u64,
+            local: self.local_ptr(rank)?,
+            peer0,
+            peer_stride,
+            mc,
+            sync: team.sync_base(r, r),
+        })
     }
 
     /// Rank `rank`'s copy, on its device.

@@ -32,8 +32,8 @@ fn geometry(team: &Team, collective: Collective) -> Result<(usize, usize, usize)
 }
 
 /// Checks that `[offset, offset + blocks * count * esize)` lies in `buf`, aligned to `align`;
-/// returns the extent in bytes.
-fn check_range(
+/// returns the extent in bytes. A team across NVLink domains checks its buffer forms with it too.
+pub fn check_range(
     buf: &Buffer,
     what: &str,
     offset: usize,

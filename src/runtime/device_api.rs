@@ -1,10 +1,10 @@
 //! What an application's kernels need to use a team's memory through `mcast/device.h`: the
 //! addresses and sizes of the team's device-API slots and of a buffer's copies, as one rank sees
-//! them. `src/capi/device_api.rs` copies these into the C handle structs.
+//! them (made by the team, `team/device_view.rs`, and the buffer, `Buffer::device_view`), and the
+//! errors a device-API call records. `src/capi/device_api.rs` copies the views into the C handle
+//! structs. A leaf: it imports no team.
 
-use super::buffer::Buffer;
 use super::error::{Error, ErrorKind, Result};
-use super::team::{Team, Transport};
 use crate::driver::DevicePtr;
 use crate::kernels::abi::{DEVICE_INFO, ERR_ABORTED, ERR_INVALID, ERR_TIMEOUT};
 
@@ -54,7 +54,7 @@ pub struct BufferView {
 
 /// The base and stride of `addrs` (rank p's at base + p * stride), or an error naming `what` when
 /// they are not evenly spaced (the device API finds peers by that arithmetic).
-fn flat(addrs: &[DevicePtr], what: &str) -> Result<(DevicePtr, u64)> {
+pub(crate) fn even_stride(addrs: &[DevicePtr], what: &str) -> Result<(DevicePtr, u64)> {
     let base = addrs[0];
     let stride = if addrs.len() > 1 { addrs[1].wrapping_sub(base) } else { 0 };
     for (p, &a) in addrs.iter().enumerate() {
@@ -67,61 +67,6 @@ fn flat(addrs: &[DevicePtr], what: &str) -> Result<(DevicePtr, u64)> {
         }
     }
     Ok((base, stride))
-}
-
-/// The device view of `team` for rank `rank` (a rank this process holds).
-pub fn team_view(team: &Team, rank: i32) -> Result<TeamView> {
-    refuse_across_domains(team)?;
-    let r = team.check_own_rank(rank, "rank")?;
-    let n = team.size();
-    let (sync_peer0, sync_stride) = flat(team.sync_bases(r), "the team's sync regions")?;
-    let multicast = team.transport() == Transport::Multicast;
-    Ok(TeamView {
-        rank,
-        nranks: n as i32,
-        nslots: team.device_slots(),
-        multicast,
-        timeout_ns: u64::from(team.context().config().timeout_ms) * 1_000_000,
-        sync_peer0,
-        sync_stride,
-        sync_mc: if multicast { team.sync_multicast(r).unwrap_or(0) } else { 0 },
-        dev_offset: team.device_offset() as u64,
-    })
-}
-
-/// The device view of `buf` for rank `rank` (a rank this process holds).
-pub fn buffer_view(buf: &Buffer, rank: i32) -> Result<BufferView> {
-    refuse_across_domains(buf.team())?;
-    let team = buf.team();
-    let r = team.check_own_rank(rank, "rank")?;
-    let n = team.size();
-    let peers = (0..n as i32).map(|p| buf.peer_ptr(rank, p)).collect::<Result<Vec<_>>>()?;
-    let (peer0, peer_stride) = flat(&peers, "the buffer")?;
-    let mc = if team.transport() == Transport::Multicast { buf.multicast_ptr(rank)? } else { 0 };
-    Ok(BufferView {
-        rank,
-        nranks: n as i32,
-        bytes: buf.size() as u64,
-        local: buf.local_ptr(rank)?,
-        peer0,
-        peer_stride,
-        mc,
-        sync: team.sync_base(r, r),
-    })
-}
-
-/// The device API reaches a team's memory by NVLink: a team across NVLink domains has none
-/// between its domains, so its handles are refused (`NotSupported`).
-fn refuse_across_domains(team: &Team) -> Result<()> {
-    match team.hier() {
-        Some(h) => Err(Error::not_supported(format!(
-            "the team spans {} NVLink domains (engine \"{}\" between them): the device API needs every rank's memory \
-             over NVLink; use a team over one domain (e.g. mcast_team_split by domain) for device-side work",
-            h.layout.domains(),
-            h.engine_name()
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The error a device-API call recorded in rank `rank`'s error word (`code`, detail `info`), or
@@ -178,10 +123,10 @@ mod tests {
     }
 
     #[test]
-    fn flat_accepts_even_strides_and_names_the_odd_rank() {
-        assert_eq!(flat(&[0x1000, 0x3000, 0x5000], "x").unwrap(), (0x1000, 0x2000));
-        assert_eq!(flat(&[0x1000], "x").unwrap(), (0x1000, 0));
-        let e = flat(&[0x1000, 0x3000, 0x5040], "the buffer").unwrap_err();
+    fn even_stride_accepts_even_strides_and_names_the_odd_rank() {
+        assert_eq!(even_stride(&[0x1000, 0x3000, 0x5000], "x").unwrap(), (0x1000, 0x2000));
+        assert_eq!(even_stride(&[0x1000], "x").unwrap(), (0x1000, 0));
+        let e = even_stride(&[0x1000, 0x3000, 0x5040], "the buffer").unwrap_err();
         assert!(e.message.contains("the buffer: rank 2"), "{}", e.message);
     }
 }

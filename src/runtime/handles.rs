@@ -1,5 +1,6 @@
 //! The process-wide tables behind the C handles. Destroying a context removes its teams and
-//! buffers, so their handles become invalid with it.
+//! buffers, so their handles become invalid with it. A team handle holds either kind of team
+//! ([`AnyTeam`]); a buffer handle, the buffer with the team whose handle made it.
 //!
 //! Each table is read-mostly: a look-up (every call, from every rank's thread) takes it shared,
 //! so concurrent calls never wait for each other; only create and destroy take it exclusively.
@@ -8,15 +9,14 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::buffer::Buffer;
 use super::context::Context;
 use super::error::{Error, ErrorKind, Result};
 use super::registry::{HandleKind, HandleMap};
-use super::team::Team;
+use super::teams::{AnyBuffer, AnyTeam};
 
 static CONTEXTS: RwLock<HandleMap<Arc<Context>>> = RwLock::new(HandleMap::new(HandleKind::Context));
-static TEAMS: RwLock<HandleMap<Arc<Team>>> = RwLock::new(HandleMap::new(HandleKind::Team));
-static BUFFERS: RwLock<HandleMap<Arc<Buffer>>> = RwLock::new(HandleMap::new(HandleKind::Buffer));
+static TEAMS: RwLock<HandleMap<AnyTeam>> = RwLock::new(HandleMap::new(HandleKind::Team));
+static BUFFERS: RwLock<HandleMap<AnyBuffer>> = RwLock::new(HandleMap::new(HandleKind::Buffer));
 
 fn describe(id: u64, what: &str) -> Error {
     if id == 0 {
@@ -41,30 +41,30 @@ pub fn context(id: u64) -> Result<Arc<Context>> {
 /// Unregisters a context and every team and buffer in it; returns it.
 pub fn remove_context(id: u64) -> Result<Arc<Context>> {
     let ctx = CONTEXTS.write().remove(id).ok_or_else(|| describe(id, "context"))?;
-    BUFFERS.write().remove_where(|b| Arc::ptr_eq(b.team().context(), ctx.env()));
+    BUFFERS.write().remove_where(|b| Arc::ptr_eq(b.buf.team().context(), ctx.env()));
     TEAMS.write().remove_where(|t| Arc::ptr_eq(t.context(), ctx.env()));
     Ok(ctx)
 }
 
 /// Registers a team.
-pub fn insert_team(team: Arc<Team>) -> u64 {
-    TEAMS.write().insert(team)
+pub fn insert_team(team: impl Into<AnyTeam>) -> u64 {
+    TEAMS.write().insert(team.into())
 }
 
 /// The team behind `id`.
-pub fn team(id: u64) -> Result<Arc<Team>> {
+pub fn team(id: u64) -> Result<AnyTeam> {
     TEAMS.read().get(id).ok_or_else(|| describe(id, "team"))
 }
 
 /// The handle of `team`, if it has one (a linear search: for names and messages, not for a
 /// call's path).
-pub fn team_id(team: &Arc<Team>) -> Option<u64> {
-    TEAMS.read().find(|t| Arc::ptr_eq(t, team))
+pub fn team_id(team: &AnyTeam) -> Option<u64> {
+    TEAMS.read().find(|t| t.same(team))
 }
 
 /// The handle of the team of buffer `id`, if both are live (for names, as [`team_id`]).
 pub fn buffer_team_id(id: u64) -> Option<u64> {
-    buffer(id).ok().and_then(|b| team_id(b.team()))
+    buffer(id).ok().and_then(|b| team_id(&b.team))
 }
 
 /// Destroys the team behind `id` (refused while it has buffers, unless it failed: then its
@@ -78,19 +78,19 @@ pub fn destroy_team(id: u64) -> Result<()> {
         Err(e) if e.kind == ErrorKind::InvalidHandle => Err(describe(id, "team")),
         result => {
             TEAMS.write().remove(id);
-            BUFFERS.write().remove_where(|b| Arc::ptr_eq(b.team(), &team));
+            BUFFERS.write().remove_where(|b| b.team.same(&team));
             result
         }
     }
 }
 
 /// Registers a buffer.
-pub fn insert_buffer(buf: Arc<Buffer>) -> u64 {
+pub fn insert_buffer(buf: AnyBuffer) -> u64 {
     BUFFERS.write().insert(buf)
 }
 
 /// The buffer behind `id`.
-pub fn buffer(id: u64) -> Result<Arc<Buffer>> {
+pub fn buffer(id: u64) -> Result<AnyBuffer> {
     BUFFERS.read().get(id).ok_or_else(|| describe(id, "buffer"))
 }
 

@@ -15,6 +15,7 @@ pub mod handles;
 pub mod hier;
 pub mod launch;
 pub mod logging;
+pub mod mem_alloc;
 pub mod memory;
 pub mod net;
 pub mod policy;
@@ -22,5 +23,6 @@ pub mod registry;
 pub mod retry;
 pub mod segment;
 pub mod team;
+pub mod teams;
 
 pub use error::{Error, ErrorKind, Result};

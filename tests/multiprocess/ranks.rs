@@ -135,7 +135,7 @@ fn child() {
             }
             if let Ok(slots) = std::env::var(EXPECT_SLOTS) {
                 assert_eq!(team.device_slots().to_string(), slots, "rank {r}: device-API slots");
-                let v = mcast::runtime::device_api::team_view(&team, r as i32).unwrap();
+                let v = team.device_view(r as i32).unwrap();
                 assert_eq!(v.nslots.to_string(), slots, "rank {r}: the handle's slots");
             }
             // Ranks of other processes are refused.

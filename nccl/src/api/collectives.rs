@@ -11,8 +11,8 @@ use mcast::capi::collective::{
 use mcast::capi::status::mcast_status_t;
 use mcast::capi::team::mcast_team_t;
 
-use crate::comm::{self, check, Comm, Failure, Outcome};
-use crate::types::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+use crate::comm::{self, Comm};
+use crate::types::{self, check, ncclDataType_t, ncclRedOp_t, ncclResult_t, Failure, Outcome};
 
 use super::{
     check_rank, cudaStream_t, dtype_of, fallback_fn, forward, guard, ncclComm_t, ok, on_fallback, op_of, serve,

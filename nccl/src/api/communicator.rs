@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use mcast::capi::team::{get_root_unique_id, mcast_team_split, mcast_team_t, mcast_unique_id_t};
 
-use crate::comm::{self, check, Comm, ContextRef, Failure, Outcome};
+use crate::comm::{self, Comm};
 use crate::fallback;
 use crate::group::{self, Op};
-use crate::types::{self, ncclResult_t, ncclUniqueId, ConfigHead};
+use crate::process::{self, ContextRef};
+use crate::types::{self, check, ncclResult_t, ncclUniqueId, ConfigHead, Failure, Outcome};
 
 use super::{guard, ncclComm_t, ok, on_fallback, out, LAST_DEVICE};
 
@@ -31,11 +32,11 @@ fn init_rank(
             format!("rank {rank} is out of range for nranks = {nranks}"),
         ));
     }
-    let ctx = comm::acquire_context()?;
-    let device = match comm::current_device(&ctx, rank) {
+    let ctx = process::acquire_context()?;
+    let device = match process::current_device(&ctx, rank) {
         Ok(d) => d,
         Err(f) => {
-            comm::release_context();
+            process::release_context();
             return Err(f);
         }
     };
@@ -159,10 +160,10 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, de
         let nid = ncclUniqueId { internal: id.internal };
         let mut made: Vec<Arc<Comm>> = Vec::with_capacity(n);
         for (r, &d) in devices.iter().enumerate() {
-            match comm::acquire_context() {
+            match process::acquire_context() {
                 Ok(ctx) => made.push(Comm::new(ctx, r as c_int, ndev, d, false)),
                 Err(f) => {
-                    made.iter().for_each(|_| comm::release_context());
+                    made.iter().for_each(|_| process::release_context());
                     return Err(f);
                 }
             }
@@ -316,7 +317,7 @@ fn split_fallback(parent: &Comm, color: c_int, key: c_int) -> Outcome<Option<usi
         return Err(Failure::new(r, "the fallback NCCL's ncclCommSplit failed"));
     }
     if !new.is_null() {
-        comm::track_fallback(new as usize);
+        fallback::track(new as usize);
     }
     Ok((!new.is_null()).then_some(new as usize))
 }
@@ -324,13 +325,9 @@ fn split_fallback(parent: &Comm, color: c_int, key: c_int) -> Outcome<Option<usi
 /// A communicator over `team`, split from `parent`.
 fn child(parent: &Comm, team: mcast_team_t, fallback: Option<usize>) -> Outcome<usize> {
     let t = mcast::runtime::handles::team(team.id).map_err(|e| Failure::new(types::INTERNAL_ERROR, e.message))?;
-    // A team across NVLink domains (MCAST_NCCL_HIER=on) is its domain team, whose size and
-    // rank are the domain's; the communicator's are the whole team's.
-    let (rank, nranks) = match t.hier() {
-        Some(h) => (h.rank as c_int, h.layout.size() as c_int),
-        None => (t.local_rank().unwrap_or(0) as c_int, t.size() as c_int),
-    };
-    let ctx: ContextRef = comm::acquire_context()?;
+    // A team across NVLink domains (MCAST_NCCL_HIER=on) numbers its ranks in the whole team.
+    let (rank, nranks) = (t.local_rank().unwrap_or(0) as c_int, t.size() as c_int);
+    let ctx: ContextRef = process::acquire_context()?;
     let c = Comm::new(ctx, rank, nranks, parent.device, parent.nonblocking);
     let no_fallback = if fallback.is_none() { parent.ready()?.no_fallback.clone() } else { None };
     c.adopt(team, fallback, no_fallback);

@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering;
 use mcast::capi::status::mcast_last_error;
 use mcast::capi::team::{mcast_get_unique_id, mcast_team_get_error, mcast_unique_id_t};
 
-use crate::comm::{self, check, Failure};
-use crate::types::{self, ncclResult_t, ncclUniqueId};
+use crate::comm;
+use crate::fallback;
+use crate::types::{self, check, ncclResult_t, ncclUniqueId, Failure};
 
 use super::{fallback_fn, guard, ncclComm_t, ok, on_fallback, out, set_last_error, LAST_ERROR};
 
@@ -49,7 +50,7 @@ pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[no_mangle]
 pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
-    if let Some(lib) = comm::foreign(comm) {
+    if let Some(lib) = fallback::foreign(comm) {
         type F = unsafe extern "C" fn(ncclComm_t) -> *const c_char;
         // SAFETY: NCCL's signature of ncclGetLastError.
         if let Ok(f) = unsafe { lib.function::<F>("ncclGetLastError") } {

@@ -2,9 +2,8 @@
 
 use std::ffi::c_void;
 
-use crate::comm::Failure;
 use crate::group;
-use crate::types::{self, ncclResult_t};
+use crate::types::{self, ncclResult_t, Failure};
 
 use super::{guard, ok};
 

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::comm::{self, check, Comm, ContextRef, Failure, Outcome};
+use crate::comm::{self, Comm};
 use crate::fallback;
 use crate::group::{self, Op};
-use crate::types::{self, ncclResult_t};
+use crate::process::{self, ContextRef};
+use crate::types::{self, check, ncclResult_t, Failure, Outcome};
 
 use super::{guard, ncclComm_t, ok, on_fallback, out, LAST_DEVICE};
 
@@ -27,14 +28,14 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
         if size == 0 {
             return Err(Failure::new(types::INVALID_ARGUMENT, "size is 0"));
         }
-        let ctx = comm::acquire_context()?;
+        let ctx = process::acquire_context()?;
         let device = if ctx.sim {
             match LAST_DEVICE.with(|d| d.get()) {
                 Some(d) => Ok(d),
-                None => comm::current_device(&ctx, 0),
+                None => process::current_device(&ctx, 0),
             }
         } else {
-            comm::current_device(&ctx, 0)
+            process::current_device(&ctx, 0)
         };
         let mut p: *mut c_void = std::ptr::null_mut();
         let made = device.and_then(|d| {
@@ -42,7 +43,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
             check(unsafe { mcast::capi::memory::mcast_mem_alloc(ctx.ctx, d, size, &mut p) }, "mcast_mem_alloc")
         });
         if let Err(f) = made {
-            comm::release_context();
+            process::release_context();
             return Err(f);
         }
         ALLOCATIONS.lock().get_or_insert_with(HashMap::new).insert(p as usize, ctx);
@@ -70,7 +71,7 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
             // SAFETY: the caller's pointer, as given.
             let r = unsafe { f(ptr) };
             if r != types::SUCCESS {
-                let detail = comm::fallback_last_error(lib);
+                let detail = fallback::last_error(lib);
                 return Err(Failure::new(r, format!("{ptr:p} is not ncclMemAlloc memory of mcast_nccl, and the fallback NCCL's ncclMemFree failed: {detail}")));
             }
             return ok();
@@ -84,7 +85,7 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
             ALLOCATIONS.lock().get_or_insert_with(HashMap::new).insert(ptr as usize, ctx);
             return Err(f);
         }
-        comm::release_context();
+        process::release_context();
         ok()
     })
 }

@@ -20,10 +20,10 @@ use std::sync::Arc;
 use mcast::capi::collective::mcast_stream_t;
 use mcast::capi::team::mcast_team_t;
 
-use crate::comm::{self, Comm, Failure, Outcome};
+use crate::comm::Comm;
 use crate::fallback;
 use crate::group::{self, Op};
-use crate::types::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t, DType};
+use crate::types::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t, DType, Failure, Outcome};
 
 mod collectives;
 mod communicator;
@@ -186,9 +186,9 @@ unsafe fn fallback_fn<F: Copy>(lib: &fallback::Nccl, name: &str) -> Result<F, nc
 /// Runs `call` with NCCL's own `name` when `comm` is a communicator of the fallback NCCL, not
 /// one of ours: NCCL calls its exported functions through the dynamic linker, so with this
 /// library in front of it (`LD_PRELOAD`, or a program that also loads `libnccl`, as PyTorch does)
-/// its internal calls on its own communicators land here ([`comm::foreign`]). `None`: ours.
+/// its internal calls on its own communicators land here ([`fallback::foreign`]). `None`: ours.
 fn on_fallback<F: Copy>(comm: ncclComm_t, name: &str, call: impl FnOnce(F) -> ncclResult_t) -> Option<ncclResult_t> {
-    let lib = comm::foreign(comm)?;
+    let lib = fallback::foreign(comm)?;
     // SAFETY: every caller names F as NCCL's signature of `name`.
     Some(match unsafe { fallback_fn::<F>(lib, name) } {
         Ok(f) => call(f),

@@ -2,8 +2,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::comm::{self, Outcome};
-use crate::types::{ncclDataType_t, ncclResult_t};
+use crate::comm;
+use crate::types::{ncclDataType_t, ncclResult_t, Outcome};
 
 use super::{check_rank, cudaStream_t, dtype_of, fallback_fn, forward, guard, ncclComm_t, ok};
 

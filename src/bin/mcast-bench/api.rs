@@ -191,7 +191,8 @@ pub struct TeamGrid {
 
 /// The [`TeamGrid`] of `team`.
 pub fn team_grid(team: mcast_team_t) -> Result<TeamGrid, String> {
-    let t = mcast::runtime::handles::team(team.id).map_err(|e| e.to_string())?;
+    let any = mcast::runtime::handles::team(team.id).map_err(|e| e.to_string())?;
+    let t = any.inner();
     Ok(TeamGrid { max_blocks: t.max_blocks(), ll: t.ll(), ce_min_bytes: t.ce_min_bytes() })
 }
 

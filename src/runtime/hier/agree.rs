@@ -29,17 +29,13 @@
 //!
 //! The verdict is the same on every rank when every rank is alive.
 
-use std::sync::Arc;
-
+use super::Across;
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::signature::describe;
 use crate::kernels::Collective;
 use crate::runtime::collective as domain;
 use crate::runtime::comm::{Dec, Enc};
 use crate::runtime::error::{Error, ErrorKind, Result};
-use crate::runtime::team::Team;
-
-use super::Hier;
 
 /// Bytes of one signature in the table.
 const SIG: usize = 16;
@@ -48,12 +44,12 @@ const SIG: usize = 16;
 /// rail calls run stage by stage (see the module doc). `rail_all_gather(send, recv, words)` is
 /// the rank's blocking rail all-gather of `words` 32-bit words.
 pub(super) fn across_domains(
-    team: &Arc<Team>,
-    h: &Hier,
+    h: &Across,
     stream: Stream,
     sig: [u64; 2],
     rail_all_gather: impl FnOnce(DevicePtr, DevicePtr, usize) -> Result<()>,
 ) -> Result<()> {
+    let team = &h.team;
     let l = h.layout.domain_size();
     let p = h.layout.domains() * l;
     let driver = team.context().driver();
@@ -88,18 +84,18 @@ pub(super) fn across_domains(
             [word(at), word(at + 1)]
         })
         .collect();
-    judge(team, h, &of_rank)
+    judge(h, &of_rank)
 }
 
 /// Compares rank `h.rank`'s call signature `sig` with every rank's over the team's bootstrap,
 /// where the rail calls are stream-ordered (see the module doc).
-pub(super) fn over_bootstrap(team: &Arc<Team>, h: &Hier, sig: [u64; 2]) -> Result<()> {
+pub(super) fn over_bootstrap(h: &Across, sig: [u64; 2]) -> Result<()> {
     let mut mine = Enc::default();
     mine.u64(sig[0]).u64(sig[1]);
     let parts = h.global.exchange("call signatures", Ok(()), &mine.0, &[]).map_err(|e| {
         let e = e.context(format!("rank {}: comparing the ranks' calls", h.rank));
         if e.kind != ErrorKind::Aborted {
-            team.set_error(e.clone());
+            h.team.set_error(e.clone());
         }
         e
     })?;
@@ -110,13 +106,13 @@ pub(super) fn over_bootstrap(team: &Arc<Team>, h: &Hier, sig: [u64; 2]) -> Resul
             Ok([d.u64()?, d.u64()?])
         })
         .collect::<Result<Vec<[u64; 2]>>>()?;
-    judge(team, h, &of_rank)
+    judge(h, &of_rank)
 }
 
 /// The verdict on every rank's signature, the same on every rank: `Ok` when they agree (unknown
 /// ones skipped), else the team keeps the `InvalidArgument` naming the first pair that differs
 /// (its later calls and synchronize report it, as after a mismatch found by the kernels).
-fn judge(team: &Arc<Team>, h: &Hier, of_rank: &[[u64; 2]]) -> Result<()> {
+fn judge(h: &Across, of_rank: &[[u64; 2]]) -> Result<()> {
     let Some((a, b)) = first_disagreement(of_rank) else { return Ok(()) };
     let e = Error::invalid_argument(format!(
         "rank {}: {}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; the \
@@ -126,7 +122,7 @@ fn judge(team: &Arc<Team>, h: &Hier, of_rank: &[[u64; 2]]) -> Result<()> {
         describe(a, of_rank[a], b, of_rank[b]),
         h.layout.domains()
     ));
-    team.set_error(e.clone());
+    h.team.set_error(e.clone());
     Err(e)
 }
 

@@ -38,7 +38,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::{Hier, Pipe};
+use super::{Across, Pipe};
 use crate::driver::{DevicePtr, Stream};
 use crate::kernels::abi::signature::{signature, Offsets};
 use crate::kernels::{Collective, DType};
@@ -91,18 +91,26 @@ impl Chunks {
     }
 }
 
-/// The in-place buffer form on a team across domains (see `runtime::collective::run`).
-pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, c: Collective, stream: Stream) -> Result<()> {
-    let team = buf.team();
-    let h = hier(team)?;
+/// The in-place buffer form on a team across domains (see `runtime::collective::run`): `buf`
+/// is a buffer of `h` (of its domain team).
+pub fn run(
+    h: &Across,
+    buf: &Buffer,
+    rank: i32,
+    offset: usize,
+    count: usize,
+    c: Collective,
+    stream: Stream,
+) -> Result<()> {
     h.own(rank, "rank")?;
     let p = h.layout.size();
     let (esize, blocks) = geometry(h, c)?;
     if count == 0 {
         return Ok(());
     }
-    let block = bytes_of(count, esize)?;
-    check_extent(buf, "", offset, block, blocks)?;
+    // The flat form's check, over the whole team's blocks (no alignment: the domain stages take
+    // the pointer form).
+    let block = domain::check_range(buf, "", offset, count, esize, blocks, 1)? / blocks;
     let base = buf.local_ptr(h.local as i32)? + offset as u64;
     let g = h.rank as u64;
     let (send, recv) = match c {
@@ -112,12 +120,14 @@ pub fn run(buf: &Buffer, rank: i32, offset: usize, count: usize, c: Collective, 
     };
     debug_assert!(blocks == 1 || blocks == p);
     let sig = signature(c, count as u64, Offsets::InPlace(offset as u64));
-    composed(team, h, send, recv, count, c, stream, sig)
+    composed(h, send, recv, count, c, stream, sig)
 }
 
-/// The `_into` buffer form on a team across domains (see `runtime::collective::run_into`).
+/// The `_into` buffer form on a team across domains (see `runtime::collective::run_into`):
+/// `send` and `recv` are buffers of `h` (of its domain team).
 #[allow(clippy::too_many_arguments)]
 pub fn run_into(
+    h: &Across,
     send: &Buffer,
     send_offset: usize,
     recv: &Buffer,
@@ -127,33 +137,31 @@ pub fn run_into(
     c: Collective,
     stream: Stream,
 ) -> Result<()> {
-    let team = send.team();
-    if !Arc::ptr_eq(team, recv.team()) {
+    if !Arc::ptr_eq(send.team(), recv.team()) {
         return Err(Error::invalid_argument("send and recv are buffers of different teams"));
     }
-    let h = hier(team)?;
     h.own(rank, "rank")?;
     let (esize, blocks) = geometry(h, c)?;
     if count == 0 {
         return Ok(());
     }
-    let block = bytes_of(count, esize)?;
     let (sb, rb) = match c {
         Collective::AllGather => (1, blocks),
         Collective::ReduceScatter { .. } => (blocks, 1),
         _ => (1, 1),
     };
-    check_extent(send, "send ", send_offset, block, sb)?;
-    check_extent(recv, "recv ", recv_offset, block, rb)?;
+    // The flat form's checks, as in `run`.
+    domain::check_range(send, "send ", send_offset, count, esize, sb, 1)?;
+    domain::check_range(recv, "recv ", recv_offset, count, esize, rb, 1)?;
     let s = send.local_ptr(h.local as i32)? + send_offset as u64;
     let r = recv.local_ptr(h.local as i32)? + recv_offset as u64;
     let sig = signature(c, count as u64, Offsets::Into { send: send_offset as u64, recv: recv_offset as u64 });
-    composed(team, h, s, r, count, c, stream, sig)
+    composed(h, s, r, count, c, stream, sig)
 }
 
 /// The pointer form on a team across domains (see `runtime::collective::run_ptr`).
 pub fn run_ptr(
-    team: &Arc<Team>,
+    h: &Across,
     rank: i32,
     send: DevicePtr,
     recv: DevicePtr,
@@ -161,7 +169,6 @@ pub fn run_ptr(
     c: Collective,
     stream: Stream,
 ) -> Result<()> {
-    let h = hier(team)?;
     h.own(rank, "rank")?;
     let (esize, blocks) = geometry(h, c)?;
     if count == 0 {
@@ -185,15 +192,11 @@ pub fn run_ptr(
             return Err(Error::invalid_argument(format!("{what} + {len} bytes overflows")));
         }
     }
-    composed(team, h, send, recv, count, c, stream, signature(c, count as u64, Offsets::Free))
-}
-
-fn hier(team: &Team) -> Result<&Hier> {
-    team.hier().ok_or_else(|| Error::internal("a collective across NVLink domains on a team within one"))
+    composed(h, send, recv, count, c, stream, signature(c, count as u64, Offsets::Free))
 }
 
 /// Element size and the number of per-rank blocks of the symmetric range (root checked).
-fn geometry(h: &Hier, c: Collective) -> Result<(usize, usize)> {
+fn geometry(h: &Across, c: Collective) -> Result<(usize, usize)> {
     let p = h.layout.size();
     Ok(match c {
         Collective::Broadcast { root } => {
@@ -212,18 +215,6 @@ fn bytes_of(count: usize, size: usize) -> Result<usize> {
     count.checked_mul(size).ok_or_else(|| Error::invalid_argument(format!("count {count} is too large")))
 }
 
-/// Checks `[offset, offset + blocks * block)` lies in `buf`.
-fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: usize) -> Result<()> {
-    match block.checked_mul(blocks).and_then(|e| offset.checked_add(e)) {
-        Some(end) if end <= buf.size() => Ok(()),
-        _ => Err(Error::invalid_argument(format!(
-            "the collective's {what}range ({blocks} block(s) of {block} bytes from offset {offset}) is past the end of \
-             the {}-byte buffer",
-            buf.size()
-        ))),
-    }
-}
-
 /// One rank's composed collective (arguments checked); `sig` the user call's signature, which
 /// every domain stage's kernels compare across the domain (see [`Steps::domain`]) and, with the
 /// check on, every rank compares across the domains first (`super::agree`: through the engine
@@ -231,8 +222,7 @@ fn check_extent(buf: &Buffer, what: &str, offset: usize, block: usize, blocks: u
 /// stream-ordered).
 #[allow(clippy::too_many_arguments)]
 fn composed(
-    team: &Arc<Team>,
-    h: &Hier,
+    h: &Across,
     send: DevicePtr,
     recv: DevicePtr,
     count: usize,
@@ -240,16 +230,17 @@ fn composed(
     stream: Stream,
     sig: [u64; 2],
 ) -> Result<()> {
-    team.check_usable(format_args!("rank {}'s collective", h.rank))?;
+    h.check_usable(format_args!("rank {}'s collective", h.rank))?;
+    let team = &h.team;
     let steps = Steps { team, h, stream, g: h.rank as i32, rail_failed: Cell::new(false), sig };
     let agreed = if !team.check_calls() {
         Ok(())
     } else if steps.blocking() {
-        super::agree::across_domains(team, h, stream, sig, |send, recv, words| {
+        super::agree::across_domains(h, stream, sig, |send, recv, words| {
             steps.rail("signature all-gather", |r| r.all_gather(send, recv, words, DType::U32, stream))
         })
     } else {
-        super::agree::over_bootstrap(team, h, sig)
+        super::agree::over_bootstrap(h, sig)
     };
     let result = agreed.and_then(|()| match c {
         Collective::AllReduce { .. } => steps.all_reduce(send, recv, count, c),
@@ -272,7 +263,7 @@ fn composed(
 /// The stages of one rank's composed collective.
 struct Steps<'a> {
     team: &'a Arc<Team>,
-    h: &'a Hier,
+    h: &'a Across,
     stream: Stream,
     /// This rank in the whole team (for messages).
     g: i32,
@@ -289,6 +280,9 @@ impl Steps<'_> {
     /// different domains meet only on the rails, which do not compare calls: `super::agree`
     /// compares them before the first stage.
     fn domain(&self, send: DevicePtr, recv: DevicePtr, count: usize, c: Collective) -> Result<()> {
+        // What ranks of other domains told since the last stage stops this one, as the domain's
+        // own failures do.
+        self.h.hear();
         crate::runtime::launch::signed_as(self.sig, || {
             domain::run_ptr(self.team, self.h.local as i32, send, recv, count, c, self.stream)
         })

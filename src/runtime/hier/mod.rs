@@ -1,24 +1,29 @@
-//! Teams across NVLink domains (API.md, "Teams across NVLink domains"), served hierarchically:
-//! inside each domain by an ordinary mcast team over that domain's ranks (the *domain team*,
-//! which is the team object the application holds, with this hierarchical part attached),
+//! Teams across NVLink domains (API.md, "Teams across NVLink domains"): a kind of team of its
+//! own ([`Across`]), above the flat team (`runtime::team`), served hierarchically: inside each
+//! domain by a flat team over that domain's ranks (the *domain team*, which it composes),
 //! between domains by an engine ([`crate::runtime::net`]) over *rails*: rail `j` is the ranks
-//! with local index `j` inside their domain.
+//! with local index `j` inside their domain. The flat team knows nothing of it.
 //!
-//! - `mod.rs` (this file): what a team across domains holds ([`Hier`]: the whole team's
-//!   connections, the rank layout, the engine and this rank's rail communicator) and the steps
-//!   of its creation that need no team (the engine vote, the rank layout, the rail communicator).
+//! - `mod.rs` (this file): what a team across domains holds ([`Across`]: the domain team, the
+//!   whole team's connections, the rank layout, the engine and this rank's rail communicator)
+//!   and the steps of its creation that need no team (the engine vote, the rank layout, the rail
+//!   communicator).
+//! - `create.rs`: its creation ([`Across::create`]: the domain team, then the rails).
+//! - `team.rs`: what it does its own way besides the collectives: rank mapping, error, abort,
+//!   synchronize, info, destroy (the flat team's, plus the whole team's connections and rails).
 //! - `collective.rs`: the four collectives composed from the domain team's pointer-form
 //!   collectives and the rail communicator; the pipelined all-reduce uses this rank's [`Pipe`].
 //! - `agree.rs`: the comparison of a call's signature across the domains, before the first
 //!   stage (through the engine where the rail calls run stage by stage, over the bootstrap
 //!   where they are stream-ordered).
 //!
-//! Imports: `team/create.rs` makes the domain team and attaches a [`Hier`] built here; this
-//! file imports no team; `collective.rs` imports the team and `runtime::collective` (it is
-//! called from `capi/collective.rs`, above both).
+//! Imports: this folder imports the flat team, its buffers and its collectives; nothing below it
+//! imports this folder (`runtime/teams.rs`, above both, tells a handle's two kinds apart).
 
 mod agree;
 pub mod collective;
+mod create;
+mod team;
 
 use std::sync::Arc;
 
@@ -29,6 +34,7 @@ use crate::runtime::comm::{Comm, Dec, Enc};
 use crate::runtime::env::Env;
 use crate::runtime::error::{Error, Result};
 use crate::runtime::net::{Engine, RailComm, RailOob};
+use crate::runtime::team::Team;
 
 /// Where the ranks of a team across domains are: domain `d`'s ranks in team order (a rank's
 /// local index is its position there).
@@ -92,8 +98,10 @@ impl Layout {
     }
 }
 
-/// The hierarchical part of a team across NVLink domains.
-pub struct Hier {
+/// A team across NVLink domains: one rank of it in this process.
+pub struct Across {
+    /// The domain team: this rank's domain's ranks, in local order.
+    pub team: Arc<Team>,
     /// The whole team's connections (split, the votes of the hierarchical steps, failures told
     /// by ranks of other domains).
     pub global: Arc<Comm>,
@@ -186,11 +194,11 @@ struct Scratch {
     bytes: usize,
 }
 
-impl std::fmt::Debug for Hier {
+impl std::fmt::Debug for Across {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Hier(rank {}, domain {}, local {}, engine {})",
+            "Across(rank {}, domain {}, local {}, engine {})",
             self.rank,
             self.domain,
             self.local,
@@ -244,7 +252,7 @@ fn rails_on_streams(engine: &dyn Engine, driver: &dyn Driver) -> bool {
     engine.stream_ordered() && (driver.as_sim().is_none() || engine.enqueues_on_sim())
 }
 
-impl Hier {
+impl Across {
     /// The first steps of a team across domains, on every rank of `global`: the engine (every
     /// rank must have one: one rank's failure is every rank's `NotSupported`, naming the
     /// engines tried) and the layout (equal domain sizes). `spanning` begins the messages
@@ -259,7 +267,8 @@ impl Hier {
         why: &str,
     ) -> Result<(Arc<dyn Engine>, Layout)> {
         let layout = Layout::new(of_rank, names);
-        let engine = crate::runtime::net::choose(env).map_err(|tried| {
+        let sim = env.driver().backend_name() == "sim";
+        let engine = crate::runtime::net::choose(env.registered_net(), env.config(), sim).map_err(|tried| {
             Error::not_supported(format!("{spanning}; rank {} has no engine between them: {tried}{why}", global.rank()))
         });
         let status = match (&layout, &engine) {
@@ -275,15 +284,16 @@ impl Hier {
     /// is destroyed when another rank failed.
     ///
     /// When the rail calls enqueue on streams (a stream-ordered engine on CUDA) it also makes
-    /// this rank's [`Pipe`] (voted with the communicator).
+    /// this rank's [`Pipe`] (voted with the communicator). `team`: the domain team, made.
     pub fn connect(
-        env: &Env,
+        team: Arc<Team>,
         global: Arc<Comm>,
         engine: Arc<dyn Engine>,
         layout: Layout,
         names: Vec<String>,
         device: Device,
-    ) -> Result<Hier> {
+    ) -> Result<Across> {
+        let env = team.context().clone();
         let rank = global.rank();
         let (domain, local) = layout.place[rank];
         let oob = Oob { global: &global, layout: &layout, local };
@@ -320,7 +330,8 @@ impl Hier {
             return Err(e);
         }
         let (rail, pipe) = made.expect("voted");
-        Ok(Hier {
+        Ok(Across {
+            team,
             global,
             layout,
             rank,
@@ -388,7 +399,7 @@ impl Hier {
     }
 
     /// Aborts the rail communicator and tells every rank of the whole team (`mcast_team_abort`).
-    pub fn abort(&self, who: &str) {
+    fn abort_rails(&self, who: &str) {
         self.global.abort(who);
         if let Some(c) = self.rail.read().as_deref() {
             if let Err(e) = c.abort() {
@@ -405,7 +416,8 @@ impl Hier {
 
     /// Destroys the rail communicator, the rail stream and its events, and frees the scratch
     /// (team destroy); idempotent.
-    pub fn release(&self, env: &Env) -> Vec<Error> {
+    fn release_rails(&self) -> Vec<Error> {
+        let env = self.team.context();
         let mut errors = Vec::new();
         if let Some(c) = self.rail.write().take() {
             if let Err(e) = c.destroy() {

@@ -6,16 +6,19 @@
 use std::sync::Arc;
 
 use super::Engine;
-use crate::runtime::config::NetMode;
-use crate::runtime::env::Env;
+use crate::runtime::config::{Config, NetMode};
 
-/// The engine for a team made now in `env`, or why there is none: each engine tried and why it
+/// The engine for a team made now in a context with `registered` (its registered engine) and
+/// `config`, on the simulator when `sim`; or why there is none: each engine tried and why it
 /// failed, for the `NOT_SUPPORTED` every rank returns.
-pub fn choose(env: &Env) -> std::result::Result<Arc<dyn Engine>, String> {
-    if let Some(e) = env.registered_net() {
+pub fn choose(
+    registered: Option<Arc<dyn Engine>>,
+    config: &Config,
+    sim: bool,
+) -> std::result::Result<Arc<dyn Engine>, String> {
+    if let Some(e) = registered {
         return Ok(e);
     }
-    let config = env.config();
     let mode = match config.net {
         NetMode::None => return Err("none registered (mcast_context_set_net), and MCAST_NET=none".into()),
         NetMode::Auto => "MCAST_NET=auto",
@@ -24,7 +27,7 @@ pub fn choose(env: &Env) -> std::result::Result<Arc<dyn Engine>, String> {
     let (explicit, fallback) = (named(&config.net_nccl), named(&config.nccl_fallback));
     // A real NCCL cannot move the simulator's memory: there only a library a variable names (the
     // tests' stand-in NCCL over MPI) is loaded, never libnccl.so.2 from the search path.
-    if env.driver().backend_name() == "sim" && explicit.is_none() && fallback.is_none() {
+    if sim && explicit.is_none() && fallback.is_none() {
         return Err(format!(
             "none registered (mcast_context_set_net); NCCL ({mode}): on the simulator only a library named by \
              {} or {} is loaded (a real NCCL cannot move simulated memory)",

@@ -36,10 +36,7 @@ impl Team {
             return Some(self.aborted_error());
         }
         if !self.failed.load(Ordering::Acquire) {
-            // A team across NVLink domains also hears of ranks of other domains, first (the
-            // whole team's failure names its cause; a domain peer's exit after it, only that).
-            let global = self.hier().and_then(|h| h.global.failure());
-            let (kind, why) = global.or_else(|| self.comm.as_ref().and_then(|c| c.failure()))?;
+            let (kind, why) = self.comm.as_ref().and_then(|c| c.failure())?;
             self.told(kind, &why);
             return self.error();
         }
@@ -47,8 +44,8 @@ impl Team {
     }
 
     /// Records the failure a peer process told over the connections (an abort, a rank's
-    /// timeout).
-    fn told(&self, kind: ErrorKind, why: &str) {
+    /// timeout; also over connections of a team made of this one).
+    pub(crate) fn told(&self, kind: ErrorKind, why: &str) {
         if kind == ErrorKind::Aborted {
             return self.mark_aborted(why);
         }
@@ -100,9 +97,7 @@ impl Team {
         if let Some(c) = &self.comm {
             c.timed_out(&what);
         }
-        if let Some(h) = self.hier() {
-            h.global.timed_out(&what);
-        }
+        self.timeout_cause.get_or_init(|| what.clone());
         self.error().expect("a timed-out team has its error")
     }
 
@@ -124,9 +119,9 @@ impl Team {
             for (i, w) in record.chunks_mut(4).enumerate() {
                 w.copy_from_slice(&peek(MISMATCH_OFFSET + 4 * i).unwrap_or(0).to_ne_bytes());
             }
-            describe_record(r, peek(ERROR_INFO_OFFSET).unwrap_or(0), &record, |l| self.rank_in_team(l))
+            describe_record(r, peek(ERROR_INFO_OFFSET).unwrap_or(0), &record, |l| l)
         };
-        let me = self.rank_in_team(r);
+        let me = r;
         self.set_error(Error::invalid_argument(format!(
             "rank {me}: {what}: every rank must pass the same collective, count, dtype, op, root and buffer offsets; \
              its kernels found it at their entry and wrote no data; every rank of the team reports this error until \
@@ -237,9 +232,6 @@ impl Team {
         self.mark_aborted(&who);
         if let Some(c) = &self.comm {
             c.abort(&who);
-        }
-        if let Some(h) = self.hier() {
-            h.abort(&who);
         }
         self.stop_device_waits(true);
     }

@@ -173,8 +173,6 @@ impl Team {
             }
             self.release_locked(&mut st)
         };
-        let errors: Vec<Error> =
-            errors.into_iter().chain(self.hier().map(|h| h.release(&self.env)).unwrap_or_default()).collect();
         self.env.leave(&**self);
         match errors.into_iter().next() {
             Some(e) => Err(e.context("destroying the team")),
@@ -192,11 +190,7 @@ impl Team {
         if let Err(e) = self.quiesce() {
             tracing::error!("releasing a team: {e}");
         }
-        let mut errors = self.release_locked(&mut self.state.write());
-        if let Some(h) = self.hier() {
-            errors.extend(h.release(&self.env));
-        }
-        errors
+        self.release_locked(&mut self.state.write())
     }
 
     fn release_locked(&self, st: &mut Pool) -> Vec<Error> {

@@ -22,7 +22,6 @@ use crate::runtime::config::{MulticastMode, MAX_DEVICE_SLOTS};
 use crate::runtime::doorbell::Doorbell;
 use crate::runtime::env::{lcm, Env, Leftover};
 use crate::runtime::error::{Error, ErrorKind, Result};
-use crate::runtime::hier::Hier;
 use crate::runtime::policy;
 use crate::runtime::segment::{Segment, Shape};
 
@@ -30,14 +29,29 @@ use crate::runtime::segment::{Segment, Shape};
 pub enum Joined {
     /// The team.
     Team(Arc<Team>),
-    /// The ranks span several NVLink domains: their connections (for the caller's own
-    /// exchanges) and the refusal `init_rank` returns.
+    /// The ranks span several NVLink domains, which a flat team does not: their connections
+    /// (for a team across domains, `runtime::hier`, or the caller's own exchanges), the domains
+    /// and the refusal [`Team::init_rank`] returns.
     AcrossDomains {
         /// The team's connections, formed.
         comm: Arc<Comm>,
         /// `NotSupported`, naming the domains.
         refusal: Error,
+        /// The domains, the same on every rank.
+        domains: Domains,
+        /// Why the ranks are not one domain (ends the messages).
+        why: String,
     },
+}
+
+impl Joined {
+    /// The flat team, or the refusal of ranks in several NVLink domains.
+    pub fn flat(self) -> Result<Arc<Team>> {
+        match self {
+            Joined::Team(team) => Ok(team),
+            Joined::AcrossDomains { refusal, .. } => Err(refusal),
+        }
+    }
 }
 
 impl Team {
@@ -99,11 +113,10 @@ impl Team {
     /// [`Team::handle_type`]), and build the first segment together. Every step ends with a
     /// vote, so a failure on one rank is an error on every rank; every wait is bounded by
     /// `timeout_ms`.
-    /// Ranks in several NVLink domains make a team across them (see [`crate::runtime::hier`]),
-    /// or fail with `NotSupported` on every rank where no engine between them can be used.
+    /// Ranks in several NVLink domains fail with `NotSupported` on every rank, naming the
+    /// domains: [`Team::join_rank`] gives their connections for a team across them.
     pub fn init_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Arc<Team>> {
-        let comm = Arc::new(Comm::new(Self::boot_rank(env, id, nranks, rank)?));
-        Self::init_with(env, comm, device, true)
+        Self::join_rank(env, id, nranks, rank, device)?.flat()
     }
 
     fn boot_rank(env: &Env, id: &[u8; ID_BYTES], nranks: i32, rank: i32) -> Result<Bootstrap> {
@@ -119,28 +132,25 @@ impl Team {
 
     /// [`Team::init_rank`], but a team whose ranks span several NVLink domains gives back the
     /// formed connections with a refusal, the same on every rank, for a caller that serves such
-    /// a team another way (`libmcast_nccl` hands it to NCCL).
+    /// a team another way (a team across domains, `runtime::hier`; `libmcast_nccl` hands it to
+    /// NCCL).
     pub fn join_rank(env: &Arc<Env>, id: &[u8; ID_BYTES], nranks: i32, rank: i32, device: i32) -> Result<Joined> {
         let comm = Arc::new(Comm::new(Self::boot_rank(env, id, nranks, rank)?));
-        match Self::init_with(env, comm.clone(), device, false) {
-            Ok(team) => Ok(Joined::Team(team)),
-            Err(e) if domains::spans_domains(&e.message) => Ok(Joined::AcrossDomains { comm, refusal: e }),
-            Err(e) => Err(e),
-        }
+        Self::init_with(env, comm, device)
     }
 
     /// Like [`Team::init_rank`], but the processes meet through the caller's allgather
     /// (`allgather(send, recv)` gathers `send` from every rank into `recv` in rank order),
     /// called exactly once on every rank whatever fails locally (a local failure travels in
     /// the record, so every rank fails together); afterwards only the team's own connections
-    /// are used.
-    pub fn init_oob(
+    /// are used. Ranks in several NVLink domains: as [`Team::join_rank`].
+    pub fn join_oob(
         env: &Arc<Env>,
         allgather: crate::bootstrap::oob::Allgather<'_>,
         nranks: i32,
         rank: i32,
         device: i32,
-    ) -> Result<Arc<Team>> {
+    ) -> Result<Joined> {
         let problem = env.check_device(device, "device").err().map(|e| e.message);
         let boot = Bootstrap::init_oob(
             allgather,
@@ -151,22 +161,19 @@ impl Team {
             host::host_id(),
             problem,
         )?;
-        Self::init_with(env, Arc::new(Comm::new(boot)), device, true)
+        Self::init_with(env, Arc::new(Comm::new(boot)), device)
     }
 
-    /// The rest of [`Team::init_rank`] once the ranks are connected; `across`: ranks in several
-    /// NVLink domains make a team across them (else the refusal of [`Team::join_rank`]).
-    fn init_with(env: &Arc<Env>, comm: Arc<Comm>, device: i32, across: bool) -> Result<Arc<Team>> {
+    /// The rest of [`Team::join_rank`] once the ranks are connected.
+    fn init_with(env: &Arc<Env>, comm: Arc<Comm>, device: i32) -> Result<Joined> {
         static SERIAL: AtomicU64 = AtomicU64::new(1);
         let (n, r) = (comm.nranks(), comm.rank());
         comm.vote("arguments", env.check_device(device, "device").map(|_| ()))?;
         // NVLink domains first (the same on every rank).
         let (domains, why) = domains::decide(env, &comm, device)?;
         if domains.count() > 1 {
-            if !across {
-                return Err(domains::refusal(&domains, &why));
-            }
-            return Self::across_domains(env, comm, device, &domains, &why);
+            let refusal = domains::refusal(&domains, &why);
+            return Ok(Joined::AcrossDomains { comm, refusal, domains, why });
         }
         // Capabilities: every rank's device, its GPU's UUID, why it cannot use multicast, and
         // its mode. Ordinals are the ranks' own (each process may see other GPUs, in another
@@ -291,70 +298,7 @@ impl Team {
             team.reason,
             handle_type_label(handle_type)
         );
-        Ok(team)
-    }
-
-    /// A team across NVLink domains (see [`crate::runtime::hier`]), on every rank of `global`:
-    /// the engine and the layout, then the domain team (an ordinary team over this rank's
-    /// domain, its fresh root id made by the domain's first rank and sent over `global`, never
-    /// env mode), then this rank's rail communicator. Every step is voted over `global`, so
-    /// one rank's failure is every rank's; what was made is released on failure.
-    fn across_domains(
-        env: &Arc<Env>,
-        global: Arc<Comm>,
-        device: i32,
-        domains: &Domains,
-        why: &str,
-    ) -> Result<Arc<Team>> {
-        let spanning = domains::spanning(domains);
-        let (engine, layout) = Hier::prepare(env, &global, &domains.of_rank, &domains.names, &spanning, why)?;
-        let r = global.rank();
-        let (d, local) = layout.place[r];
-        let id = (local == 0).then(|| crate::bootstrap::new_root_id().map_err(Error::from));
-        let mut e = Enc::default();
-        match &id {
-            Some(Ok(id)) => e.bytes(id),
-            _ => e.bytes(&[]),
-        };
-        let status = match &id {
-            Some(Err(err)) => Err(err.clone()),
-            _ => Ok(()),
-        };
-        let parts = global.exchange("domain team ids", status, &e.0, &[])?;
-        let bytes = Dec(&parts[layout.rank_of(d, 0)].bytes).bytes()?;
-        let id: [u8; ID_BYTES] = bytes.try_into().map_err(|_| Error::internal("a domain team id of the wrong size"))?;
-        let size = layout.domain_size() as i32;
-        let made = Team::init_rank(env, &id, size, local as i32, device)
-            .map_err(|e| e.context(format!("rank {r} joining the team of {} as its rank {local}", domains.names[d])));
-        let status = made.as_ref().map(|_| ()).map_err(Clone::clone);
-        let undo = |team: &Arc<Team>| {
-            if let Err(e) = team.destroy() {
-                tracing::error!("rolling back a team across NVLink domains: {e}");
-            }
-        };
-        if let Err(e) = global.vote("domain teams", status) {
-            if let Ok(team) = &made {
-                undo(team);
-            }
-            return Err(e);
-        }
-        let team = made?;
-        // An engine that runs on the GPU (NCCL) makes its communicator on the calling thread's
-        // current device; on failure the engine's own call fails, and that is voted.
-        if let Err(e) = env.driver().bind_thread(device) {
-            tracing::warn!("rank {r}: making device {device} current for the rail communicator: {e}");
-        }
-        match Hier::connect(env, global, engine, layout, domains.names.clone(), device) {
-            Ok(h) => {
-                tracing::debug!("rank {r}: a team across NVLink domains ({spanning}), engine \"{}\"", h.engine_name());
-                team.hier.set(h).map_err(|_| Error::internal("a domain team already had its hierarchical part"))?;
-                Ok(team)
-            }
-            Err(e) => {
-                undo(&team);
-                Err(e)
-            }
-        }
+        Ok(Joined::Team(team))
     }
 
     /// The team over `shape` with its first segment `seg` (the first `reserved` bytes of it the
@@ -400,7 +344,7 @@ impl Team {
             destroying: Mutex::new(()),
             claims,
             domains,
-            hier: OnceLock::new(),
+            timeout_cause: OnceLock::new(),
             doorbell,
         });
         env.join(team.clone());

@@ -202,7 +202,7 @@ pub(super) fn decide(env: &Env, comm: &Comm, device: Device) -> Result<(Domains,
 
 /// `"the team spans 2 NVLink domains: A (ranks 0, 1), B (ranks 2, 3)"`: how every message
 /// about a team over several domains begins (see [`spans_domains`]).
-pub(super) fn spanning(domains: &Domains) -> String {
+pub fn spanning(domains: &Domains) -> String {
     format!("{SPANS}{} NVLink domains: {}", domains.count(), domains.describe())
 }
 

@@ -1,13 +1,17 @@
-//! Teams: an ordered list of ranks, rank `i` on `devices[i]`, with a transport chosen once.
+//! Teams: an ordered list of ranks, rank `i` on `devices[i]`, with a transport chosen once,
+//! within one NVLink domain (a *flat* team; a team across domains, `runtime::hier`, is made of
+//! one and this module knows nothing of it).
 //! This file holds what a team is and its accessors; `create.rs` makes one (`split.rs` splits
 //! one), `transport.rs` chooses how its ranks talk, `buffers.rs` and `pool.rs` carve its
-//! buffers from segments, `abort.rs` keeps its failures, `streams.rs` the one-stream check.
+//! buffers from segments, `abort.rs` keeps its failures, `streams.rs` the one-stream check,
+//! `device_view.rs` what the device API's kernels see of it.
 //! The team's barrier signal words live in the first [`SYNC_BYTES`](crate::kernels::SYNC_BYTES)
 //! of its first segment.
 
 mod abort;
 mod buffers;
 mod create;
+mod device_view;
 mod domains;
 mod pool;
 mod refusal;
@@ -23,15 +27,15 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Mutex, RwLock};
 
 pub use create::Joined;
-pub use domains::{spans_domains, Domains};
+pub use domains::{spanning, spans_domains, Domains};
 pub use pool::Allocation;
+pub use split::{check_colors, split_over};
 pub use transport::Transport;
 
 use super::comm::Comm;
 use super::doorbell::Doorbell;
 use super::env::Env;
 use super::error::{Error, Result};
-use super::hier::Hier;
 use super::segment::Shape;
 use crate::driver::{Device, DevicePtr, HandleTypes, Stream};
 use pool::Pool;
@@ -91,10 +95,8 @@ pub struct Team {
     domains: Domains,
     /// One-process teams of several ranks: the refused rounds (see `refusal.rs`).
     refusals: Option<refusal::Refusals>,
-    /// A team across NVLink domains: this team is its domain team, and this the rest (the
-    /// whole team's connections, layout and rail communicator; see `runtime::hier`). Set once,
-    /// before the team is handed out.
-    hier: OnceLock<Hier>,
+    /// What the first timeout this process found says (see [`Team::timeout_cause`]).
+    timeout_cause: OnceLock<String>,
     /// Rung by this process's ranks' kernels once they record an error (see
     /// `runtime::doorbell`): what `mcast_team_get_error` polls, with no driver call.
     doorbell: Arc<Doorbell>,
@@ -205,36 +207,16 @@ impl Team {
         Ok(rank as usize)
     }
 
-    /// The hierarchical part of a team across NVLink domains.
-    pub fn hier(&self) -> Option<&Hier> {
-        self.hier.get()
+    /// What the first timeout this process found says (which rank timed out first, whom it
+    /// waited for), as told to the peer processes; `None` before one. A team made of this one
+    /// tells its own peers (`runtime::hier`).
+    pub fn timeout_cause(&self) -> Option<&str> {
+        self.timeout_cause.get().map(String::as_str)
     }
 
-    /// The rank the application knows for this team's index `r`: itself, or for a team across
-    /// NVLink domains (this team object is its domain team) that index's rank of the whole team.
-    pub fn rank_in_team(&self, r: usize) -> usize {
-        self.hier().map_or(r, |h| h.layout.rank_of(h.domain, r))
-    }
-
-    /// The rank the application names (`rank` of a C call) as this team's runtime calls take
-    /// it: itself, or for a team across NVLink domains (whose ranks the application numbers in
-    /// the whole team, while this team object is its domain team) this process's index in the
-    /// domain team, after checking that `rank` is this process's rank of the whole team.
-    pub fn own_index(&self, rank: i32) -> Result<i32> {
-        match self.hier() {
-            Some(h) => Ok(h.own(rank, "rank")? as i32),
-            None => Ok(rank),
-        }
-    }
-
-    /// A peer the application names (`peer` of a C call) as this team's runtime calls take it
-    /// (see [`Team::own_index`]): for a team across NVLink domains, a rank of this process's
-    /// domain, as its index in the domain team.
-    pub fn peer_index(&self, peer: i32) -> Result<i32> {
-        match self.hier() {
-            Some(h) => Ok(h.peer_in_domain(peer)? as i32),
-            None => Ok(peer),
-        }
+    /// True once the team has its sticky error (a failure or an abort) recorded.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Checks `rank` is a rank of this team that this process owns (every rank in a
@@ -323,19 +305,6 @@ impl Team {
     /// What `mcast_team_get_info` reports.
     pub fn info(&self) -> TeamInfo {
         let (mc, bytes) = self.state.read().holdings();
-        if let Some(h) = self.hier() {
-            return TeamInfo {
-                size: h.layout.size(),
-                transport: self.transport,
-                transport_reason: self.reason.clone(),
-                granularity: self.granularity as u64,
-                multicast_objects: mc,
-                bytes_reserved: bytes,
-                domains: h.layout.domains(),
-                domain_size: h.layout.domain_size(),
-                net_engine: h.engine_name().to_string(),
-            };
-        }
         TeamInfo {
             size: self.devices.len(),
             transport: self.transport,

@@ -1,9 +1,8 @@
 //! Memory the application owns: `mcast_mem_alloc` / `mcast_mem_free` (device memory any team
 //! holding that device can register, like NCCL's `ncclMemAlloc`), and the context's list of live
 //! registrations (no two may overlap; registered memory cannot be freed). This file holds the
-//! tables; `alloc.rs` the driver work of allocating and freeing.
-
-mod alloc;
+//! tables, which the context's [`Env`](super::env::Env) keeps; `mem_alloc.rs`, above it, the
+//! driver work of allocating and freeing.
 
 use std::collections::BTreeMap;
 
@@ -14,37 +13,37 @@ use super::registry::ResourceId;
 use crate::driver::{Device, DevicePtr, MemHandle};
 
 /// Owner name of `mcast_mem_alloc` memory in the leak report.
-const OWNER: &str = "mcast_mem_alloc";
+pub(super) const OWNER: &str = "mcast_mem_alloc";
 
 /// One `mcast_mem_alloc` allocation: the physical memory mapped read-write for its device.
-struct UserAlloc {
-    dev: Device,
-    handle: MemHandle,
-    size: usize,
+pub(super) struct UserAlloc {
+    pub(super) dev: Device,
+    pub(super) handle: MemHandle,
+    pub(super) size: usize,
     /// Physical allocation, reservation, mapping: `None` once released.
-    ids: [Option<ResourceId>; 3],
+    pub(super) ids: [Option<ResourceId>; 3],
 }
 
 /// A live registration: `[start, end)` on `dev`, made for buffer registration `serial`.
 #[derive(Clone, Copy, Debug)]
-struct Registration {
+pub(super) struct Registration {
     serial: u64,
     dev: Device,
-    start: u64,
-    end: u64,
+    pub(super) start: u64,
+    pub(super) end: u64,
 }
 
 /// The application's memory in one context.
 #[derive(Default)]
 pub struct UserMemory {
     /// `mcast_mem_alloc` allocations by address.
-    allocs: Mutex<BTreeMap<DevicePtr, UserAlloc>>,
+    pub(super) allocs: Mutex<BTreeMap<DevicePtr, UserAlloc>>,
     /// Live registrations.
-    registrations: Mutex<Vec<Registration>>,
+    pub(super) registrations: Mutex<Vec<Registration>>,
     next_serial: Mutex<u64>,
     /// Devices whose fabric allocations the driver refused (no IMEX channel): later
     /// allocations there ask for POSIX descriptors only, without a failing call each time.
-    no_fabric: Mutex<Vec<Device>>,
+    pub(super) no_fabric: Mutex<Vec<Device>>,
 }
 
 impl UserMemory {

@@ -1,7 +1,7 @@
 //! The driver work behind [`UserMemory`]: `mcast_mem_alloc` (granularity, shareable handle
 //! types, retries, rollback) and `mcast_mem_free`.
 
-use super::{UserAlloc, UserMemory, OWNER};
+use super::memory::{UserAlloc, UserMemory, OWNER};
 use crate::driver::{CuResult, Device, DevicePtr, HandleTypes};
 use crate::runtime::env::Env;
 use crate::runtime::error::{Error, Result};
