@@ -222,7 +222,9 @@ fn strangers_on_the_port_are_dropped_without_disturbing_the_team() {
     garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut huge = TcpStream::connect(addr).unwrap();
     huge.write_all(&[0xff, 0xff, 0xff, 0x7f, 2]).unwrap();
-    let wrong = std::thread::spawn(move || tcp::connect(addr, &[0u8; SECRET_BYTES], Deadline::after_ms(3000)));
+    let wrong = std::thread::spawn(move || {
+        tcp::connect(addr, &[0u8; SECRET_BYTES], &tcp::Bind::default(), Deadline::after_ms(3000))
+    });
     let t = Instant::now();
     let n = 4;
     let boots: Vec<Bootstrap> = std::thread::scope(|s| {
