@@ -224,7 +224,7 @@ impl Bootstrap {
                 streams[q] = Some(s);
                 joined += 1;
             }
-            drop(hub);
+            let late = n - 1 - streams.iter().flatten().count();
             let mut nb = [0u8; 16];
             tcp::random_bytes(&mut nb).map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;
             nonce = nb.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -244,8 +244,12 @@ impl Bootstrap {
                 let _ = s.send(kind::WELCOME, &e.0);
             }
             if let Some(f) = failure {
+                if late > 0 && !deadline.passed() {
+                    tell_late_ranks(hub, e.0, late, deadline);
+                }
                 return Err(f);
             }
+            drop(hub);
             for (q, s) in streams.into_iter().enumerate() {
                 if let Some(s) = s {
                     conns[q] = Some(Arc::new(Conn::new(s)));
@@ -331,5 +335,28 @@ impl Bootstrap {
             _ => e,
         })?;
         Ok(b)
+    }
+}
+
+/// After a formation failed on rank 0 before its deadline (a refusal, a bad join), the ranks
+/// that have not joined yet still hear why: a thread keeps the hub listening until they have
+/// or the deadline passes, and answers each with the failure (`welcome`).
+fn tell_late_ranks(hub: Acceptor, welcome: Vec<u8>, late: usize, deadline: Deadline) {
+    let spawned = std::thread::Builder::new().name("mcast-hub-late".into()).spawn(move || {
+        let mut told = 0;
+        while told < late {
+            match hub.next(deadline) {
+                Some(Ok((mut s, _))) => {
+                    let _ = s.stream.set_write_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.send(kind::WELCOME, &welcome);
+                    told += 1;
+                }
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("bootstrap hub: no thread to tell the late ranks why the team failed: {e}");
     }
 }

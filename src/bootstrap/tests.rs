@@ -276,6 +276,32 @@ fn oob_team(n: usize, bad: impl Fn(usize) -> (i64, Option<String>, bool) + Sync)
     })
 }
 
+/// A rank of another protocol revision (or version): the team does not form, and every rank's
+/// message names both revisions; rank 0 and the rank that joined before do not wait out the
+/// timeout.
+#[test]
+fn ranks_of_two_protocol_revisions_refuse_to_form_a_team_naming_both() {
+    let other = tcp::PROTOCOL + 1;
+    for odd in [1, 2] {
+        let t = Instant::now();
+        let results = oob_team(3, |r| {
+            if r == odd {
+                tcp::PROTOCOL_OVERRIDE.with(|c| c.set(Some(other)));
+            }
+            (r as i64, None, false)
+        });
+        let took = t.elapsed();
+        for (r, b) in results.iter().enumerate() {
+            let e = b.as_ref().expect_err("a team formed across two protocol revisions");
+            assert_eq!(e.kind, Kind::InvalidArgument, "rank {r}: {}", e.message);
+            for needle in [format!("bootstrap protocol {other}"), format!("bootstrap protocol {}", tcp::PROTOCOL)] {
+                assert!(e.message.contains(&needle), "rank {r}: no {needle:?} in {}", e.message);
+            }
+        }
+        assert!(took < Duration::from_millis(1400), "{took:?} (timeout 1500 ms)");
+    }
+}
+
 #[test]
 fn the_callers_allgather_forms_a_team_used_once() {
     let boots: Vec<Bootstrap> = oob_team(4, |r| (r as i64, None, false)).into_iter().map(Result::unwrap).collect();

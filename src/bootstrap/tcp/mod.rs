@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use super::{BootError, Deadline};
 
 pub use acceptor::{Acceptor, Arrival, Shed, MAX_PENDING};
+#[cfg(test)]
+pub(crate) use handshake::PROTOCOL_OVERRIDE;
 pub use handshake::{connect, job_tag, Bind, PROTOCOL, VERSION};
 pub use sealed::{Opener, Sealer, Secured, TAG};
 
