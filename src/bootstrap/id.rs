@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use zeroize::Zeroizing;
+
 use super::ifname;
 use super::tcp::{self, kind, Acceptor, Bind, Secured, SECRET_BYTES};
 use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT, DEFAULT_TIMEOUT_MS};
@@ -27,6 +29,12 @@ pub struct UniqueId {
     pub secret: [u8; SECRET_BYTES],
     /// Rank 0 starts the root (`MCAST_BOOTSTRAP_ADDR`), else it runs in the id's maker.
     pub rank0_listens: bool,
+}
+
+impl Drop for UniqueId {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.secret);
+    }
 }
 
 impl UniqueId {
@@ -188,19 +196,20 @@ pub(super) fn checked_secret(value: Option<&str>) -> Result<String, BootError> {
 /// `addr`. Every process derives the same bytes from the same pair; the last pair is cached,
 /// so a process pays for the derivation once.
 pub(super) fn derive_env_secret(addr: SocketAddr, secret: &str) -> [u8; SECRET_BYTES] {
-    type Cached = (SocketAddr, String, [u8; SECRET_BYTES]);
+    // Wiped when replaced (the last pair stays for the process's life).
+    type Cached = (SocketAddr, Zeroizing<String>, Zeroizing<[u8; SECRET_BYTES]>);
     static LAST: parking_lot::Mutex<Option<Cached>> = parking_lot::Mutex::new(None);
     let mut last = LAST.lock();
     if let Some((a, s, out)) = last.as_ref() {
-        if *a == addr && s == secret {
-            return *out;
+        if *a == addr && s.as_str() == secret {
+            return **out;
         }
     }
     let mut salt = SECRET_KDF_SALT.to_vec();
     salt.extend_from_slice(addr.to_string().as_bytes());
     let mut out = [0u8; SECRET_BYTES];
     pbkdf2::pbkdf2_hmac::<sha2::Sha256>(secret.as_bytes(), &salt, SECRET_KDF_ROUNDS, &mut out);
-    *last = Some((addr, secret.to_string(), out));
+    *last = Some((addr, Zeroizing::new(secret.to_string()), Zeroizing::new(out)));
     out
 }
 
@@ -208,7 +217,7 @@ pub(super) fn derive_env_secret(addr: SocketAddr, secret: &str) -> [u8; SECRET_B
 /// `None` when the address is unset or empty; refused when the secret breaks the rule.
 pub(super) fn env_mode_id(addr: Option<&str>, secret: Option<&str>) -> Result<Option<UniqueId>, BootError> {
     let Some(addr) = parse_bootstrap_addr(addr)? else { return Ok(None) };
-    let secret = checked_secret(secret)?;
+    let secret = Zeroizing::new(checked_secret(secret)?);
     Ok(Some(UniqueId { addr, secret: derive_env_secret(addr, &secret), rank0_listens: true }))
 }
 

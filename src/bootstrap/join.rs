@@ -162,6 +162,8 @@ impl Bootstrap {
         timeout_ms: u32,
         deadline: Deadline,
     ) -> Result<Bootstrap, BootError> {
+        // Wiped when formation ends, as the copies in the listeners are.
+        let secret = zeroize::Zeroizing::new(secret);
         let mut conns: Vec<Option<Arc<Conn>>> = (0..n).map(|_| None).collect();
         let mut hosts = vec![String::new(); n];
         hosts[r] = host.clone();
