@@ -303,6 +303,8 @@ impl Bootstrap {
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
             #[cfg(test)]
             readers_paused: AtomicBool::new(false),
+            #[cfg(test)]
+            hub_stall_ms: std::sync::atomic::AtomicU64::new(0),
         });
         let conns = Arc::new(conns);
         let mut b = Bootstrap {

@@ -302,6 +302,32 @@ fn ranks_of_two_protocol_revisions_refuse_to_form_a_team_naming_both() {
     }
 }
 
+/// Rank 0 stalls past the deadline in the middle of an agreement (after it gathered every part,
+/// before it sent the result): when it resumes it fails with the others instead of succeeding
+/// alone.
+#[test]
+fn a_hub_that_resumes_past_the_deadline_fails_with_the_others() {
+    let n = 3;
+    let id = new_unique_id().unwrap();
+    let boots: Vec<Bootstrap> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| s.spawn(move || Bootstrap::init_id(&id, n as i64, r as i64, MAX, 400, "h".into()).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    boots[0].shared.hub_stall_ms.store(700, std::sync::atomic::Ordering::Relaxed);
+    let results: Vec<Result<(), BootError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = boots.iter().map(|b| s.spawn(move || b.agree("paused", Ok(())))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in results.iter().enumerate() {
+        let e = res.as_ref().expect_err("a rank succeeded while another failed");
+        assert_eq!(e.kind, Kind::Timeout, "rank {r}: {}", e.message);
+    }
+    let hub = results[0].as_ref().unwrap_err();
+    assert!(hub.message.contains("outlived timeout_ms = 400 ms"), "{}", hub.message);
+}
+
 #[test]
 fn the_callers_allgather_forms_a_team_used_once() {
     let boots: Vec<Bootstrap> = oob_team(4, |r| (r as i64, None, false)).into_iter().map(Result::unwrap).collect();
