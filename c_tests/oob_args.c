@@ -114,11 +114,11 @@ int main(void) {
   /* No secret, or a short one: refused, naming the variable and how to make one. */
   CHECK_STATUS(mcast_get_unique_id(&id), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_SECRET") != NULL);
-  CHECK(strstr(mcast_last_error(), "openssl rand -hex 16") != NULL);
+  CHECK(strstr(mcast_last_error(), "openssl rand -hex 32") != NULL);
   setenv("MCAST_BOOTSTRAP_SECRET", "0123456789abcdef", 1);
   CHECK_STATUS(mcast_get_unique_id(&id), MCAST_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(mcast_last_error(), "MCAST_BOOTSTRAP_SECRET has 16 hex digits") != NULL);
-  setenv("MCAST_BOOTSTRAP_SECRET", "00112233445566778899aabbccddeeff", 1);
+  setenv("MCAST_BOOTSTRAP_SECRET", "5b0e9d27c4f1a3866a1fd0c3e97b4528", 1);
   CHECK_OK(mcast_get_unique_id(&id));
   /* Port 0 is no address to meet at: the id is refused when used. */
   CHECK_STATUS(mcast_team_init_rank(ctx, id, 1, 0, 0, &team), MCAST_ERROR_INVALID_ARGUMENT);

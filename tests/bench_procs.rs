@@ -212,7 +212,7 @@ fn mpirun(n: usize, args: &[&str], env: &[(&str, &str)]) -> Option<Command> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut c = sim_command("mpirun");
     c.env("MCAST_BOOTSTRAP_ADDR", format!("127.0.0.1:{port}"))
-        .env("MCAST_BOOTSTRAP_SECRET", "00112233445566778899aabbccddeeff")
+        .env("MCAST_BOOTSTRAP_SECRET", "5b0e9d27c4f1a3866a1fd0c3e97b4528")
         .args(["-np", &n.to_string(), "--allow-run-as-root", "--oversubscribe"])
         .args(["-x", "MCAST_BACKEND", "-x", "MCAST_BOOTSTRAP_ADDR", "-x", "MCAST_BOOTSTRAP_SECRET"]);
     for &(k, v) in env {

@@ -118,6 +118,20 @@ impl Bootstrap {
                     }
                 }
             }
+            #[cfg(test)]
+            std::thread::sleep(std::time::Duration::from_millis(
+                self.shared.hub_stall_ms.load(std::sync::atomic::Ordering::Relaxed),
+            ));
+            // A hub that comes back after its deadline (paused, starved) must not succeed
+            // alone: the ranks waiting for its result have given up at theirs.
+            if failure.is_none() && deadline.passed() {
+                failure = Some(timeout_err(format!(
+                    "rank 0: the exchange at \"{label}\" outlived timeout_ms = {} ms on rank 0 before it could send \
+                     the result (the process was paused or starved); the other ranks gave up waiting, so it fails on \
+                     every rank",
+                    self.timeout_ms
+                )));
+            }
             if let Some(f) = failure {
                 let mut e = Enc::default();
                 e.u32(f.kind.code()).str(&f.message);

@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::tcp::{self, kind, Acceptor, Secured, SECRET_BYTES};
+use zeroize::Zeroizing;
+
+use super::ifname;
+use super::tcp::{self, kind, Acceptor, Bind, Secured, SECRET_BYTES};
 use super::{BootError, Deadline, Dec, Enc, Kind, ASK_ROOT, DEFAULT_TIMEOUT_MS};
 
 /// Bytes of a unique id.
@@ -26,6 +29,12 @@ pub struct UniqueId {
     pub secret: [u8; SECRET_BYTES],
     /// Rank 0 starts the root (`MCAST_BOOTSTRAP_ADDR`), else it runs in the id's maker.
     pub rank0_listens: bool,
+}
+
+impl Drop for UniqueId {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.secret);
+    }
 }
 
 impl UniqueId {
@@ -107,7 +116,41 @@ const SECRET_KDF_SALT: &[u8] = b"mcast bootstrap env secret v2\0";
 /// How to make a secret that meets the rule, for the error messages.
 const SECRET_HOW: &str = "it must be at least 32 hex digits (0-9, a-f: 128 bits) and nothing else, from a random \
                           source and fresh for each job, shared by the job's processes: for example \
-                          MCAST_BOOTSTRAP_SECRET=$(openssl rand -hex 16) or $(head -c16 /dev/urandom | xxd -p)";
+                          MCAST_BOOTSTRAP_SECRET=$(openssl rand -hex 32) or $(head -c32 /dev/urandom | xxd -p -c64)";
+
+/// Fewest distinct digits a secret may hold: 32 random hex digits hold fewer than 8 with a
+/// probability of 4e-8.
+const SECRET_MIN_DISTINCT: usize = 8;
+
+/// Why the hex digits `v` (lower case) are too regular to be a secret made at random, if they
+/// are: one digit repeated, a short pattern repeated (a period of at most half the length), a
+/// sequence (steps between digits that repeat with a period of at most 4: `0123...`,
+/// `fedc...`, `00112233...`, `02468ace...`), or fewer than [`SECRET_MIN_DISTINCT`] distinct
+/// digits. A secret from a random source fails these with a probability below 1e-7.
+pub(super) fn weak_secret(v: &str) -> Option<String> {
+    let d: Vec<u8> = v.bytes().map(|b| (b as char).to_digit(16).expect("hex digits") as u8).collect();
+    let n = d.len();
+    if d.iter().all(|&x| x == d[0]) {
+        return Some("one digit repeated".into());
+    }
+    let periodic = |s: &[u8], max: usize| (1..=max).find(|&p| (p..s.len()).all(|i| s[i] == s[i - p]));
+    if let Some(p) = periodic(&d, n / 2) {
+        return Some(format!("a pattern of {p} digits repeated"));
+    }
+    let steps: Vec<u8> = d.windows(2).map(|w| w[1].wrapping_sub(w[0]) & 15).collect();
+    if periodic(&steps, 4).is_some() {
+        return Some("a sequence".into());
+    }
+    let mut seen = [false; 16];
+    for &x in &d {
+        seen[x as usize] = true;
+    }
+    let distinct = seen.iter().filter(|&&b| b).count();
+    if distinct < SECRET_MIN_DISTINCT {
+        return Some(format!("only {distinct} distinct digits"));
+    }
+    None
+}
 
 /// `MCAST_BOOTSTRAP_ADDR`, parsed (`value` is the variable's value, if set).
 fn parse_bootstrap_addr(value: Option<&str>) -> Result<Option<SocketAddr>, BootError> {
@@ -123,7 +166,8 @@ fn parse_bootstrap_addr(value: Option<&str>) -> Result<Option<SocketAddr>, BootE
 }
 
 /// `MCAST_BOOTSTRAP_SECRET` checked against the rule: surrounding whitespace removed, at least
-/// [`SECRET_MIN_HEX_DIGITS`] hex digits and nothing else; returned in lower case (one value
+/// [`SECRET_MIN_HEX_DIGITS`] hex digits and nothing else, not too regular ([`weak_secret`]);
+/// returned in lower case (one value
 /// whatever the case the launcher wrote). The messages never repeat the value.
 pub(super) fn checked_secret(value: Option<&str>) -> Result<String, BootError> {
     let bad = |what: String| BootError::new(Kind::InvalidArgument, format!("{what}; {SECRET_HOW}"));
@@ -139,26 +183,33 @@ pub(super) fn checked_secret(value: Option<&str>) -> Result<String, BootError> {
     if v.len() < SECRET_MIN_HEX_DIGITS {
         return Err(bad(format!("{SECRET_ENV} has {} hex digits ({} bits), too few", v.len(), v.len() * 4)));
     }
-    Ok(v.to_ascii_lowercase())
+    let v = v.to_ascii_lowercase();
+    if let Some(why) = weak_secret(&v) {
+        return Err(bad(format!(
+            "{SECRET_ENV} is too regular to have come from a random source ({why}): anyone could guess it"
+        )));
+    }
+    Ok(v)
 }
 
 /// The id's secret in env mode: `secret` (checked) stretched by PBKDF2-HMAC-SHA256 salted with
 /// `addr`. Every process derives the same bytes from the same pair; the last pair is cached,
 /// so a process pays for the derivation once.
 pub(super) fn derive_env_secret(addr: SocketAddr, secret: &str) -> [u8; SECRET_BYTES] {
-    type Cached = (SocketAddr, String, [u8; SECRET_BYTES]);
+    // Wiped when replaced (the last pair stays for the process's life).
+    type Cached = (SocketAddr, Zeroizing<String>, Zeroizing<[u8; SECRET_BYTES]>);
     static LAST: parking_lot::Mutex<Option<Cached>> = parking_lot::Mutex::new(None);
     let mut last = LAST.lock();
     if let Some((a, s, out)) = last.as_ref() {
-        if *a == addr && s == secret {
-            return *out;
+        if *a == addr && s.as_str() == secret {
+            return **out;
         }
     }
     let mut salt = SECRET_KDF_SALT.to_vec();
     salt.extend_from_slice(addr.to_string().as_bytes());
     let mut out = [0u8; SECRET_BYTES];
     pbkdf2::pbkdf2_hmac::<sha2::Sha256>(secret.as_bytes(), &salt, SECRET_KDF_ROUNDS, &mut out);
-    *last = Some((addr, secret.to_string(), out));
+    *last = Some((addr, Zeroizing::new(secret.to_string()), Zeroizing::new(out)));
     out
 }
 
@@ -166,7 +217,7 @@ pub(super) fn derive_env_secret(addr: SocketAddr, secret: &str) -> [u8; SECRET_B
 /// `None` when the address is unset or empty; refused when the secret breaks the rule.
 pub(super) fn env_mode_id(addr: Option<&str>, secret: Option<&str>) -> Result<Option<UniqueId>, BootError> {
     let Some(addr) = parse_bootstrap_addr(addr)? else { return Ok(None) };
-    let secret = checked_secret(secret)?;
+    let secret = Zeroizing::new(checked_secret(secret)?);
     Ok(Some(UniqueId { addr, secret: derive_env_secret(addr, &secret), rank0_listens: true }))
 }
 
@@ -194,13 +245,13 @@ pub fn new_unique_id() -> Result<[u8; ID_BYTES], BootError> {
 }
 
 /// A fresh root-mode id, whatever the environment: a random secret, and a root listener started
-/// in this process on the interface [`tcp::pick_ip`] chooses, serving the team until every rank
+/// in this process on the interface [`ifname::pick_ip`](super::ifname::pick_ip) chooses, serving the team until every rank
 /// asked it where the hub is (or `MCAST_TIMEOUT_MS` passes with no rank asking). Teams made
 /// inside a job (split) use it: they never share the
 /// job's env-mode address and secret.
 pub fn new_root_id() -> Result<[u8; ID_BYTES], BootError> {
     let secret = fresh_secret()?;
-    let ip = tcp::pick_ip()?;
+    let ip = ifname::pick_ip()?;
     let listener = tcp::listen(SocketAddr::new(ip, 0))?;
     let addr = listener.local_addr().map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;
     spawn_root(listener, secret)?;
@@ -217,7 +268,7 @@ fn root_timeout_ms() -> u32 {
 /// The root of a unique id made by [`new_unique_id`]: [`spawn_root_until`] with
 /// `MCAST_TIMEOUT_MS`.
 pub(super) fn spawn_root(listener: std::net::TcpListener, secret: [u8; SECRET_BYTES]) -> Result<(), BootError> {
-    spawn_root_until(listener, secret, root_timeout_ms()).map(drop)
+    spawn_root_until(listener, secret, Bind::default(), root_timeout_ms()).map(drop)
 }
 
 /// Most ranks the root keeps waiting for rank 0 (each a distinct rank below its nranks).
@@ -228,15 +279,21 @@ const ROOT_MAX_WAITING: usize = 4096;
 /// hub), every rank is below nranks and served once, at most [`ROOT_MAX_WAITING`] wait for
 /// rank 0. It ends, closing its listener and its threads, once every rank of the team has
 /// asked, or when `timeout_ms` passes (0: never) without a rank asking; the ranks still
-/// waiting for rank 0 are then told so. Returns the root thread.
+/// waiting for rank 0 are then told so. A holder of the secret that may not join (another
+/// version, job or team size) is refused, and so is every rank after it. Returns the root
+/// thread and where it writes why it refused one (rank 0 of env mode, in this process, watches
+/// it while its hub waits).
 pub(super) fn spawn_root_until(
     listener: std::net::TcpListener,
     secret: [u8; SECRET_BYTES],
+    bind: Bind,
     timeout_ms: u32,
-) -> Result<std::thread::JoinHandle<()>, BootError> {
-    let acceptor = Acceptor::start(listener, secret, "bootstrap root")
+) -> Result<(std::thread::JoinHandle<()>, Refusal), BootError> {
+    let acceptor = Acceptor::start(listener, secret, bind, "bootstrap root")
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root: {e}")))?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let refusal = Refusal::default();
+    let told = refusal.clone();
     let thread = std::thread::Builder::new()
         .name("mcast-root".into())
         .spawn(move || {
@@ -248,9 +305,17 @@ pub(super) fn spawn_root_until(
             let mut root = Root::default();
             let mut until = Deadline::after(timeout_ms);
             while !root.formed() {
-                let Some((s, join)) = early.take().or_else(|| acceptor.next(until)) else {
-                    root.expire(timeout_ms);
-                    break;
+                let (s, join) = match early.take().or_else(|| acceptor.next(until)) {
+                    Some(Ok(joined)) => joined,
+                    Some(Err(why)) => {
+                        let why = root.refuse(why);
+                        told.lock().get_or_insert(why);
+                        continue;
+                    }
+                    None => {
+                        root.expire(timeout_ms, &acceptor.shed().describe("the root listener"));
+                        break;
+                    }
                 };
                 let mut d = Dec(&join);
                 let (Ok(ASK_ROOT), Ok(rank), Ok(nranks), Ok(addr)) = (d.u32(), d.u32(), d.u32(), d.str()) else {
@@ -266,15 +331,20 @@ pub(super) fn spawn_root_until(
         .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap root thread: {e}")))?;
     // As in `Acceptor::start`: the thread is parked in its loop before the id is handed out.
     let _ = ready_rx.recv();
-    Ok(thread)
+    Ok((thread, refusal))
 }
 
-/// What the root knows: rank 0's hub, the ranks waiting for it, the ranks served.
+/// Why a root refused a holder of the team's secret, once it did.
+pub(super) type Refusal = std::sync::Arc<parking_lot::Mutex<Option<String>>>;
+
+/// What the root knows: rank 0's hub, the ranks waiting for it, the ranks served, and why a
+/// holder of the secret was refused (another version, job or team size), if one was.
 #[derive(Default)]
 struct Root {
     hub: Option<(String, u32)>,
     waiting: Vec<(Secured, u32, u32)>,
     served: BTreeSet<u32>,
+    refused: Option<String>,
 }
 
 /// Sends a rank its answer: `Ok(hub address)` or `Err(why)`.
@@ -293,10 +363,24 @@ impl Root {
         self.hub.as_ref().is_some_and(|(_, n)| self.served.len() >= *n as usize)
     }
 
+    /// A holder of the secret was refused: the team cannot be trusted to form (two versions,
+    /// or two jobs sharing a secret and an address), so every rank waiting, and every rank that
+    /// asks from now on, rank 0 included, hears why.
+    fn refuse(&mut self, why: String) -> String {
+        let why = format!("the bootstrap root refused a process that holds this team's secret: {why}");
+        for (w, rank, _) in self.waiting.drain(..) {
+            answer(w, Err(&why));
+            self.served.insert(rank);
+        }
+        self.refused.get_or_insert(why).clone()
+    }
+
     /// Takes `rank`'s question; `true` when it was a valid one (the root then waits longer).
     fn ask(&mut self, s: Secured, rank: u32, nranks: u32, addr: String) -> bool {
         let n = self.hub.as_ref().map_or(nranks, |h| h.1);
-        let refusal = if rank >= nranks {
+        let refusal = if let Some(why) = &self.refused {
+            Some(why.clone())
+        } else if rank >= nranks {
             Some(format!("rank {rank} is out of range for nranks = {nranks}: every rank must be below nranks"))
         } else if rank >= n {
             Some(format!("rank {rank} is out of range for nranks = {n} (rank 0's): every rank must be below nranks"))
@@ -345,13 +429,13 @@ impl Root {
     }
 
     /// The root's time ran out: the ranks still waiting hear why.
-    fn expire(&mut self, timeout_ms: u32) {
+    fn expire(&mut self, timeout_ms: u32, load: &str) {
         for (w, rank, _) in self.waiting.drain(..) {
             answer(
                 w,
                 Err(&format!(
                     "rank {rank}: rank 0 did not ask the id's bootstrap root within timeout_ms = {timeout_ms} ms of the \
-                     last rank (MCAST_TIMEOUT_MS of the process that made the id); the root closed"
+                     last rank (MCAST_TIMEOUT_MS of the process that made the id); the root closed{load}"
                 )),
             );
         }

@@ -13,9 +13,74 @@
 //!
 //! Among the addresses selected, the first IPv4 one is preferred, else the first.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::tcp::Interface;
+use super::{BootError, Kind};
+
+/// One interface address.
+#[derive(Clone, Debug)]
+pub struct Interface {
+    /// Interface name.
+    pub name: String,
+    /// Its address.
+    pub ip: IpAddr,
+    /// `IFF_LOOPBACK`.
+    pub loopback: bool,
+}
+
+/// Every address of every interface that is up (IPv4 and IPv6, no link-local IPv6).
+pub fn interfaces() -> Vec<Interface> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` or fails; freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        // SAFETY: the family field of a valid sockaddr.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let ip = if family == libc::AF_INET {
+            // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+        } else if family == libc::AF_INET6 {
+            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                continue;
+            }
+            IpAddr::V6(ip)
+        } else {
+            continue;
+        };
+        out.push(Interface { name, ip, loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0 });
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+/// The address to listen on: the interface `MCAST_SOCKET_IFNAME` selects (by
+/// `NCCL_SOCKET_IFNAME`'s rules, see this module), else the first that is up but for
+/// loopback, `docker*` and `veth*`, else loopback.
+pub fn pick_ip() -> Result<IpAddr, BootError> {
+    pick_ip_from(&interfaces(), std::env::var("MCAST_SOCKET_IFNAME").ok().as_deref())
+}
+
+/// [`pick_ip`] over a given interface list.
+pub fn pick_ip_from(ifs: &[Interface], wanted: Option<&str>) -> Result<IpAddr, BootError> {
+    choose(ifs, wanted).map_err(|why| BootError::new(Kind::InvalidArgument, why))
+}
 
 /// A parsed `MCAST_SOCKET_IFNAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,5 +229,21 @@ mod tests {
         let e = choose(&host(), Some("^lo,docker,veth,eth,ib")).unwrap_err();
         assert!(e.contains("^lo,docker,veth,eth,ib"), "{e}");
         assert!(choose(&[], Some("eth")).unwrap_err().contains("up: none"));
+    }
+
+    #[test]
+    fn interface_choice() {
+        let ifs = vec![
+            Interface { name: "lo".into(), ip: "127.0.0.1".parse().unwrap(), loopback: true },
+            Interface { name: "eth0".into(), ip: "fd00::1".parse().unwrap(), loopback: false },
+            Interface { name: "eth0".into(), ip: "10.0.0.1".parse().unwrap(), loopback: false },
+            Interface { name: "ib0".into(), ip: "10.1.0.1".parse().unwrap(), loopback: false },
+        ];
+        assert_eq!(pick_ip_from(&ifs, None).unwrap(), "10.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(pick_ip_from(&ifs, Some("ib")).unwrap(), "10.1.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(pick_ip_from(&ifs, Some("lo")).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert!(pick_ip_from(&ifs, Some("wlan")).unwrap_err().message.contains("wlan"));
+        assert_eq!(pick_ip_from(&ifs[..1], None).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(pick_ip_from(&[], None).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
     }
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::id::{check_env_mode, fresh_secret, spawn_root_until, UniqueId, ID_BYTES};
-use super::tcp::{self, kind, Acceptor, Secured, SECRET_BYTES};
+use super::id::{check_env_mode, fresh_secret, spawn_root_until, Refusal, UniqueId, ID_BYTES};
+use super::ifname;
+use super::tcp::{self, kind, Acceptor, Bind, Secured, SECRET_BYTES};
 use super::{
     fdpass, oob, timeout_err, BootError, Bootstrap, Conn, Deadline, Dec, Enc, Kind, Queues, Shared, ASK_ROOT, JOIN_HUB,
 };
@@ -49,16 +50,23 @@ impl Bootstrap {
             check_env_mode()?;
         }
         let deadline = Deadline::after(timeout_ms);
+        // Env mode: every job at one address may derive one secret from one
+        // MCAST_BOOTSTRAP_SECRET, so the handshake binds the job and the team's size too.
+        let bind = if id.rank0_listens { Bind { job: tcp::job_tag(), nranks: n as u32 } } else { Bind::default() };
+        let mut refusal = None;
         let hub = if r == 0 {
             if id.rank0_listens {
-                spawn_root_until(tcp::listen(id.addr)?, id.secret, timeout_ms)?;
+                refusal = Some(spawn_root_until(tcp::listen(id.addr)?, id.secret, bind.clone(), timeout_ms)?.1);
             }
-            Some(Self::hub_acceptor(&id.secret, id.rank0_listens.then_some(id.addr.ip()))?)
+            Some(Self::hub_acceptor(&id.secret, id.rank0_listens.then_some(id.addr.ip()), &bind)?)
         } else {
             None
         };
         // Ask the root where the hub is (rank 0 tells it).
-        let mut s = tcp::connect(id.addr, &id.secret, deadline).map_err(|e| {
+        let mut s = tcp::connect(id.addr, &id.secret, &bind, deadline).map_err(|e| {
+            if e.refused {
+                return BootError::new(Kind::InvalidArgument, format!("rank {r}: {e}"));
+            }
             timeout_err(format!(
                 "rank {r}: {e}; the process that made the id must stay alive until every rank joined (or, with \
                  MCAST_BOOTSTRAP_ADDR, rank 0 must start within timeout_ms = {timeout_ms} ms)"
@@ -84,16 +92,16 @@ impl Bootstrap {
         }
         let hub_addr: SocketAddr =
             msg.parse().map_err(|_| BootError::new(Kind::Internal, format!("rank {r}: a bad hub address {msg}")))?;
-        Self::form(r, n, id.secret, hub, hub_addr, host, timeout_ms, deadline)
+        Self::form(r, n, id.secret, &bind, hub.map(|h| (h, refusal)), hub_addr, host, timeout_ms, deadline)
     }
 
-    fn hub_acceptor(secret: &[u8; SECRET_BYTES], ip: Option<IpAddr>) -> Result<Acceptor, BootError> {
+    fn hub_acceptor(secret: &[u8; SECRET_BYTES], ip: Option<IpAddr>, bind: &Bind) -> Result<Acceptor, BootError> {
         let ip = match ip {
             Some(ip) => ip,
-            None => tcp::pick_ip()?,
+            None => ifname::pick_ip()?,
         };
         let l = tcp::listen(SocketAddr::new(ip, 0))?;
-        Acceptor::start(l, *secret, "bootstrap hub")
+        Acceptor::start(l, *secret, bind.clone(), "bootstrap hub")
             .map_err(|e| BootError::new(Kind::Internal, format!("starting the bootstrap hub: {e}")))
     }
 
@@ -123,7 +131,7 @@ impl Bootstrap {
         // Rank 0's listener, before the allgather, so the address can travel in it.
         let prepared = (|| -> Result<_, BootError> {
             let secret = fresh_secret()?;
-            let hub = if r == 0 { Some(Self::hub_acceptor(&secret, None)?) } else { None };
+            let hub = if r == 0 { Some(Self::hub_acceptor(&secret, None, &Bind::default())?) } else { None };
             Ok((secret, hub))
         })();
         let (secret, hub, local_err) = match prepared {
@@ -138,7 +146,7 @@ impl Bootstrap {
             return Err(e);
         }
         let (secret, hub_addr) = oob::read_records(&all, n, r)?;
-        Self::form(r, n, secret, hub, hub_addr, host, timeout_ms, deadline)
+        Self::form(r, n, secret, &Bind::default(), hub.map(|h| (h, None)), hub_addr, host, timeout_ms, deadline)
     }
 
     /// Builds the star around rank 0's hub and the hosts' descriptor channels.
@@ -147,29 +155,54 @@ impl Bootstrap {
         r: usize,
         n: usize,
         secret: [u8; SECRET_BYTES],
-        hub: Option<Acceptor>,
+        bind: &Bind,
+        hub: Option<(Acceptor, Option<Refusal>)>,
         hub_addr: SocketAddr,
         host: String,
         timeout_ms: u32,
         deadline: Deadline,
     ) -> Result<Bootstrap, BootError> {
+        // Wiped when formation ends, as the copies in the listeners are.
+        let secret = zeroize::Zeroizing::new(secret);
         let mut conns: Vec<Option<Arc<Conn>>> = (0..n).map(|_| None).collect();
         let mut hosts = vec![String::new(); n];
         hosts[r] = host.clone();
         let nonce;
         if r == 0 {
-            let hub = hub.expect("rank 0 holds the hub");
+            let (hub, refusal) = hub.expect("rank 0 holds the hub");
             let mut streams: Vec<Option<Secured>> = (0..n).map(|_| None).collect();
             let mut failure = None;
             let mut joined = 1;
             while joined < n {
-                let Some((s, join)) = hub.next(deadline) else {
-                    let missing: Vec<usize> = (1..n).filter(|&q| streams[q].is_none()).collect();
-                    failure = Some(timeout_err(format!(
-                        "rank 0: rank(s) {missing:?} did not join the team within timeout_ms = {timeout_ms} ms; every \
-                         rank must join with the same id (or allgather) and nranks"
-                    )));
-                    break;
+                // Env mode: the root in this process may refuse a holder of the secret (another
+                // version or job), which then never reaches the hub: look at it now and then.
+                let arrival = match &refusal {
+                    None => hub.next(deadline),
+                    Some(slot) => loop {
+                        if let Some(why) = slot.lock().clone() {
+                            break Some(Err(why));
+                        }
+                        match hub.next(deadline.min(Duration::from_millis(20))) {
+                            None if !deadline.passed() => {}
+                            a => break a,
+                        }
+                    },
+                };
+                let (s, join) = match arrival {
+                    Some(Ok(joined)) => joined,
+                    Some(Err(why)) => {
+                        failure = Some(BootError::new(Kind::InvalidArgument, format!("rank 0: {why}")));
+                        break;
+                    }
+                    None => {
+                        let missing: Vec<usize> = (1..n).filter(|&q| streams[q].is_none()).collect();
+                        failure = Some(timeout_err(format!(
+                            "rank 0: rank(s) {missing:?} did not join the team within timeout_ms = {timeout_ms} ms; \
+                             every rank must join with the same id (or allgather) and nranks{}",
+                            hub.shed().describe("rank 0's hub listener")
+                        )));
+                        break;
+                    }
                 };
                 let mut d = Dec(&join);
                 let parsed = (|| Ok::<_, BootError>((d.u32()?, d.u32()? as usize, d.u32()? as usize, d.str()?)))();
@@ -193,7 +226,7 @@ impl Bootstrap {
                 streams[q] = Some(s);
                 joined += 1;
             }
-            drop(hub);
+            let late = n - 1 - streams.iter().flatten().count();
             let mut nb = [0u8; 16];
             tcp::random_bytes(&mut nb).map_err(|e| BootError::new(Kind::Internal, e.to_string()))?;
             nonce = nb.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -213,16 +246,22 @@ impl Bootstrap {
                 let _ = s.send(kind::WELCOME, &e.0);
             }
             if let Some(f) = failure {
+                if late > 0 && !deadline.passed() {
+                    tell_late_ranks(hub, e.0, late, deadline);
+                }
                 return Err(f);
             }
+            drop(hub);
             for (q, s) in streams.into_iter().enumerate() {
                 if let Some(s) = s {
                     conns[q] = Some(Arc::new(Conn::new(s)));
                 }
             }
         } else {
-            let mut s = tcp::connect(hub_addr, &secret, deadline)
-                .map_err(|e| timeout_err(format!("rank {r}: rank 0's hub: {e}")))?;
+            let mut s = tcp::connect(hub_addr, &secret, bind, deadline).map_err(|e| {
+                let k = if e.refused { Kind::InvalidArgument } else { Kind::Timeout };
+                BootError::new(k, format!("rank {r}: rank 0's hub: {e}"))
+            })?;
             let mut e = Enc::default();
             e.u32(JOIN_HUB).u32(r as u32).u32(n as u32).str(&host);
             s.send(kind::JOIN, &e.0).map_err(|e| timeout_err(format!("rank {r}: hub: {e}")))?;
@@ -264,6 +303,8 @@ impl Bootstrap {
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
             #[cfg(test)]
             readers_paused: AtomicBool::new(false),
+            #[cfg(test)]
+            hub_stall_ms: std::sync::atomic::AtomicU64::new(0),
         });
         let conns = Arc::new(conns);
         let mut b = Bootstrap {
@@ -298,5 +339,28 @@ impl Bootstrap {
             _ => e,
         })?;
         Ok(b)
+    }
+}
+
+/// After a formation failed on rank 0 before its deadline (a refusal, a bad join), the ranks
+/// that have not joined yet still hear why: a thread keeps the hub listening until they have
+/// or the deadline passes, and answers each with the failure (`welcome`).
+fn tell_late_ranks(hub: Acceptor, welcome: Vec<u8>, late: usize, deadline: Deadline) {
+    let spawned = std::thread::Builder::new().name("mcast-hub-late".into()).spawn(move || {
+        let mut told = 0;
+        while told < late {
+            match hub.next(deadline) {
+                Some(Ok((mut s, _))) => {
+                    let _ = s.stream.set_write_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.send(kind::WELCOME, &welcome);
+                    told += 1;
+                }
+                Some(Err(_)) => {}
+                None => break,
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("bootstrap hub: no thread to tell the late ranks why the team failed: {e}");
     }
 }

@@ -196,6 +196,10 @@ struct Shared {
     /// Tests only: the reader threads leave the connections alone (`reader.rs`'s tests).
     #[cfg(test)]
     readers_paused: AtomicBool,
+    /// Tests only: how long rank 0 stalls in an exchange between gathering the parts and
+    /// sending the result (a hub paused or starved there).
+    #[cfg(test)]
+    hub_stall_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {

@@ -272,13 +272,13 @@ fn a_flood_of_frames_is_capped() {
 fn root(secret: [u8; SECRET_BYTES]) -> SocketAddr {
     let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = l.local_addr().unwrap();
-    super::id::spawn_root_until(l, secret, 10_000).unwrap();
+    super::id::spawn_root_until(l, secret, tcp::Bind::default(), 10_000).unwrap();
     addr
 }
 
 /// Asks the root at `addr` where the hub is, as `rank` of `n` offering `hub`: (ok, message).
 fn ask_root(addr: SocketAddr, secret: &[u8; SECRET_BYTES], rank: u32, n: u32, hub: &str) -> (u32, String) {
-    let mut s = tcp::connect(addr, secret, Deadline::after_ms(3000)).unwrap();
+    let mut s = tcp::connect(addr, secret, &tcp::Bind::default(), Deadline::after_ms(3000)).unwrap();
     let mut e = Enc::default();
     e.u32(ASK_ROOT).u32(rank).u32(n).str(hub);
     s.send(kind::JOIN, &e.0).unwrap();
@@ -324,7 +324,7 @@ fn the_root_listener_ends_with_its_team_or_its_timeout() {
     // Formed: the only rank asked.
     let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = l.local_addr().unwrap();
-    let root = super::id::spawn_root_until(l, secret, 60_000).unwrap();
+    let root = super::id::spawn_root_until(l, secret, tcp::Bind::default(), 60_000).unwrap().0;
     assert_eq!(ask_root(addr, &secret, 0, 1, "10.0.0.1:1"), (0, "10.0.0.1:1".to_string()));
     let t = Instant::now();
     while !root.is_finished() {
@@ -334,7 +334,7 @@ fn the_root_listener_ends_with_its_team_or_its_timeout() {
     // Unused: rank 1 waits for a rank 0 that never comes.
     let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = l.local_addr().unwrap();
-    let root = super::id::spawn_root_until(l, secret, 300).unwrap();
+    let root = super::id::spawn_root_until(l, secret, tcp::Bind::default(), 300).unwrap().0;
     let t = Instant::now();
     let (ok, msg) = ask_root(addr, &secret, 1, 2, "");
     assert_eq!(ok, 1, "{msg}");
@@ -362,7 +362,7 @@ fn the_hub_refuses_a_rank_out_of_range() {
         recv[oob::RECORD..].copy_from_slice(&oob::record(2, 1, &secret, "", None));
         // Rank 1's place is taken by a process that claims rank 5 of 2.
         *r2.lock() = Some(std::thread::spawn(move || {
-            let mut s = tcp::connect(hub, &secret, Deadline::after_ms(3000)).unwrap();
+            let mut s = tcp::connect(hub, &secret, &tcp::Bind::default(), Deadline::after_ms(3000)).unwrap();
             let mut e = Enc::default();
             e.u32(JOIN_HUB).u32(5).u32(2).str("h1");
             s.send(kind::JOIN, &e.0).unwrap();

@@ -222,7 +222,9 @@ fn strangers_on_the_port_are_dropped_without_disturbing_the_team() {
     garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut huge = TcpStream::connect(addr).unwrap();
     huge.write_all(&[0xff, 0xff, 0xff, 0x7f, 2]).unwrap();
-    let wrong = std::thread::spawn(move || tcp::connect(addr, &[0u8; SECRET_BYTES], Deadline::after_ms(3000)));
+    let wrong = std::thread::spawn(move || {
+        tcp::connect(addr, &[0u8; SECRET_BYTES], &tcp::Bind::default(), Deadline::after_ms(3000))
+    });
     let t = Instant::now();
     let n = 4;
     let boots: Vec<Bootstrap> = std::thread::scope(|s| {
@@ -272,6 +274,58 @@ fn oob_team(n: usize, bad: impl Fn(usize) -> (i64, Option<String>, bool) + Sync)
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// A rank of another protocol revision (or version): the team does not form, and every rank's
+/// message names both revisions; rank 0 and the rank that joined before do not wait out the
+/// timeout.
+#[test]
+fn ranks_of_two_protocol_revisions_refuse_to_form_a_team_naming_both() {
+    let other = tcp::PROTOCOL + 1;
+    for odd in [1, 2] {
+        let t = Instant::now();
+        let results = oob_team(3, |r| {
+            if r == odd {
+                tcp::PROTOCOL_OVERRIDE.with(|c| c.set(Some(other)));
+            }
+            (r as i64, None, false)
+        });
+        let took = t.elapsed();
+        for (r, b) in results.iter().enumerate() {
+            let e = b.as_ref().expect_err("a team formed across two protocol revisions");
+            assert_eq!(e.kind, Kind::InvalidArgument, "rank {r}: {}", e.message);
+            for needle in [format!("bootstrap protocol {other}"), format!("bootstrap protocol {}", tcp::PROTOCOL)] {
+                assert!(e.message.contains(&needle), "rank {r}: no {needle:?} in {}", e.message);
+            }
+        }
+        assert!(took < Duration::from_millis(1400), "{took:?} (timeout 1500 ms)");
+    }
+}
+
+/// Rank 0 stalls past the deadline in the middle of an agreement (after it gathered every part,
+/// before it sent the result): when it resumes it fails with the others instead of succeeding
+/// alone.
+#[test]
+fn a_hub_that_resumes_past_the_deadline_fails_with_the_others() {
+    let n = 3;
+    let id = new_unique_id().unwrap();
+    let boots: Vec<Bootstrap> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| s.spawn(move || Bootstrap::init_id(&id, n as i64, r as i64, MAX, 400, "h".into()).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    boots[0].shared.hub_stall_ms.store(700, std::sync::atomic::Ordering::Relaxed);
+    let results: Vec<Result<(), BootError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = boots.iter().map(|b| s.spawn(move || b.agree("paused", Ok(())))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in results.iter().enumerate() {
+        let e = res.as_ref().expect_err("a rank succeeded while another failed");
+        assert_eq!(e.kind, Kind::Timeout, "rank {r}: {}", e.message);
+    }
+    let hub = results[0].as_ref().unwrap_err();
+    assert!(hub.message.contains("outlived timeout_ms = 400 ms"), "{}", hub.message);
 }
 
 #[test]

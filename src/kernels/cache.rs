@@ -7,7 +7,9 @@
 //! `MCAST_CACHE_DIR=off` disables the disk cache, and so does `AT_SECURE` (a setuid or setgid
 //! program, whose environment may come from a less privileged user). Files are written atomically (temporary file in
 //! the same directory, then rename) with a header and checksum; a file that fails the check is
-//! ignored and rebuilt.
+//! ignored and rebuilt. The directory is trusted only when it is this user's and no one else
+//! may write in it (as ssh treats its keys): the code in it runs on the GPU. Otherwise mcast
+//! says so once and runs without a disk cache; a missing directory is made with mode 0700.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,8 +87,60 @@ impl CacheKey {
     }
 }
 
-/// The disk cache directory from the environment, `None` when disabled or no home is known.
+/// The disk cache directory from the environment, `None` when disabled, when no home is known,
+/// or when the directory is not to be trusted ([`check_dir`]).
 pub fn cache_dir() -> Option<PathBuf> {
+    let dir = cache_dir_unchecked()?;
+    match check_dir(&dir) {
+        Ok(()) => Some(dir),
+        Err(why) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "the kernel disk cache is off: {why}; compiled kernels are loaded from it, so it must belong to \
+                     this user and be writable by no one else (chmod go-w, or set MCAST_CACHE_DIR to a directory of \
+                     your own)"
+                )
+            });
+            None
+        }
+    }
+}
+
+/// Whether `dir` may hold code this process loads: made (mode 0700) when missing; then a
+/// directory owned by this process's user, which neither the group nor others may write; and
+/// the same holds for each file read from it ([`read`]).
+pub fn check_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    }
+    let m = std::fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    if !m.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    owned_and_private(dir, &m)
+}
+
+/// `path` (of metadata `m`) is this user's and writable by no one else.
+fn owned_and_private(path: &Path, m: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(format!("{} belongs to user id {}, not to this user ({me})", path.display(), m.uid()));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!("{} is writable by its group or by others (mode {:o})", path.display(), m.mode() & 0o7777));
+    }
+    Ok(())
+}
+
+fn cache_dir_unchecked() -> Option<PathBuf> {
     let get = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
     let secure = crate::libpath::secure();
     if secure {
@@ -128,7 +182,13 @@ pub fn cache_dir_from(
 /// Reads a cached image; `None` when absent, unreadable or corrupt (bad header, length or sum).
 pub fn read(dir: &Path, key: &CacheKey) -> Option<Vec<u8>> {
     let path = dir.join(key.file_name());
-    let bytes = std::fs::read(&path).ok()?;
+    let file = std::fs::File::open(&path).ok()?;
+    if let Err(why) = file.metadata().map_err(|e| e.to_string()).and_then(|m| owned_and_private(&path, &m)) {
+        tracing::warn!("ignoring kernel cache file: {why}");
+        return None;
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).ok()?;
     match decode(&bytes) {
         Some(payload) => Some(payload.to_vec()),
         None => {
@@ -266,6 +326,37 @@ mod tests {
         // Under AT_SECURE no directory from the environment is used.
         assert_eq!(cache_dir_from(true, s("/c"), s("/x"), s("/h")), None);
         assert_eq!(cache_dir_from(true, None, None, s("/h")), None);
+    }
+
+    /// A directory writable by the group or others, or another user's, is refused, naming why; a
+    /// missing one is made private; a file another could have written is not read.
+    #[test]
+    fn a_directory_others_may_write_is_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tmpdir("perm").join("made");
+        check_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        for mode in [0o775, 0o757, 0o777] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = check_dir(&dir).unwrap_err();
+            assert!(e.contains("writable by its group or by others") && e.contains(&format!("{mode:o}")), "{e}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_dir(&dir).unwrap();
+        let key = CacheKey::new("perm-test", &[], (1, 2), "sm_90", Variant::Emulated);
+        write(&dir, &key, b"image").unwrap();
+        assert!(read(&dir, &key).is_some());
+        let file = dir.join(key.file_name());
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(read(&dir, &key), None, "a file others may write was read");
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // Root can hand the directory to another user (nobody).
+            std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+            let e = check_dir(&dir).unwrap_err();
+            assert!(e.contains("belongs to user id 65534"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 
     #[test]

@@ -1,68 +1,221 @@
-//! The listener's accept loop: each connection's handshake on its own thread, bounded in time,
-//! in number and in threads.
+//! The listener's event loop: one thread serves every connection in its handshake, whatever
+//! their number, with `poll(2)` over non-blocking sockets; bounded in time, in number, by
+//! source and by the process's descriptors.
 
-use std::collections::VecDeque;
-use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+use zeroize::Zeroizing;
+
 use super::super::droplog::DropLog;
-use super::handshake::prove_server;
-use super::sealed::Secured;
-use super::{kind, Deadline, HANDSHAKE_MS, MAX_HANDSHAKE_FRAME, SECRET_BYTES};
+use super::handshake::{Bind, Info, Proven, Server};
+use super::sealed::{Opener, Sealer, Secured, TAG};
+use super::{kind, HANDSHAKE_MS, MAX_HANDSHAKE_FRAME, SECRET_BYTES};
 
 /// Most connections in their handshake at once on one listener: above the largest team (72
-/// ranks, which may all reach the root at once). A connection beyond it evicts the oldest one
-/// still in its handshake: a stranger holding connections open cannot lock out a rank, whose
-/// handshake takes a round trip.
+/// ranks, which may all reach the root at once). A connection beyond it evicts another that
+/// has not proved the secret: one of the source address with the most connections in their
+/// handshake, the oldest that has not sent its nonce yet, else its oldest. A flood from one
+/// address then only evicts its own connections, and a rank, whose handshake takes a round
+/// trip, gets through.
 pub const MAX_PENDING: usize = 128;
-/// Most handshake threads alive at once (evicted ones take a moment to end); beyond it the
-/// connections wait in the kernel's backlog until some have ended.
-const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING + MAX_PENDING / 4;
-/// How long the accept loop rests while the handshake threads are at their cap.
-const THREAD_BACKOFF: Duration = Duration::from_millis(5);
-/// Tests only: how long a handshake thread whose connection was cut lingers before it ends, as
-/// on a loaded machine where evicted threads are slow to be scheduled (`flood_tests.rs`).
-#[cfg(test)]
-pub(crate) static CUT_LINGER_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-/// How long the accept loop rests when the process is out of descriptors.
+/// How long the loop rests when the process is out of descriptors and nothing can be shed.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Stack of a handshake thread (a proof, a frame, a log line).
-const HANDSHAKE_STACK: usize = 256 << 10;
+/// Descriptors the listener leaves to the rest of the process once it ran out: its cap of
+/// pending handshakes drops to what it held less these (the ranks of this process need
+/// descriptors too), but never below [`FD_FLOOR`].
+const FD_RESERVE: usize = 16;
+const FD_FLOOR: usize = 8;
+/// Most connections accepted in one turn of the loop (the others wait in the backlog until the
+/// handshakes in flight were served once).
+const ACCEPT_BURST: usize = MAX_PENDING;
+/// Cap of the sealed `JOIN` that ends a handshake.
+const JOIN_CAP: usize = MAX_HANDSHAKE_FRAME * 4;
 
-/// A connection in its handshake, as the accept loop tracks it.
-struct Pending {
-    since: Instant,
-    /// A second handle on the socket, to cut it (`shutdown` wakes the handshake's read).
-    stream: TcpStream,
-    /// `LIVE` until the handshake thread (`DONE`) or the accept loop (`CUT`) claims it.
-    state: Arc<AtomicU8>,
+/// What arrives from a listener: an authenticated connection and its `JOIN`, or why a holder
+/// of the secret was refused (another version, job or team size).
+pub type Arrival = Result<(Secured, Vec<u8>), String>;
+
+/// Connections a listener closed before they proved the secret, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shed {
+    /// Evicted at the cap of pending handshakes.
+    pub cap: u64,
+    /// Shed because the process was out of descriptors.
+    pub descriptors: u64,
+    /// Past the handshake deadline.
+    pub deadline: u64,
+    /// Failed the handshake (wrong secret, malformed frames).
+    pub failed: u64,
 }
 
-const LIVE: u8 = 0;
-const DONE: u8 = 1;
-const CUT: u8 = 2;
+impl Shed {
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.cap + self.descriptors + self.deadline + self.failed
+    }
 
-impl Pending {
-    /// Cuts the connection unless its handshake already finished; whether it did.
-    fn cut(&self) -> bool {
-        let won = self.state.compare_exchange(LIVE, CUT, Ordering::AcqRel, Ordering::Acquire).is_ok();
-        if won {
-            let _ = self.stream.shutdown(Shutdown::Both);
+    /// For a message: empty when nothing was shed.
+    pub fn describe(&self, what: &str) -> String {
+        if self.total() == 0 {
+            return String::new();
         }
-        won
+        format!(
+            "; {what} was under load: it closed {} connection(s) that had not proved the secret ({} evicted at the \
+             cap of {MAX_PENDING} pending handshakes, {} out of descriptors, {} past the {HANDSHAKE_MS} ms handshake \
+             deadline, {} failed the handshake)",
+            self.total(),
+            self.cap,
+            self.descriptors,
+            self.deadline,
+            self.failed
+        )
     }
 }
 
-/// Counts a live handshake thread; the count drops when the thread ends.
-struct Live(Arc<AtomicUsize>);
+enum Stage {
+    /// `HELLO` sent; waiting for the client's nonce.
+    Nonce(Server),
+    /// The server's proof sent; waiting for the client's.
+    Proof(Server),
+    /// The client proved the secret; waiting for its sealed `JOIN`.
+    Join(Sealer, Opener),
+}
 
-impl Drop for Live {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+/// A connection in its handshake.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    stage: Option<Stage>,
+    /// The frame being read (head, then payload).
+    buf: Vec<u8>,
+}
+
+/// What one turn did to a connection.
+enum Step {
+    Keep,
+    Drop(&'static str, String),
+    Done(Arrival),
+}
+
+impl Pending {
+    /// Sent its nonce: a peer that speaks the protocol (a rank's first round trip).
+    fn progressed(&self) -> bool {
+        !matches!(self.stage, Some(Stage::Nonce(_)))
+    }
+
+    /// Proved the secret: never evicted, only cut at the deadline.
+    fn member(&self) -> bool {
+        matches!(self.stage, Some(Stage::Join(..)))
+    }
+
+    /// Reads what the socket holds of the current frame; a whole frame (head and payload) when
+    /// it is complete. Never buffers more than one frame of at most `cap` payload bytes.
+    fn read_frame(&mut self, cap: usize) -> Result<Option<Vec<u8>>, String> {
+        loop {
+            let want = if self.buf.len() < 5 {
+                5
+            } else {
+                let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
+                if len > cap {
+                    return Err(format!("a frame of {len} bytes is above the cap"));
+                }
+                5 + len
+            };
+            if self.buf.len() >= 5 && self.buf.len() == want {
+                return Ok(Some(std::mem::take(&mut self.buf)));
+            }
+            let have = self.buf.len();
+            self.buf.resize(want, 0);
+            match self.stream.read(&mut self.buf[have..]) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(n) => self.buf.truncate(have + n),
+                Err(e) => {
+                    self.buf.truncate(have);
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => return Ok(None),
+                        io::ErrorKind::Interrupted => {}
+                        _ => return Err(e.to_string()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes a whole handshake frame on the non-blocking socket (a few dozen bytes into a
+    /// fresh socket's buffer: a peer that cannot take them is dropped).
+    fn write_frame(&mut self, k: u8, payload: &[u8]) -> Result<(), String> {
+        let mut f = Vec::with_capacity(5 + payload.len());
+        f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        f.push(k);
+        f.extend_from_slice(payload);
+        match self.stream.write(&f) {
+            Ok(n) if n == f.len() => Ok(()),
+            Ok(_) => Err("the peer does not read".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Serves what arrived.
+    fn step(&mut self, secret: &[u8; SECRET_BYTES]) -> Step {
+        loop {
+            let cap = if self.member() { JOIN_CAP + TAG } else { MAX_HANDSHAKE_FRAME };
+            let frame = match self.read_frame(cap) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Step::Keep,
+                Err(e) => return Step::Drop("failed the handshake", format!("{}: {e}", self.peer)),
+            };
+            let (k, payload) = (frame[4], &frame[5..]);
+            let peer = self.peer.to_string();
+            let stage = self.stage.take().expect("a stage between turns");
+            let bad = |e: String| Step::Drop("failed the handshake", format!("{peer}: {e}"));
+            match stage {
+                Stage::Nonce(mut hs) => {
+                    if k != kind::NONCE {
+                        return bad(format!("expected a frame of kind {}, got kind {k}", kind::NONCE));
+                    }
+                    let proof = match hs.on_nonce(secret, payload) {
+                        Ok(p) => p,
+                        Err(e) => return bad(e),
+                    };
+                    if let Err(e) = self.write_frame(kind::PROOF, &proof) {
+                        return bad(e);
+                    }
+                    self.stage = Some(Stage::Proof(hs));
+                }
+                Stage::Proof(hs) => {
+                    if k != kind::PROOF {
+                        return bad(format!("expected a frame of kind {}, got kind {k}", kind::PROOF));
+                    }
+                    match hs.on_proof(secret, payload, &peer) {
+                        Ok(Proven::Keys(tx, rx)) => self.stage = Some(Stage::Join(tx, rx)),
+                        Ok(Proven::Refused(why)) => return Step::Done(Err(why)),
+                        Err(e) => return bad(e),
+                    }
+                }
+                Stage::Join(tx, mut rx) => {
+                    let join = match rx.open(&mut io::Cursor::new(&frame), JOIN_CAP) {
+                        Ok((kind::JOIN, join)) => join,
+                        Ok((k, _)) => return bad(format!("expected a frame of kind {}, got kind {k}", kind::JOIN)),
+                        Err(e) => return bad(e.to_string()),
+                    };
+                    let Ok(stream) = self.stream.try_clone() else {
+                        return Step::Drop("closed at once (out of descriptors)", peer);
+                    };
+                    if stream.set_nonblocking(false).is_err() {
+                        return bad("the socket cannot block".into());
+                    }
+                    return Step::Done(Ok((Secured { stream, tx, rx }, join)));
+                }
+            }
+        }
     }
 }
 
@@ -70,27 +223,55 @@ fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
-/// A listener whose accepted connections are authenticated on their own threads (a stranger
-/// that stays silent, trickles bytes, knows no secret, sends garbage or an oversized frame is
-/// dropped without delaying anyone); authenticated connections with their first (sealed)
-/// frame, a `JOIN`, arrive on a channel.
+/// The connection to evict: among those that have not proved the secret, one of the source
+/// address holding the most of them, the oldest that has not sent its nonce, else its oldest.
+fn victim(pending: &[Pending]) -> Option<usize> {
+    let mut sources: Vec<(IpAddr, usize)> = Vec::new();
+    for p in pending.iter().filter(|p| !p.member()) {
+        match sources.iter_mut().find(|s| s.0 == p.peer.ip()) {
+            Some(s) => s.1 += 1,
+            None => sources.push((p.peer.ip(), 1)),
+        }
+    }
+    let (ip, _) = *sources.iter().max_by_key(|s| s.1)?;
+    let of_ip = |p: &&Pending| !p.member() && p.peer.ip() == ip;
+    let pick = pending.iter().position(|p| of_ip(&p) && !p.progressed());
+    pick.or_else(|| pending.iter().position(|p| of_ip(&p)))
+}
+
+/// A listener whose accepted connections are authenticated by one event-loop thread (a
+/// stranger that stays silent, trickles bytes, knows no secret, sends garbage or an oversized
+/// frame is dropped without delaying anyone); authenticated connections with their first
+/// (sealed) frame, a `JOIN`, arrive on a channel, and so does the refusal of a holder of the
+/// secret that may not join (another version, job or team size).
 ///
-/// Bounds: a handshake (proof and `JOIN`) gets [`HANDSHAKE_MS`] in all, after which the accept
-/// loop cuts it whatever its reads do; at most [`MAX_PENDING`] handshakes run at once (a new
-/// connection evicts the oldest); when the process is out of descriptors, or evicted handshakes
-/// have not ended yet and the threads are at their cap, the loop rests instead of spinning, and
-/// the connections wait in the kernel's backlog. Drops are logged as one line per interval with
-/// counts (`droplog.rs`).
+/// Bounds: a handshake (proof and `JOIN`) gets [`HANDSHAKE_MS`] in all, then it is cut; at most
+/// [`MAX_PENDING`] handshakes at once (beyond, one is evicted, fairly by source, see
+/// [`victim`]); out of descriptors, the loop sheds pending connections that have not proved the
+/// secret (the idle ones first) so that a rank in the backlog gets in, lowers its cap so the
+/// process keeps a few descriptors, and rests when there is nothing to shed. One thread,
+/// whatever the number of connections. Drops are logged as one line per interval with counts
+/// (`droplog.rs`).
 pub struct Acceptor {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    rx: mpsc::Receiver<(Secured, Vec<u8>)>,
+    rx: mpsc::Receiver<Arrival>,
+    shed: Arc<Mutex<Shed>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Acceptor {
-    /// Starts accepting on `listener`.
-    pub fn start(listener: TcpListener, secret: [u8; SECRET_BYTES], what: &'static str) -> io::Result<Acceptor> {
+    /// Starts accepting on `listener` the ranks of `bind` that hold `secret`.
+    pub fn start(
+        listener: TcpListener,
+        secret: [u8; SECRET_BYTES],
+        bind: Bind,
+        what: &'static str,
+    ) -> io::Result<Acceptor> {
+        // Its warnings must be seen also in a process that only makes an id (nothing else
+        // there starts the logging; a subscriber the host program set wins).
+        crate::runtime::logging::init();
+        let secret = Zeroizing::new(secret);
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -98,120 +279,151 @@ impl Acceptor {
         let flag = stop.clone();
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
         // Allocated here: the loop allocates nothing until a connection arrives (see below).
-        let log = Arc::new(DropLog::new(format!("{what} at {addr}")));
-        let threads = Arc::new(AtomicUsize::new(0));
+        let log = DropLog::new(format!("{what} at {addr}"));
+        let info = Info::local(&bind);
+        let shed = Arc::new(Mutex::new(Shed::default()));
+        let counts = shed.clone();
         let thread = std::thread::Builder::new().name("mcast-accept".into()).spawn(move || {
-            use std::os::fd::AsRawFd;
             // The sender lives as long as the thread: dropping it could free the channel
             // (an allocator call) just when the caller forks.
             let _ = ready_tx.send(());
             // Oldest first. Empty, it holds no allocation.
-            let mut pending: VecDeque<Pending> = VecDeque::new();
+            let mut pending: Vec<Pending> = Vec::new();
+            let mut fds: Vec<libc::pollfd> = Vec::new();
+            let mut cap = MAX_PENDING;
             let handshake = Duration::from_millis(HANDSHAKE_MS);
-            while !flag.load(Ordering::Relaxed) {
-                for p in &pending {
-                    if p.since.elapsed() >= handshake && p.cut() {
-                        log.note("past the handshake deadline", format!("{HANDSHAKE_MS} ms"));
+            let note = |reason: &'static str, detail: String| {
+                {
+                    let mut c = counts.lock();
+                    match reason {
+                        "evicted at the cap of pending handshakes" => c.cap += 1,
+                        "shed (out of descriptors)" => c.descriptors += 1,
+                        "past the handshake deadline" => c.deadline += 1,
+                        _ => c.failed += 1,
                     }
                 }
-                pending.retain(|p| p.state.load(Ordering::Acquire) == LIVE);
-                log.flush_if_due();
-                let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut p, 1, 50) };
-                // Drain the backlog (a burst must not overflow it), then look at the deadlines.
-                for _ in 0..MAX_PENDING {
-                    if threads.load(Ordering::Acquire) >= MAX_HANDSHAKE_THREADS {
-                        // Evicted handshakes are still ending (on a loaded machine, a while):
-                        // the connections wait in the kernel's backlog until they have, as when
-                        // out of descriptors. Closing them instead closed a rank that connected
-                        // behind a flood, which eviction exists to let through.
-                        std::thread::sleep(THREAD_BACKOFF);
-                        break;
+                log.note(reason, detail);
+            };
+            while !flag.load(Ordering::Relaxed) {
+                pending.retain(|p| {
+                    let late = p.since.elapsed() >= handshake;
+                    if late {
+                        note("past the handshake deadline", format!("{}, {HANDSHAKE_MS} ms", p.peer));
                     }
-                    let (s, peer) = match listener.accept() {
-                        Ok(x) => x,
+                    !late
+                });
+                log.flush_if_due();
+                let next_deadline = pending.iter().map(|p| handshake.saturating_sub(p.since.elapsed())).min();
+                let wait = next_deadline.unwrap_or(Duration::from_millis(50)).min(Duration::from_millis(50));
+                let ms = wait.as_millis().max(1) as libc::c_int;
+                let listen = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let readable = if pending.is_empty() {
+                    let mut p = listen;
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, ms) };
+                    p.revents != 0
+                } else {
+                    fds.clear();
+                    fds.push(listen);
+                    fds.extend(pending.iter().map(|p| libc::pollfd {
+                        fd: p.stream.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }));
+                    // SAFETY: `fds` holds fds.len() valid pollfds.
+                    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+                    // Serve what arrived on the connections (indices as polled).
+                    let mut i = 0;
+                    let mut k = 1;
+                    while i < pending.len() {
+                        let ready = fds[k].revents != 0;
+                        k += 1;
+                        if !ready {
+                            i += 1;
+                            continue;
+                        }
+                        match pending[i].step(&secret) {
+                            Step::Keep => i += 1,
+                            Step::Drop(reason, detail) => {
+                                pending.remove(i);
+                                note(reason, detail);
+                            }
+                            Step::Done(arrival) => {
+                                let p = pending.remove(i);
+                                if let Err(why) = &arrival {
+                                    tracing::warn!("{what} at {addr}: refused {}: {why}", p.peer);
+                                }
+                                let _ = tx.send(arrival);
+                            }
+                        }
+                    }
+                    fds[0].revents != 0
+                };
+                if !readable {
+                    continue;
+                }
+                let mut rest = false;
+                for _ in 0..ACCEPT_BURST {
+                    match listener.accept() {
+                        Ok((s, peer)) => {
+                            let _ = s.set_nodelay(true);
+                            let hello = Server::hello(&info);
+                            let mut p =
+                                Pending { stream: s, peer, since: Instant::now(), stage: None, buf: Vec::new() };
+                            let sent = match hello {
+                                Ok((hs, hello)) => {
+                                    p.stage = Some(Stage::Nonce(hs));
+                                    match p.stream.set_nonblocking(true) {
+                                        Ok(()) => p.write_frame(kind::HELLO, &hello),
+                                        Err(e) => Err(e.to_string()),
+                                    }
+                                }
+                                Err(e) => Err(e.to_string()),
+                            };
+                            if let Err(e) = sent {
+                                note("failed the handshake", format!("{peer}: {e}"));
+                                continue;
+                            }
+                            pending.push(p);
+                            while pending.len() > cap {
+                                let Some(v) = victim(&pending) else { break };
+                                let p = pending.remove(v);
+                                note("evicted at the cap of pending handshakes", format!("{}", p.peer));
+                            }
+                        }
                         Err(e) if out_of_descriptors(&e) => {
-                            // The connection stays in the backlog and is served once descriptors
-                            // free up; closing it instead would fail a rank's connect outright.
-                            log.note("not accepted while the process is out of descriptors", e.to_string());
-                            std::thread::sleep(ACCEPT_BACKOFF);
-                            break;
+                            // Leave the process a few descriptors, and shed an idle handshake
+                            // so that the connection waiting in the backlog (a rank's, maybe)
+                            // can be accepted.
+                            cap = cap.min(pending.len().saturating_sub(FD_RESERVE).max(FD_FLOOR));
+                            let mut freed = false;
+                            while pending.len() > cap || !freed {
+                                let Some(v) = victim(&pending) else { break };
+                                let p = pending.remove(v);
+                                note("shed (out of descriptors)", format!("{}: {e}", p.peer));
+                                freed = true;
+                            }
+                            if !freed {
+                                note("closed at once (out of descriptors)", e.to_string());
+                                rest = true;
+                                break;
+                            }
                         }
                         // Nothing waiting (`WouldBlock`), or a connection reset before it was
                         // accepted.
                         Err(_) => break,
-                    };
-                    if pending.len() >= MAX_PENDING {
-                        if let Some(old) = pending.pop_front() {
-                            if old.cut() {
-                                log.note("evicted at the cap of pending handshakes", format!("for {peer}"));
-                            }
-                        }
-                    }
-                    let watch = match s.try_clone() {
-                        Ok(w) => w,
-                        Err(e) => {
-                            log.note("closed at once (out of descriptors)", e.to_string());
-                            std::thread::sleep(ACCEPT_BACKOFF);
-                            break;
-                        }
-                    };
-                    let state = Arc::new(AtomicU8::new(LIVE));
-                    pending.push_back(Pending { since: Instant::now(), stream: watch, state: state.clone() });
-                    threads.fetch_add(1, Ordering::AcqRel);
-                    let live = Live(threads.clone());
-                    let (tx, hs_log) = (tx.clone(), log.clone());
-                    let spawned = std::thread::Builder::new()
-                        .name("mcast-handshake".into())
-                        .stack_size(HANDSHAKE_STACK)
-                        .spawn(move || {
-                            let _live = live;
-                            let _ = s.set_nonblocking(false);
-                            let _ = s.set_nodelay(true);
-                            let deadline = Deadline::after_ms(HANDSHAKE_MS);
-                            // On failure the stream is dropped, which closes it.
-                            let r = prove_server(s, &secret, deadline).and_then(|mut c| {
-                                let join = c.expect(kind::JOIN, MAX_HANDSHAKE_FRAME * 4, deadline)?;
-                                Ok((c, join))
-                            });
-                            let mine = state.compare_exchange(LIVE, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok();
-                            #[cfg(test)]
-                            if !mine {
-                                std::thread::sleep(Duration::from_millis(CUT_LINGER_MS.load(Ordering::Relaxed)));
-                            }
-                            match r {
-                                Ok(joined) if mine => {
-                                    let _ = tx.send(joined);
-                                }
-                                Ok(_) => {}
-                                Err(e) => {
-                                    if mine {
-                                        hs_log.note("failed the handshake", format!("{peer}: {e}"));
-                                    }
-                                }
-                            }
-                        });
-                    if let Err(e) = spawned {
-                        // The closure, and with it the connection, was dropped.
-                        if let Some(p) = pending.pop_back() {
-                            p.cut();
-                        }
-                        log.note("closed at once (no thread for the handshake)", e.to_string());
-                        std::thread::sleep(ACCEPT_BACKOFF);
-                        break;
                     }
                 }
-            }
-            for p in &pending {
-                p.cut();
+                if rest {
+                    std::thread::sleep(ACCEPT_BACKOFF);
+                }
             }
         })?;
         // Return only once the thread runs its loop, which allocates nothing until a
         // connection arrives: a process that forks right after making a unique id (a common
         // way to start ranks) then never forks while this thread holds an allocator lock.
         let _ = ready_rx.recv();
-        Ok(Acceptor { addr, stop, rx, thread: Some(thread) })
+        Ok(Acceptor { addr, stop, rx, shed, thread: Some(thread) })
     }
 
     /// The address it listens on.
@@ -219,8 +431,14 @@ impl Acceptor {
         self.addr
     }
 
-    /// The next authenticated connection and its `JOIN`, or `None` at the deadline.
-    pub fn next(&self, deadline: Deadline) -> Option<(Secured, Vec<u8>)> {
+    /// The connections it closed so far before they proved the secret, by reason.
+    pub fn shed(&self) -> Shed {
+        *self.shed.lock()
+    }
+
+    /// The next arrival (an authenticated connection and its `JOIN`, or an authenticated
+    /// refusal), or `None` at the deadline.
+    pub fn next(&self, deadline: super::Deadline) -> Option<Arrival> {
         match deadline.0 {
             None => self.rx.recv().ok(),
             Some(_) => self.rx.recv_timeout(deadline.remaining_or(Duration::ZERO)).ok(),

@@ -5,22 +5,25 @@
 //! Frame: `u32` payload length (little-endian), `u8` kind, payload. A length above the cap
 //! is refused before anything is allocated.
 //!
-//! The parts: `handshake.rs` (the proof of the secret and the keys it yields), `sealed.rs` (the
-//! sealed channel after it), `acceptor.rs` (the listener's accept loop with its bounds); this
-//! file holds the frames, addresses and listeners.
+//! The parts: `handshake.rs` (the proof of the secret, what it binds, and the keys it yields),
+//! `sealed.rs` (the sealed channel after it), `acceptor.rs` (the listener's event loop with its
+//! bounds); this file holds the frames and listeners. Which address to listen on is
+//! [`super::ifname`]'s.
 
 pub(crate) mod acceptor;
 mod handshake;
 mod sealed;
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::{BootError, Deadline};
 
-pub use acceptor::{Acceptor, MAX_PENDING};
-pub use handshake::connect;
+pub use acceptor::{Acceptor, Arrival, Shed, MAX_PENDING};
+#[cfg(test)]
+pub(crate) use handshake::PROTOCOL_OVERRIDE;
+pub use handshake::{connect, job_tag, Bind, PROTOCOL, VERSION};
 pub use sealed::{Opener, Sealer, Secured, TAG};
 
 /// Bytes of the team secret.
@@ -172,80 +175,25 @@ pub fn random_bytes(out: &mut [u8]) -> io::Result<()> {
 
 /// Binds a listener on `ip` (port 0: any).
 pub fn listen(addr: SocketAddr) -> Result<TcpListener, BootError> {
-    TcpListener::bind(addr).map_err(|e| {
+    let l = TcpListener::bind(addr).map_err(|e| {
         BootError::new(
             super::Kind::InvalidArgument,
             format!(
                 "cannot listen on {addr} for the bootstrap: {e} (check MCAST_BOOTSTRAP_ADDR / MCAST_SOCKET_IFNAME)"
             ),
         )
-    })
+    })?;
+    // A longer queue of connections not yet accepted than the standard library's 128 (the
+    // kernel caps it at net.core.somaxconn): when the queue is full the kernel drops the last
+    // packet of a connection's opening, and that connection (a rank behind a flood, maybe)
+    // waits a second or more for it to be sent again while its peer thinks it connected.
+    // SAFETY: listen(2) on a listening socket this function owns; it only sets the backlog.
+    unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&l), LISTEN_BACKLOG) };
+    Ok(l)
 }
 
-/// One interface address.
-#[derive(Clone, Debug)]
-pub struct Interface {
-    /// Interface name.
-    pub name: String,
-    /// Its address.
-    pub ip: IpAddr,
-    /// `IFF_LOOPBACK`.
-    pub loopback: bool,
-}
-
-/// Every address of every interface that is up (IPv4 and IPv6, no link-local IPv6).
-pub fn interfaces() -> Vec<Interface> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` or fails; freed below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return out;
-    }
-    let mut p = head;
-    while !p.is_null() {
-        // SAFETY: a node of the list getifaddrs returned.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
-            continue;
-        }
-        // SAFETY: a NUL-terminated name.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
-        // SAFETY: the family field of a valid sockaddr.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        let ip = if family == libc::AF_INET {
-            // SAFETY: an AF_INET sockaddr is a sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-        } else if family == libc::AF_INET6 {
-            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
-            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            if ip.segments()[0] & 0xffc0 == 0xfe80 {
-                continue;
-            }
-            IpAddr::V6(ip)
-        } else {
-            continue;
-        };
-        out.push(Interface { name, ip, loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0 });
-    }
-    // SAFETY: the list getifaddrs returned, freed once.
-    unsafe { libc::freeifaddrs(head) };
-    out
-}
-
-/// The address to listen on: the interface `MCAST_SOCKET_IFNAME` selects (by
-/// `NCCL_SOCKET_IFNAME`'s rules, see [`super::ifname`]), else the first that is up but for
-/// loopback, `docker*` and `veth*`, else loopback.
-pub fn pick_ip() -> Result<IpAddr, BootError> {
-    pick_ip_from(&interfaces(), std::env::var("MCAST_SOCKET_IFNAME").ok().as_deref())
-}
-
-/// [`pick_ip`] over a given interface list.
-pub fn pick_ip_from(ifs: &[Interface], wanted: Option<&str>) -> Result<IpAddr, BootError> {
-    super::ifname::choose(ifs, wanted).map_err(|why| BootError::new(super::Kind::InvalidArgument, why))
-}
+/// The backlog asked of the kernel for the bootstrap's listeners.
+const LISTEN_BACKLOG: libc::c_int = 4096;
 
 impl Deadline {
     /// A deadline `ms` from now.
@@ -262,26 +210,5 @@ impl Deadline {
     /// Time left, or `forever` for no deadline.
     pub fn remaining_or(self, forever: Duration) -> Duration {
         self.0.map_or(forever, |t| t.saturating_duration_since(Instant::now()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn interface_choice() {
-        let ifs = vec![
-            Interface { name: "lo".into(), ip: "127.0.0.1".parse().unwrap(), loopback: true },
-            Interface { name: "eth0".into(), ip: "fd00::1".parse().unwrap(), loopback: false },
-            Interface { name: "eth0".into(), ip: "10.0.0.1".parse().unwrap(), loopback: false },
-            Interface { name: "ib0".into(), ip: "10.1.0.1".parse().unwrap(), loopback: false },
-        ];
-        assert_eq!(pick_ip_from(&ifs, None).unwrap(), "10.0.0.1".parse::<IpAddr>().unwrap());
-        assert_eq!(pick_ip_from(&ifs, Some("ib")).unwrap(), "10.1.0.1".parse::<IpAddr>().unwrap());
-        assert_eq!(pick_ip_from(&ifs, Some("lo")).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
-        assert!(pick_ip_from(&ifs, Some("wlan")).unwrap_err().message.contains("wlan"));
-        assert_eq!(pick_ip_from(&ifs[..1], None).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
-        assert_eq!(pick_ip_from(&[], None).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
     }
 }

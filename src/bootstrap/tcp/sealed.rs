@@ -31,6 +31,10 @@ pub struct Sealer {
 }
 
 impl Sealer {
+    pub(super) fn new(aead: ChaCha20Poly1305) -> Sealer {
+        Sealer { aead, seq: 0 }
+    }
+
     /// `payload` as a sealed frame of `kind`, under the next frame number.
     pub fn seal(&mut self, kind: u8, payload: &[u8]) -> io::Result<Vec<u8>> {
         let len = payload.len() + TAG;
@@ -66,6 +70,10 @@ pub struct Opener {
 }
 
 impl Opener {
+    pub(super) fn new(aead: ChaCha20Poly1305) -> Opener {
+        Opener { aead, seq: 0 }
+    }
+
     /// Reads and opens the next frame of at most `cap` payload bytes: `(kind, payload)`.
     /// Allocates at most `cap` + [`TAG`] bytes, whatever the stream holds. A frame that does
     /// not open under the next frame number is [`FrameError::Auth`]; the connection is then
@@ -104,7 +112,7 @@ pub struct Secured {
 
 impl Secured {
     pub(super) fn new(stream: TcpStream, tx: ChaCha20Poly1305, rx: ChaCha20Poly1305) -> Secured {
-        Secured { stream, tx: Sealer { aead: tx, seq: 0 }, rx: Opener { aead: rx, seq: 0 } }
+        Secured { stream, tx: Sealer::new(tx), rx: Opener::new(rx) }
     }
 
     /// Seals and writes one frame.
