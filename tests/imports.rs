@@ -28,11 +28,7 @@ type ModPath = Vec<String>;
 
 /// Dependencies allowed although they close a circle, each with the reason it is still there.
 /// An allowance that no longer matches a dependency fails the test: it goes with the circle.
-const ALLOWED: &[(&str, &str, &str)] = &[
-    // The bootstrap's `ifname.rs` takes `Interface` from `tcp/mod.rs`, which calls its
-    // `choose`: the circle is being undone in the bootstrap; remove this line with it.
-    ("mcast", "bootstrap::ifname", "bootstrap::tcp"),
-];
+const ALLOWED: &[(&str, &str, &str)] = &[];
 
 /// What one crate's files say.
 #[derive(Default)]
