@@ -176,7 +176,7 @@ if want peers; then
   if ! gpu; then
     note "backend $backend: PyTorch peers skipped"
   elif python3 -c 'import torch, torch.distributed' 2>/dev/null && command -v torchrun >/dev/null; then
-    csv="$out/peers_$(echo $ops | tr ' ' '+').csv"
+    csv="$out/peers_$(echo $ops | tr ' ' '-').csv"
     PYTHONUNBUFFERED=1 torchrun --nproc_per_node="$n" bench/peers.py --min-bytes "$(bytes "$min")" \
       --max-bytes "$(bytes "$max")" --ops "$(echo $ops | tr ' ' ',')" --modes eager,graph --out "$csv" \
       2>"$out/peers.err" || note "bench/peers.py failed: $(tail -n 5 "$out/peers.err" | tr '\n' ' ')"
