@@ -247,7 +247,7 @@ fn victim(pending: &[Pending]) -> Option<usize> {
 ///
 /// Bounds: a handshake (proof and `JOIN`) gets [`HANDSHAKE_MS`] in all, then it is cut; at most
 /// [`MAX_PENDING`] handshakes at once (beyond, one is evicted, fairly by source, see
-/// [`victim`]); out of descriptors, the loop sheds pending connections that have not proved the
+/// `victim`); out of descriptors, the loop sheds pending connections that have not proved the
 /// secret (the idle ones first) so that a rank in the backlog gets in, lowers its cap so the
 /// process keeps a few descriptors, and rests when there is nothing to shed. One thread,
 /// whatever the number of connections. Drops are logged as one line per interval with counts

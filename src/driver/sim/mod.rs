@@ -9,7 +9,7 @@
 //! on, after the work queued there before, as often as it is launched. A synchronization of a
 //! capturing stream fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
 //! capture; an event recorded on a capturing stream only orders the capture (no timing node),
-//! as `cuEventRecord` does in a capture. Captures and threads meet as [`CaptureMode`] says:
+//! as `cuEventRecord` does in a capture. Captures and threads meet as [`CaptureMode`](crate::driver::CaptureMode) says:
 //! a potentially unsafe call (a synchronization, a synchronous copy or set, `cuMemAlloc`,
 //! `cuMemFree`, `cuMemHostAlloc`, `cuMemFreeHost`, a module load) from a thread that a live
 //! capture prohibits fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates that
