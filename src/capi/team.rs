@@ -300,11 +300,12 @@ pub struct mcast_unique_id_t {
 /// secret is derived (PBKDF2-HMAC-SHA256, salted with the address) from
 /// `MCAST_BOOTSTRAP_SECRET`, which must then be at least 32 hex digits (128 bits; surrounding
 /// white space ignored, case does not matter), random and fresh for each job (e.g.
-/// `openssl rand -hex 16`). One id names one team; every process of that team passes the same
+/// `openssl rand -hex 32`). One id names one team; every process of that team passes the same
 /// bytes to `mcast_team_init_rank`. `MCAST_ERROR_INVALID_ARGUMENT`: `id` NULL,
-/// `MCAST_BOOTSTRAP_ADDR` malformed, or set with `MCAST_BOOTSTRAP_SECRET` missing, shorter or
-/// not hex (the message names the variable and how to make one), `MCAST_SOCKET_IFNAME`
-/// matching no interface. Thread-safe.
+/// `MCAST_BOOTSTRAP_ADDR` malformed, or set with `MCAST_BOOTSTRAP_SECRET` missing, shorter, not
+/// hex or too regular to be random (one digit repeated, a repeated pattern, a sequence, fewer
+/// than 8 distinct digits; the message names the variable and how to make one),
+/// `MCAST_SOCKET_IFNAME` matching no interface. Thread-safe.
 ///
 /// # Safety
 /// `id` must be NULL or valid for writes.
