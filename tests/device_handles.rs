@@ -16,8 +16,8 @@ use mcast::capi::device_api::*;
 use mcast::capi::status::McastStatus::*;
 use mcast::capi::team::*;
 use mcast::kernels::abi::{
-    device_bytes, team_reserved_bytes, DEVICE_INFO, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_INVALID, ERR_TIMEOUT,
-    SYNC_USED_BYTES,
+    device_bytes, team_reserved_bytes, DEVICE_INFO, DOORBELL_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_INVALID,
+    ERR_TIMEOUT, SYNC_USED_BYTES,
 };
 use mcast::runtime::handles;
 
@@ -147,7 +147,8 @@ fn bad_arguments_get_their_status_and_leave_out_untouched() {
 }
 
 /// What a kernel's failing device-API call leaves in the error word (written here by hand, as the
-/// simulator runs no device code) is the team's error: `mcast_team_get_error` reports it.
+/// simulator runs no device code, with the doorbell rung after it as `mcast_dev__record` does)
+/// is the team's error: `mcast_team_get_error` reports it.
 #[test]
 fn a_device_api_error_is_the_team_error() {
     for (code, info, want) in [
@@ -163,6 +164,9 @@ fn a_device_api_error_is_the_team_error() {
         unsafe {
             *((own + ERROR_INFO_OFFSET as u64) as *mut u32) = info;
             *((own + ERROR_WORD_OFFSET as u64) as *mut u32) = code;
+            let bell = *((own + DOORBELL_OFFSET as u64) as *const u64);
+            assert_ne!(bell, 0, "every rank's sync region holds its team's doorbell");
+            (*(bell as *const std::sync::atomic::AtomicU32)).store(1, std::sync::atomic::Ordering::SeqCst);
         }
         let mut e = mcast::capi::mcast_status_t(0);
         // SAFETY: a valid out-pointer.
