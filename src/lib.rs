@@ -17,6 +17,7 @@ pub mod driver;
 pub mod dynlib;
 pub mod kernels;
 pub mod libpath;
+pub mod logging;
 pub mod nvtx;
 pub mod runtime;
 pub mod types;

@@ -23,7 +23,7 @@
 //! the push), so a warm call still makes no heap allocation, and the tool's push and pop are
 //! called; a buffer form's name looks the team's handle up in the handle table (shared lock).
 //!
-//! Uses `types` (names of dtypes and operators) and `runtime::logging` (so that a failure to
+//! Uses `types` (names of dtypes and operators) and `logging` (so that a failure to
 //! load the tool is seen even when the first range comes before any context), nothing else.
 
 use std::cell::RefCell;
@@ -267,7 +267,7 @@ pub fn status() -> (bool, &'static str) {
 
 fn loaded() -> &'static Loaded {
     LOADED.get_or_init(|| {
-        crate::runtime::logging::init();
+        crate::logging::init();
         let l = load();
         STATE.store(if l.api.is_some() { ON } else { OFF }, Ordering::Relaxed);
         l

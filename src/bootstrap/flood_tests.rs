@@ -533,7 +533,7 @@ fn nobody_case() {
 fn child() {
     // A process that only makes an id must log its listener's drops without this ("idlog").
     if std::env::var_os(CHILD).is_some_and(|c| c != "idlog") {
-        crate::runtime::logging::init();
+        crate::logging::init();
     }
     match std::env::var(CHILD).as_deref() {
         Ok("trickle") => trickle_case(),

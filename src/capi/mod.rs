@@ -90,7 +90,7 @@ pub(crate) fn guard(func: &'static str, body: impl FnOnce() -> Result<()>) -> mc
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
             let msg = format!("{func}: internal error (a bug in mcast, please report it): {what}");
-            crate::runtime::logging::init();
+            crate::logging::init();
             tracing::error!("{msg}");
             set_last_error(&msg);
             status_of(ErrorKind::Internal)

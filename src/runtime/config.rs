@@ -360,7 +360,7 @@ impl Config {
 }
 
 fn warn_malformed(name: &str, value: &str, expected: &str) {
-    crate::runtime::logging::init();
+    crate::logging::init();
     tracing::warn!("ignoring {name}={value:?}: expected {expected}");
 }
 

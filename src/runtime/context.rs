@@ -105,7 +105,7 @@ pub fn simulator_fallback_warning(why: &str) -> String {
 impl Context {
     /// A context for `config`: picks the backend and records why.
     pub fn new(config: Config) -> Result<Context> {
-        super::logging::init();
+        crate::logging::init();
         let (driver, backend, backend_reason): (Arc<dyn Driver>, Backend, String) = match config.backend {
             Backend::Sim => (Arc::new(Self::simulator(&config)?), Backend::Sim, "backend SIM requested".into()),
             Backend::Cuda => match cuda_driver() {

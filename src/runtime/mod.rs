@@ -14,7 +14,6 @@ pub mod error;
 pub mod handles;
 pub mod hier;
 pub mod launch;
-pub mod logging;
 pub mod mem_alloc;
 pub mod memory;
 pub mod net;

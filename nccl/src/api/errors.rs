@@ -108,7 +108,7 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut nccl
             let why = unsafe { CStr::from_ptr(mcast_last_error()) }.to_string_lossy().into_owned();
             let message = format!("rank {} of {}: {why}", c.rank, c.nranks);
             if !c.async_logged.swap(true, Ordering::Relaxed) {
-                mcast::runtime::logging::init();
+                mcast::logging::init();
                 tracing::warn!("mcast_nccl: ncclCommGetAsyncError: {message}");
             }
             set_last_error(&message);

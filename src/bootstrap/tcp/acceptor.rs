@@ -270,7 +270,7 @@ impl Acceptor {
     ) -> io::Result<Acceptor> {
         // Its warnings must be seen also in a process that only makes an id (nothing else
         // there starts the logging; a subscriber the host program set wins).
-        crate::runtime::logging::init();
+        crate::logging::init();
         let secret = Zeroizing::new(secret);
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;

@@ -20,6 +20,10 @@ use crate::kernels::abi::{
 };
 use crate::runtime::error::{Error, ErrorKind, Result};
 
+/// How often, at most, a multi-process team's `mcast_team_get_error` reads its rank's device
+/// words when its doorbell did not ring (see [`Team::peer_words_due`]).
+const PEER_WORDS_MS: u64 = 20;
+
 /// How a timeout message ends.
 const STICKY: &str = "every rank must call each collective; every rank of the team reports this error until it is \
                       destroyed: destroy it and make a new one";
@@ -258,6 +262,22 @@ impl Team {
         }
     }
 
+    /// True at most every [`PEER_WORDS_MS`] for a team with ranks in other processes: the
+    /// device words of this process's rank are then read even though its doorbell did not
+    /// ring. A peer process writes this rank's state word through its mapping when it aborts or
+    /// one of its kernels times out, with no kernel of this rank running to see it; its frame
+    /// over the connections normally says the same, but may come later (or never, if it died).
+    /// The read runs in relaxed capture mode, so it disturbs no capture either.
+    fn peer_words_due(&self) -> bool {
+        if self.comm.is_none() {
+            return false;
+        }
+        let now = crate::runtime::team::clock_ms();
+        let last = self.words_read_at.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= PEER_WORDS_MS
+            && self.words_read_at.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
     /// The team's asynchronous error without waiting (`mcast_team_get_error`): `None`,
     /// [`ErrorKind::Timeout`] or [`ErrorKind::Aborted`]. Besides the host's sticky error (with
     /// what peer processes told) it reads this process's ranks' device words (a peer process's
@@ -267,8 +287,9 @@ impl Team {
         if let Some(e) = self.error() {
             return Some(e.kind);
         }
-        // A healthy team: one load of host memory, no driver call (see `runtime::doorbell`).
-        if !self.doorbell.rang() {
+        // A healthy team: one load of host memory, no driver call (see `runtime::doorbell`); a
+        // multi-process team also reads its rank's words now and then (`peer_words_due`).
+        if !self.doorbell.rang() && !self.peer_words_due() {
             return None;
         }
         let live = self.sync_live.read();

@@ -346,6 +346,7 @@ impl Team {
             domains,
             timeout_cause: OnceLock::new(),
             doorbell,
+            words_read_at: AtomicU64::new(0),
         });
         env.join(team.clone());
         team

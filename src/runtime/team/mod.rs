@@ -21,7 +21,7 @@ mod streams;
 mod tests;
 mod transport;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
@@ -100,6 +100,14 @@ pub struct Team {
     /// Rung by this process's ranks' kernels once they record an error (see
     /// `runtime::doorbell`): what `mcast_team_get_error` polls, with no driver call.
     doorbell: Arc<Doorbell>,
+    /// When (`clock_ms`) `mcast_team_get_error` last read the device words unrung.
+    words_read_at: AtomicU64,
+}
+
+/// Milliseconds since the first call in this process: a clock for rate limits.
+pub(crate) fn clock_ms() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
 /// What `mcast_team_get_info` reports.
