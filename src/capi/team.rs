@@ -153,9 +153,11 @@ pub extern "C" fn mcast_team_abort(team: mcast_team_t) -> mcast_status_t {
 /// says why (which rank, which call, which field), as after a failing call. Returns
 /// `MCAST_SUCCESS` when `*error` was written; `MCAST_ERROR_INVALID_ARGUMENT`: `error` NULL;
 /// `MCAST_ERROR_INVALID_HANDLE`: `team` not live (`*error` untouched). Thread-safe, and safe
-/// while another thread captures a CUDA graph: a healthy team's call makes no CUDA call (it
-/// reads a word of host memory the team's kernels write when they record an error), and the
-/// device words it reads after an error are read in relaxed capture mode.
+/// while another thread captures a CUDA graph: a healthy team's call reads a word of host
+/// memory that the team's kernels write when they record an error, and makes no CUDA call but,
+/// on a team with ranks in other processes, a read of the rank's device words at most every
+/// 20 ms (where a peer process's abort lands); those reads, and the ones after an error, run
+/// in relaxed capture mode.
 ///
 /// # Safety
 /// `error` must be NULL or valid for writing an `mcast_status_t`.
