@@ -31,7 +31,7 @@ unsafe impl Send for Library {}
 unsafe impl Sync for Library {}
 
 /// The dynamic linker's last error, or `"unknown error"`.
-fn dlerror_text() -> String {
+pub(crate) fn dlerror_text() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated string owned by the C library.
     let why = unsafe { libc::dlerror() };
     if why.is_null() {

@@ -320,7 +320,7 @@ fn attach(path: &str) -> Result<Api, String> {
     unsafe {
         let handle = libc::dlopen(cpath.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
         if handle.is_null() {
-            return Err(format!("cannot be loaded: {}", dl_error()));
+            return Err(format!("cannot be loaded: {}", crate::dynlib::dlerror_text()));
         }
         let init = libc::dlsym(handle, c"InitializeInjectionNvtx2".as_ptr());
         if init.is_null() {
@@ -346,17 +346,6 @@ fn attach(path: &str) -> Result<Api, String> {
         }
         // The tool stays loaded: it initialised and may hold state of this process.
         Err("the tool records no ranges (it gave neither nvtxDomainRangePushEx nor nvtxRangePushA)".into())
-    }
-}
-
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated message of this thread's last dl call.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        // SAFETY: non-NULL, NUL-terminated.
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
     }
 }
 
