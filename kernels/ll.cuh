@@ -116,11 +116,11 @@ __device__ __forceinline__ void ll_sig_send(const McastArgs& a, const LlPart& p)
 
 // Reading them. The lines are reused with the landing's parities, by the same argument.
 // - The reductions and the all-gather (every thread that writes out awaits lines from every
-//   peer): a thread's first wait on each peer polls that peer's signature lines with the data
-//   line, the three loads in flight together (ll_wait_signed), so every thread that writes has
-//   compared every peer's signature itself; no vote. Measured on 2 x H100 (BENCHMARKS.md), this
-//   beat the vote below by 0.1 us at 8 bytes and up to 1 us in the all-gather at 32 KiB; loads
-//   issued one after the other, as separate ll_loads are, cost 0.3 us.
+//   peer): a thread's first wait polls every peer's signature lines with its data lines, all the
+//   loads in flight together (ll_wait_peers), so every thread that writes has compared every
+//   peer's signature itself; no vote. Measured on 2 x H100 (BENCHMARKS.md), polling them with the
+//   data beat the vote below by 0.1 us at 8 bytes and up to 1 us in the all-gather at 32 KiB;
+//   loads whose flags are looked at one after the other (separate ll_loads) cost 0.3 us.
 // - The broadcast (a rank hears from the root only): the last warp's thread t polls rank t's
 //   lines (SigPoll) with its first data wait (ll_wait_sig) or alone at the end (ll_sig_done),
 //   and the block votes on the verdict (with the data waits' failures) before anything of out
@@ -161,7 +161,7 @@ __device__ bool ll_wait_sig(const McastArgs& a, u64 addr, u32 flag, u64* v, u64*
 }
 // ll_wait that also polls rank `writer`'s signature lines at `sat` until they come, in the same
 // loop: false also where they differ (recorded). A thread's first wait on each peer whose lines
-// it reduces or copies (ll_reduce, the all-gather; see SigPoll above).
+// it reduces or copies in a team of two (ll_wait_peers).
 __device__ bool ll_wait_signed(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* start, u32 writer, u64 sat) {
   u32 spins = 0;
   while (true) {
@@ -184,6 +184,80 @@ __device__ bool ll_wait_signed(const McastArgs& a, u64 addr, u32 flag, u64* v, u
       return ll_lanes(x0, y0, flag, v) || ll_wait(a, addr, flag, v, start, writer);
     }
     if ((++spins & 255u) == 0 && !poll_on(a, start, writer, 1, MCAST_KIND_LL, writer, sat, flag)) return false;
+  }
+}
+
+// Line `line` (bytes from a row's start) of this block's landing rows from every peer in `need`
+// (bit q: rank q), into v[q]. W (wide): teams of three or more. The peers are taken
+// MCAST_LL_WAIT_GROUP at a time, and the loads of every peer of the group still pending are
+// issued together on each pass and only then looked at: once the lines are there a thread waits
+// about one load's latency per group, where waiting on one peer after another costs one per peer
+// (the LL kernels' growth with the team: on one H200 shared by teams of 4 and 8, 2026-11-29,
+// the all-reduce of 8 bytes from graphs went from 4.21 to 3.93 us and from 5.98 to 5.02 us). A
+// group bounds the registers the loads in flight take (seven peers at once spilled). Teams of two (not W) wait on their one
+// peer as ll_wait_signed does, in kernels of their own (ll_reduce, ll_copy): the wide code in the
+// same kernel cost them 0.15 us. With `sign` (a thread's first line, a.check), each peer's
+// signature lines are polled in the same passes until they come: false, recorded, where one
+// differs (no vote: every thread that writes out compared every peer itself). False as poll_on,
+// every 256 passes, naming the lowest peer still awaited.
+#define MCAST_LL_WAIT_GROUP 4
+template <bool W>
+__device__ __forceinline__ bool ll_wait_peers(const McastArgs& a, const LlPart& p, u64 line, u32 need, bool sign,
+                                              u64 v[MCAST_LL_MAX_RANKS], u64* start) {
+  const u32 me = a.rank, b = blockIdx.x, G = MCAST_LL_WAIT_GROUP;
+  if constexpr (!W) {
+    const u32 q = me ^ 1u;
+    const u64 at = ll_row(a, me, b, p.parity, q) + line;
+    u64 x = 0;
+    const bool ok = sign ? ll_wait_signed(a, at, p.flag, &x, start, q, ll_sig(a, me, b, p.parity, q))
+                         : ll_wait(a, at, p.flag, &x, start, q);
+    v[0] = v[1] = x;  // v[q]; v[me] is not read
+    return ok;
+  } else {
+#pragma unroll
+    for (u32 g = 0; g < MCAST_LL_MAX_RANKS; g += G) {
+      u32 data = need & (((1u << G) - 1u) << g), sig = sign ? data : 0u, spins = 0;
+      while (data | sig) {
+        u64 x[G], y[G], s[G][4];
+#pragma unroll
+        for (u32 j = 0; j < G; ++j) {
+          const u32 q = g + j;
+          if (data & (1u << q))
+            asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                         : "=l"(x[j]), "=l"(y[j])
+                         : "l"(ll_row(a, me, b, p.parity, q) + line)
+                         : "memory");
+          if (sig & (1u << q))
+            asm volatile(
+                "ld.volatile.global.v2.u64 {%0, %1}, [%4];\n\t"
+                "ld.volatile.global.v2.u64 {%2, %3}, [%4+16];"
+                : "=l"(s[j][0]), "=l"(s[j][1]), "=l"(s[j][2]), "=l"(s[j][3])
+                : "l"(ll_sig(a, me, b, p.parity, q))
+                : "memory");
+        }
+#pragma unroll
+        for (u32 j = 0; j < G; ++j) {
+          const u32 q = g + j;
+          if ((data & (1u << q)) && ll_lanes(x[j], y[j], p.flag, &v[q])) data &= ~(1u << q);
+          u64 s0, s1;
+          if ((sig & (1u << q)) && ll_lanes(s[j][0], s[j][1], p.flag, &s0) && ll_lanes(s[j][2], s[j][3], p.flag, &s1)) {
+            if (s0 != a.sig[0] || s1 != a.sig[1]) {
+              record_mismatch(a, q, s0, s1);
+              return false;
+            }
+            sig &= ~(1u << q);
+          }
+        }
+        if ((data | sig) != 0 && (++spins & 255u) == 0) {
+          const u32 w = __ffs(data | sig) - 1;
+          const bool signed_w = (sig >> w) & 1u;
+          if (!poll_on(a, start, w, 1, signed_w ? MCAST_KIND_LL : 0u, w, signed_w ? ll_sig(a, me, b, p.parity, w) : 0,
+                       signed_w ? p.flag : 0u))
+            return false;
+        }
+      }
+    }
+    return true;
   }
 }
 
@@ -278,8 +352,8 @@ struct Acc8 {
 // bytes of one block, S = block): rank r sends bytes [lo, hi) of block p of its data to every
 // peer p (all-reduce: the one vector), then reduces block r of every rank, in rank order, into
 // block r of its out.
-template <int D, int O>
-__device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
+template <int D, int O, bool W>
+__device__ void ll_reduce_in(const McastArgs& a, u64 block, u64 S) {
   const LlPart p = ll_begin(a, S);
   if (!p.live) return;
   const u32 me = a.rank, b = blockIdx.x;
@@ -298,29 +372,30 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
       ll_store(ll_row(a, q, b, p.parity, me) + i * 16, block ? ld_payload(src + (u64)q * block + off, n) : mine[k], p.flag);
     }
   }
-  // Every line is awaited and reduced into registers; with a.check a thread's first wait on each
-  // peer also awaits that peer's signature lines (ll_wait_signed), so a thread writes its lines
-  // of out only where every peer agreed, with no vote.
+  // Every line is awaited from every peer at once (ll_wait_peers) and reduced into registers in
+  // rank order; with a.check a thread's first wait also awaits every peer's signature lines, so a
+  // thread writes its lines of out only where every peer agreed, with no vote.
   bool bad = false;
   u64 start = 0, res[MCAST_LL_LINES];
+  const u32 need = ((1u << a.nranks) - 1u) & ~(1u << me);
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = threadIdx.x + (u64)k * blockDim.x;
-    if (i >= nl || bad) break;
+    if (i >= nl) break;
+    u64 v[MCAST_LL_MAX_RANKS];
+    if (!ll_wait_peers<W>(a, p, i * 16, need, k == 0 && a.check != 0, v, &start)) {
+      bad = true;
+      break;
+    }
     Acc8<D> acc;
-    for (u32 q = 0; q < a.nranks && !bad; ++q) {
-      u64 v = mine[k];
-      if (q != me) {
-        const u64 at = ll_row(a, me, b, p.parity, q) + i * 16;
-        const bool got = k == 0 && a.check != 0
-                             ? ll_wait_signed(a, at, p.flag, &v, &start, q, ll_sig(a, me, b, p.parity, q))
-                             : ll_wait(a, at, p.flag, &v, &start, q);
-        if (!got) bad = true;
-      }
+#pragma unroll
+    for (u32 q = 0; q < (W ? MCAST_LL_MAX_RANKS : 2u); ++q) {
+      if (q >= a.nranks) break;
+      const u64 x = q == me ? mine[k] : v[q];
       if (q == 0)
-        acc.load(v);
+        acc.load(x);
       else
-        acc.template reduce<O>(v);
+        acc.template reduce<O>(x);
     }
     res[k] = acc.pack();
   }
@@ -332,13 +407,21 @@ __device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
     st_payload(a.out[me] + (u64)me * block + p.lo + i * 8, res[k], ll_line_bytes(p, i));
   }
 }
+template <int D, int O>
+__device__ void ll_reduce(const McastArgs& a, u64 block, u64 S) {
+  if (a.nranks == 2)
+    ll_reduce_in<D, O, false>(a, block, S);
+  else
+    ll_reduce_in<D, O, true>(a, block, S);
+}
 
 // Copying LL call (all-gather: every rank sends its block r of S = count bytes; broadcast: the
 // root sends its S = count bytes, block 0): every receiver stores each sender's part into the
 // sender's block of its out; a sender out of place also copies its own part. Broadcast's other
 // ranks send each peer one acknowledgement line (payload 0) and wait for theirs: every rank
 // hears from every peer in every call, which the reuse of the landing relies on.
-__device__ void ll_copy(const McastArgs& a, bool gather) {
+template <bool W>
+__device__ void ll_copy_in(const McastArgs& a, bool gather) {
   const u64 S = a.count;
   const LlPart p = ll_begin(a, S);
   if (!p.live) return;
@@ -357,30 +440,31 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     mine[k] = ld_payload(a.data[me] + off, ll_line_bytes(p, i));
     for (u32 j = 0; j + 1 < a.nranks; ++j) ll_store(ll_row(a, peer_at(a, j), b, p.parity, me) + i * 16, mine[k], p.flag);
   }
-  // Every line is awaited into registers. With a.check: in an all-gather, as in ll_reduce, a
-  // thread's first wait on each peer also awaits its signature lines; in a broadcast (a rank
-  // hears from the root only) the signature threads poll them (SigPoll) and the block votes
-  // before anything of out is written.
+  // Every line is awaited into registers. In an all-gather, from every peer at once, as in
+  // ll_reduce (with a.check a thread's first wait also awaits every peer's signature lines); in a
+  // broadcast (a rank hears from the root only) the signature threads poll them (SigPoll) and the
+  // block votes before anything of out is written.
   SigPoll sp = ll_sig_poll(a, p, !gather);
   bool bad = false;
   u64 start = 0, v = 0;
   if (!gather && t < a.nranks && t != me && t != a.root &&
       !ll_wait_sig(a, ll_row(a, me, b, p.parity, t), p.flag, &v, &start, t, sp))
     bad = true;
+  const u32 need = ((1u << a.nranks) - 1u) & ~(1u << me);
   u64 got[MCAST_LL_LINES][MCAST_LL_MAX_RANKS];
 #pragma unroll
   for (int k = 0; k < MCAST_LL_LINES; ++k) {
     const u64 i = t + (u64)k * blockDim.x;
     if (i >= nl || bad) break;
+    if (gather) {
+      bad = !ll_wait_peers<W>(a, p, i * 16, need, k == 0 && a.check != 0, got[k], &start);
+      continue;
+    }
 #pragma unroll
-    for (u32 q = 0; q < MCAST_LL_MAX_RANKS; ++q) {
+    for (u32 q = 0; q < (W ? MCAST_LL_MAX_RANKS : 2u); ++q) {
       if (q >= a.nranks || bad) break;
-      if (q == me || (!gather && q != a.root)) continue;
-      const u64 at = ll_row(a, me, b, p.parity, q) + i * 16;
-      const bool got_line = gather && k == 0 && a.check != 0
-                                ? ll_wait_signed(a, at, p.flag, &v, &start, q, ll_sig(a, me, b, p.parity, q))
-                                : ll_wait_sig(a, at, p.flag, &v, &start, q, sp);
-      if (!got_line) bad = true;
+      if (q == me || q != a.root) continue;
+      bad = !ll_wait_sig(a, ll_row(a, me, b, p.parity, q) + i * 16, p.flag, &v, &start, q, sp);
       got[k][q] = v;
     }
   }
@@ -393,10 +477,16 @@ __device__ void ll_copy(const McastArgs& a, bool gather) {
     // A sender out of place copies its own part.
     if (sends && a.out[me] != a.data[me]) st_payload(a.out[me] + (u64)me * ostride + p.lo + i * 8, mine[k], n);
 #pragma unroll
-    for (u32 q = 0; q < MCAST_LL_MAX_RANKS; ++q) {
+    for (u32 q = 0; q < (W ? MCAST_LL_MAX_RANKS : 2u); ++q) {
       if (q >= a.nranks) break;
       if (q == me || (!gather && q != a.root)) continue;
       st_payload(a.out[me] + (u64)q * ostride + p.lo + i * 8, got[k][q], n);
     }
   }
+}
+__device__ void ll_copy(const McastArgs& a, bool gather) {
+  if (a.nranks == 2)
+    ll_copy_in<false>(a, gather);
+  else
+    ll_copy_in<true>(a, gather);
 }

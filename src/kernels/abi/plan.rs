@@ -65,7 +65,11 @@
 //! messages spread over more blocks and more peers at once), up to [`GRID_MAX_BLOCKS`]. The cap
 //! is the sync region's block slots ([`MAX_BLOCKS`]: 64 barrier counters, epochs and signature
 //! lines, all laid out in the 64 KiB region): a grid of 132 blocks (the H200's SMs) needs a larger
-//! region first. Pulls on 2 x H200 are flat from 66 to 528 blocks (p2p-roofline).
+//! region first. Pulls on 2 x H200 are flat from 66 to 528 blocks (p2p-roofline). The LL kernels
+//! take one block per 4 KiB of payload (one line per thread) up to the landing's 32 block slots,
+//! two lines per thread above: on one H200 shared by teams of 2, 4 and 8 ranks (2026-11-29, bf16,
+//! CUDA graphs, with the batched waits of kernels/ll.cuh) the 8 KiB all-reduce went from 4.22,
+//! 6.43 and 10.39 us to 3.41, 4.58 and 6.71 us (bench/results/2026-11-29-h200).
 //!
 //! Every input is the same on every rank, so every rank launches the same kernel and grid.
 //! `MCAST_LL` (on/off, the team's `ll`) and `MCAST_CE_MIN_BYTES` (the copy engines, chosen
@@ -185,9 +189,19 @@ fn ll_payload(collective: Collective, count: u64) -> Option<u64> {
     }
 }
 
-/// Blocks of an LL launch of `payload` bytes.
-fn ll_blocks(payload: u64) -> u64 {
+/// The fewest blocks an LL launch of `payload` bytes may use: one per [`LL_PART`] (a landing
+/// row holds one part).
+fn ll_min_blocks(payload: u64) -> u64 {
     payload.div_ceil(LL_PART).max(1)
+}
+
+/// Blocks of an LL launch of `payload` bytes with a grid cap of `cap`: one line per thread (half
+/// a part per block) where the landing's block slots and the cap allow, so that no thread awaits
+/// a second round of lines and each block's stores to its N - 1 peers are spread over twice the
+/// SMs; at least [`ll_min_blocks`].
+fn ll_blocks(payload: u64, cap: u64) -> u64 {
+    let slots = cap.min(u64::from(LL_MAX_BLOCKS));
+    payload.div_ceil(LL_PART / 2).min(slots).max(ll_min_blocks(payload))
 }
 
 /// True when the LL kernels serve `collective` of `count` on a team of `nranks` whose launches
@@ -200,7 +214,7 @@ pub fn ll_serves(collective: Collective, nranks: u32, count: u64, max_blocks: u3
     (2..=LL_MAX_RANKS).contains(&nranks)
         && payload > 0
         && payload <= ll_max_payload(collective, nranks)
-        && ll_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
+        && ll_min_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
 }
 
 const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
@@ -389,10 +403,11 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         }
         _ => BYTES_PER_BLOCK,
     };
-    // LL: one block per LL_PART of payload, so that no block's part is empty (every block
-    // exchanges lines with every peer in every call: the landing's reuse relies on it).
+    // LL: one block per half LL_PART of payload where the landing and the cap allow (ll_blocks),
+    // never more blocks than 4 KiB parts, so no block's part is empty (every block exchanges lines
+    // with every peer in every call: the landing's reuse relies on it).
     let blocks = match kind {
-        k if k.is_ll() => ll_payload(l.collective, l.count).map_or(1, ll_blocks) as u32,
+        k if k.is_ll() => ll_payload(l.collective, l.count).map_or(1, |p| ll_blocks(p, block_cap(l))) as u32,
         _ => bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32,
     };
     let push_row = match kind {
@@ -502,21 +517,25 @@ mod tests {
             l.ll = true;
             l
         };
-        // One block per LL_PART bytes of payload (what each rank sends each peer), up to the
-        // landing area's 32 blocks; above, the other kernels.
+        // One block per half LL_PART of payload (what each rank sends each peer: one line per
+        // thread), up to the landing area's 32 blocks; above, the other kernels.
         for (c, count, kind, blocks) in [
             (ar, 1, KernelKind::AllReduceLl, 1),
-            (ar, 4096, KernelKind::AllReduceLl, 1),
-            (ar, 4097, KernelKind::AllReduceLl, 2),
+            (ar, 2048, KernelKind::AllReduceLl, 1),
+            (ar, 2049, KernelKind::AllReduceLl, 2),
+            (ar, 4096, KernelKind::AllReduceLl, 2),
+            (ar, 4097, KernelKind::AllReduceLl, 3),
+            (ar, 64 * 1024, KernelKind::AllReduceLl, 32),
             (ar, 128 * 1024, KernelKind::AllReduceLl, 32),
             (ar, 128 * 1024 + 1, KernelKind::AllReduceP2pPush, 0),
-            (rs, 1024, KernelKind::ReduceScatterLl, 1),
+            (rs, 512, KernelKind::ReduceScatterLl, 1),
+            (rs, 1024, KernelKind::ReduceScatterLl, 2),
             (rs, 32 * 1024, KernelKind::ReduceScatterLl, 32),
             (rs, 32 * 1024 + 1, KernelKind::ReduceScatterP2p, 0),
             (Collective::AllGather, 5, KernelKind::AllGatherLl, 1),
             (Collective::AllGather, LL_MAX_BYTES, KernelKind::AllGatherLl, 32),
             (Collective::AllGather, LL_MAX_BYTES + 1, KernelKind::AllGatherP2p, 0),
-            (Collective::Broadcast { root: 0 }, 3 * 8192, KernelKind::BroadcastLl, 3),
+            (Collective::Broadcast { root: 0 }, 3 * 8192, KernelKind::BroadcastLl, 6),
         ] {
             let p = plan(&ll(c, Path::P2P, count)).unwrap().unwrap();
             assert_eq!(p.kernel.kind, kind, "{c:?} {count}");
@@ -535,10 +554,18 @@ mod tests {
         );
         let f32_min = Collective::AllReduce { dtype: DType::F32, op: RedOp::Min };
         assert_eq!(plan(&ll(f32_min, Path::Multicast, 64)).unwrap().unwrap().kernel.kind, KernelKind::AllReduceLl);
-        // The grid must fit the team's cap (ranks sharing a device), else the other kernels.
+        // The grid must fit the team's cap (ranks sharing a device), else the other kernels;
+        // under the cap, two lines per thread (a whole part per block) before the other kernels.
         let mut capped = ll(ar, Path::P2P, 8192);
         capped.max_blocks = 1;
         assert_eq!(plan(&capped).unwrap().unwrap().kernel.kind, KernelKind::AllReduceP2pPush);
+        capped.max_blocks = 2;
+        let p = plan(&capped).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.blocks), (KernelKind::AllReduceLl, 2));
+        capped.max_blocks = 3;
+        assert_eq!(plan(&capped).unwrap().unwrap().blocks, 3);
+        capped.max_blocks = 64;
+        assert_eq!(plan(&capped).unwrap().unwrap().blocks, 4);
         // Teams of 2..=8 ranks.
         let mut big = ll(ar, Path::P2P, 64);
         big.nranks = 9;
