@@ -34,8 +34,6 @@ pub mod all_gather;
 pub mod all_reduce;
 pub mod broadcast;
 pub mod cost;
-#[cfg(test)]
-mod old;
 pub mod reduce_scatter;
 #[cfg(test)]
 mod tables;
