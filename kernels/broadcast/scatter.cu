@@ -1,16 +1,8 @@
-// kernels/broadcast.cu: the broadcast kernels (P2P pull, P2P scatter then all-gather, LL,
-// multicast push) and their entry points mcast_broadcast_{p2p,p2p_scatter,ll,mc}.
-
-// Broadcast (pull): every rank copies count bytes from the root's data into its out (the root
-// only out of place).
-__device__ void broadcast_p2p(const McastArgs& a) {
-  if (!barrier<false>(a, 0)) return;
-  if (a.out[a.rank] != a.data[a.root]) copy_bytes(a.out[a.rank], a.data[a.root], a.count);
-  barrier<false>(a, 1);
-}
+// kernels/broadcast/scatter.cu: the broadcast as scatter then all-gather, pipelined by chunks, and
+// its entry point mcast_broadcast_p2p_scatter.
 
 // Broadcast, teams of three or more, large messages (the plan's choice: broadcast_scatter_min_bytes
-// in src/kernels/abi/plan.rs): scatter then all-gather, pipelined by chunks. The one-pull form
+// in src/kernels/abi/plan/broadcast.rs): scatter then all-gather, pipelined by chunks. The one-pull form
 // has every rank read the whole message from the root, whose NVLink egress then carries it
 // N - 1 times; here it carries it once. The message's 16-byte vectors are cut into K chunks of
 // C vectors (bcast_chunk_vectors), each chunk into N - 1 slices owned by the ranks other than the
@@ -73,17 +65,5 @@ __device__ void broadcast_p2p_scatter(const McastArgs& a) {
   }
 }
 
-// Broadcast: the root multimem.st's its range (out of place too: its own out is one of the
-// targets); the others take part in the barriers only.
-__device__ void broadcast_mc(const McastArgs& a) {
-  if (!barrier<true>(a, 0)) return;
-  if (a.rank == a.root) mc_push(a, 0, a.count);
-  barrier<true>(a, 1);
-}
-
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
-    KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); }
-    KERNEL mcast_broadcast_p2p_scatter(ARGS) { broadcast_p2p_scatter(a); }
-    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); }
-    MCAST_IF_LL(
-    KERNEL mcast_broadcast_ll(ARGS) { ll_copy(a, false); }))
+    KERNEL mcast_broadcast_p2p_scatter(ARGS) { broadcast_p2p_scatter(a); })
