@@ -1,5 +1,5 @@
-// kernels/all_gather/pull.cu: the all-gather by pulls (every rank copies every peer's block) and its
-// entry point mcast_all_gather_p2p.
+// kernels/all_gather/pull.cu: the all-gather by pulls (every rank copies every peer's block) and
+// its entry point mcast_all_gather_p2p.
 
 // All-gather (pull): rank r copies block q (count bytes at q*count) from rank q's data into its
 // out (at q*out_stride), for every q != r (and q == r out of place), peers in the walk order of

@@ -1,21 +1,21 @@
 // kernels/broadcast/scatter.cu: the broadcast as scatter then all-gather, pipelined by chunks, and
 // its entry point mcast_broadcast_p2p_scatter.
 
-// Broadcast, teams of three or more, large messages (the plan's choice: broadcast_scatter_min_bytes
-// in src/kernels/abi/plan/broadcast.rs): scatter then all-gather, pipelined by chunks. The one-pull form
-// has every rank read the whole message from the root, whose NVLink egress then carries it
-// N - 1 times; here it carries it once. The message's 16-byte vectors are cut into K chunks of
-// C vectors (bcast_chunk_vectors), each chunk into N - 1 slices owned by the ranks other than the
-// root (slice s of a chunk: the rank in row s of writer_row(root, .)). In round k (0..K) a rank
-// other than the root pulls its slice of chunk k from the root's data into its out, and the other
-// owners' slices of chunk k - 1 from their outs (peers in the walk order of peer_at), then all
-// ranks pass a barrier; so each round moves one chunk into every rank, every rank's egress
-// serving one slice to each of the others at once. The head and tail bytes come from the root
-// in round 0 (block 0); the root, out of place, copies its message into its own out (no rank
-// reads it). Vector j of a slice is moved by the same global thread in both rounds that touch
-// it, on every rank (copy_span), so the per-block-slot barrier covers exactly the data each
-// block reads. The last barrier is the exit barrier: no rank changes its copy while a peer reads.
-// Where the ranks' buffers disagree modulo 16, it runs as broadcast_p2p (every rank alike).
+// Broadcast, teams of three or more, large messages (the plan's choice: src/kernels/abi/plan/
+// broadcast.rs, from broadcast_scatter_min_bytes in plan/cost.rs): scatter then all-gather,
+// pipelined by chunks. The one-pull form has every rank read the whole message from the root, whose
+// NVLink egress then carries it N - 1 times; here it carries it once. The message's 16-byte vectors
+// are cut into K chunks of C vectors (bcast_chunk_vectors), each chunk into N - 1 slices owned by
+// the ranks other than the root (slice s of a chunk: the rank in row s of writer_row(root, .)). In
+// round k (0..K) a rank other than the root pulls its slice of chunk k from the root's data into
+// its out, and the other owners' slices of chunk k - 1 from their outs (peers in the walk order of
+// peer_at), then all ranks pass a barrier; so each round moves one chunk into every rank, every
+// rank's egress serving one slice to each of the others at once. The head and tail bytes come from
+// the root in round 0 (block 0); the root, out of place, copies its message into its own out (no
+// rank reads it). Vector j of a slice is moved by the same global thread in both rounds that touch
+// it, on every rank (copy_span), so the per-block-slot barrier covers exactly the data each block
+// reads. The last barrier is the exit barrier: no rank changes its copy while a peer reads. Where
+// the ranks' buffers disagree modulo 16, it runs as broadcast_p2p (every rank alike).
 #define MCAST_BCAST_CHUNK_MIN 4194304
 #define MCAST_BCAST_ROUNDS_MAX 16
 __device__ __forceinline__ u64 bcast_chunk_vectors(u64 count) {
