@@ -10,7 +10,7 @@
 //! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area, or the cost
 //! model's P* = 2 D B / (N-1) at eight ranks); the multicast kernel never pays at two ranks and
 //! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)); the scatter
-//! starts at [`broadcast_scatter_min_bytes`](super::cost::broadcast_scatter_min_bytes), the
+//! starts at [`broadcast_scatter_min_bytes`], the
 //! model's S* = D B (N-1) / (N-2)^2, where the root's egress stops carrying the message N - 1
 //! times. The kernels: `kernels/broadcast/` (`pull.cu`, `scatter.cu`, `multicast.cu`; LL's in
 //! `ll.cu` over `kernels/ll.cuh`).
