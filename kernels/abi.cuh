@@ -7,8 +7,9 @@
 // these kernels use) and
 // the pieces of kernels/ in this order:
 //   abi.cuh ptx.cuh dtype.cuh multimem.cuh sync.cuh layout.cuh ll.cuh entry.cuh   (shared)
-//   all_reduce.cu reduce_scatter.cu broadcast.cu all_gather.cu             (one per collective)
-// and a module of one collective (src/kernels/select.rs) compiles the shared part and its file.
+//   all_reduce/ reduce_scatter/ broadcast/ all_gather/   (one folder per collective: a file per
+//                                                         algorithm family, src/kernels/source.rs)
+// and a module of one collective (src/kernels/select.rs) compiles the shared part and its files.
 //
 // Build switch: -DMCAST_EMULATE_MULTIMEM replaces every multimem instruction (mc_* functions of
 // multimem.cuh) by loops over the peers' unicast pointers, so the MULTICAST kernels run on plain

@@ -122,7 +122,7 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
 // Call signatures (src/kernels/abi/signature.rs: collective, dtype, op, root, count, offsets in
 // a.sig). With a.check every kernel publishes this rank's at its entry in the words its peers
 // read there (signature lines at the entry barrier here; beside the LL lines, ll.cuh; the push
-// all-reduce's first step, all_reduce.cu) and compares every peer's with its own before it
+// all-reduce's first step, all_reduce/push.cu) and compares every peer's with its own before it
 // touches any data (before it reads a peer's memory or writes its own out). Every rank compares
 // every peer, so every rank finds a disagreement. Where the lines carry their own flag (teams of
 // at most MCAST_BAR_SIG_MAX_RANKS; the LL kernels) no signal waits for them. At the barrier and
@@ -205,7 +205,7 @@ __device__ __forceinline__ u64 bar_sig(const McastArgs& a, u32 p, u32 b, u32 wri
 }
 
 // Rank p's signature lines from `writer` for block slot b of the push all-reduce call whose first
-// sequence number is y0 (all_reduce.cu): parity y0 & 1, flagged with y0.
+// sequence number is y0 (all_reduce/push.cu): parity y0 & 1, flagged with y0.
 __device__ __forceinline__ u64 push_sig(const McastArgs& a, u32 p, u32 b, u32 y0, u32 writer) {
   const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)b * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);

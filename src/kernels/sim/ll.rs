@@ -3,8 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::mem::{copy_at, write};
 use super::sync::{load_sig, store_sig, Kind};
-use super::{copy_at, word, write, writer_row, Awaited, Job};
+use super::{word, writer_row, Awaited, Job};
 use crate::kernels::abi::{ll_offset, LL_MAX_RANKS, LL_ROW, LL_SEQ_OFFSET, LL_SIG_OFFSET};
 use crate::kernels::Collective;
 

@@ -1,7 +1,9 @@
 //! Host execution of the collectives on the simulator: the kernel
 //! [`plan`](mod@crate::kernels::abi::plan) (same kernel choice and fallbacks as on a GPU), the
-//! same barrier protocol over the same sync-region words, and the same algorithms (the LL
-//! protocol in `ll.rs`), run on the simulated device's worker thread for the caller's stream.
+//! same barrier protocol over the same sync-region words, and the same algorithms, run on the
+//! simulated device's worker thread for the caller's stream: each collective's in a file of its
+//! own, as in `kernels/` (`all_reduce.rs`, `reduce_scatter.rs`, `broadcast.rs`, `all_gather.rs`),
+//! the LL protocol in `ll.rs`; the barrier and copy-out kernels here.
 //! Multicast addresses are read and written through the simulator's translation, so the
 //! MULTICAST path runs end to end without a GPU.
 
@@ -11,23 +13,26 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 
 use super::abi::{
-    broadcast_chunk_bytes, plan, push_row_capacity, state_error, state_timeout, KernelId, KernelKind, Variant,
-    BAR_SIG_MAX_RANKS, BAR_SIG_OFFSET, DOORBELL_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE,
-    ERR_TIMEOUT, MISSING_OFFSET, PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET,
-    SIGNAL_OFFSET, SIG_OFFSET, STATE_OFFSET, STATE_OK,
+    plan, state_error, state_timeout, KernelId, KernelKind, Variant, BAR_SIG_MAX_RANKS, BAR_SIG_OFFSET,
+    DOORBELL_OFFSET, EPOCH_OFFSET, ERROR_INFO_OFFSET, ERROR_WORD_OFFSET, ERR_NONE, ERR_TIMEOUT, MISSING_OFFSET,
+    PUSH_MAX_RANKS, PUSH_SEQ_OFFSET, PUSH_SIG_OFFSET, SIGNAL_OFFSET, SIG_OFFSET, STATE_OFFSET, STATE_OK,
 };
 use super::select::Unit;
 use super::{Collective, DType, KernelError, Launch, RedOp};
 use crate::driver::sim::SimDriver;
 use crate::driver::Device;
 
+mod all_gather;
+mod all_reduce;
+mod broadcast;
 mod ll;
 mod mem;
+mod reduce_scatter;
 mod sync;
 
 use sync::SigAt;
 
-use mem::{copy, copy_at, load, max, min, slice, to_bytes, write};
+use mem::{copy, load, max, min, to_bytes};
 
 /// Addresses of the same bytes in several ranks' memory.
 #[derive(Clone)]
@@ -165,7 +170,7 @@ pub fn launch_barrier(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
 
 /// Enqueues rank `l.rank`'s copy-out kernel (`mcast_copy_out`) on `l.stream`: for every rank
 /// slot k with `l.data[k] != 0`, `l.count` bytes from `l.data[k]` to `l.out[k]`, unless this
-/// rank's error word is set (a collective before it failed); as `kernels/all_gather.cu`.
+/// rank's error word is set (a collective before it failed); as `kernels/all_gather/service.cu`.
 pub fn launch_copy_out(sim: &SimDriver, l: &Launch) -> Result<(), KernelError> {
     launch_fixed(sim, l, KernelKind::CopyOut)
 }
@@ -270,9 +275,8 @@ impl Job {
             self.fail(state_error(state), 0);
             return;
         }
-        let esize = self.red.map_or(1, |(d, _)| d.size());
-        let (n, r, count) = (self.nranks, self.rank, self.count);
-        // Where the signatures of the entry barrier land (kernels/sync.cuh, all_reduce.cu): the
+        let n = self.nranks;
+        // Where the signatures of the entry barrier land (kernels/sync.cuh, all_reduce/push.cu): the
         // push all-reduce's as lines beside its first step (block slot 0 here), flagged with its
         // first sequence number; the barrier kernels' as lines flagged with the barrier's epoch,
         // or per writer in teams past BAR_SIG_MAX_RANKS.
@@ -290,203 +294,44 @@ impl Job {
             barrier += 1;
             self.barrier(barrier, (barrier == 1).then_some(sig_at))
         };
-        let data = &self.data.0;
-        let out = &self.out.0;
         match self.kind {
-            KernelKind::AllReduceP2p => {
-                if !sync() {
-                    return;
-                }
-                let res = self.reduce(data, 0, count);
-                if !sync() {
-                    return;
-                }
-                write(out[r], 0, &res);
-                sync();
-            }
-            KernelKind::AllReduceP2pPush => {
-                // The kernel's layout (kernels/all_reduce.cu, all_reduce_p2p_push): steps of
-                // `blocks` rows; in step j block b's part goes to this rank's row in slot
-                // (push sequence of b + j + 1) % PUSH_SLOTS of every peer's scratch; the
-                // simulator's barrier stands for the flags; then each rank reduces its peers'
-                // rows and its own data in rank order into its out.
-                let bytes = count * esize;
-                let g = self.blocks;
-                let per_step = g * self.push_row;
-                let cap = push_row_capacity(n as u32) as usize;
-                let steps = bytes.div_ceil(per_step);
-                let seq = |b: usize| word(self.sync.0[r], PUSH_SEQ_OFFSET + 4 * b);
-                let seq0: Vec<u32> = (0..g).map(|b| seq(b).load(Ordering::Relaxed)).collect();
-                let row = |p: usize, b: usize, slot: usize, writer: usize| {
-                    let w = writer_row(p, writer);
-                    let i = ((b * PUSH_SLOTS + slot) * (n - 1) + w) * cap;
-                    // SAFETY: the team reserves the scratch after every rank's sync region.
-                    unsafe { self.sync.0[p].add(SCRATCH_OFFSET + i) }
-                };
-                let part = |j: usize, b: usize| {
-                    let base = j * per_step;
-                    let len = (bytes - base).min(per_step);
-                    let c = len.div_ceil(g).div_ceil(16) * 16;
-                    (base + (b * c).min(len), base + ((b + 1) * c).min(len))
-                };
-                let slot = |b: usize, j: usize| (seq0[b] as usize + j + 1) % PUSH_SLOTS;
-                for j in 0..steps {
-                    for b in 0..g {
-                        let (lo, hi) = part(j, b);
-                        for p in (0..n).filter(|&p| p != r) {
-                            // SAFETY: lo..hi lies in this rank's range and in one scratch row.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    data[r].wrapping_add(lo),
-                                    row(p, b, slot(b, j), r),
-                                    hi - lo,
-                                )
-                            };
-                        }
-                    }
-                    if !sync() {
-                        return;
-                    }
-                    for b in 0..g {
-                        let (lo, hi) = part(j, b);
-                        let rows: Vec<*mut u8> = (0..n)
-                            .map(|q| if q == r { data[r].wrapping_add(lo) } else { row(r, b, slot(b, j), q) })
-                            .collect();
-                        let res = self.reduce(&rows, 0, (hi - lo) / esize);
-                        write(out[r], lo, &res);
-                    }
-                }
-                for (b, s0) in seq0.iter().enumerate() {
-                    seq(b).store(s0.wrapping_add(steps as u32), Ordering::Relaxed);
-                }
-            }
+            KernelKind::AllReduceP2p => self.all_reduce_one_shot(&mut sync),
+            KernelKind::AllReduceP2pPush => self.all_reduce_push(&mut sync),
+            KernelKind::AllReduceP2pTwoShot => self.all_reduce_two_shot(&mut sync),
+            KernelKind::AllReduceMc => self.all_reduce_multicast(&mut sync),
+            KernelKind::ReduceScatterP2p => self.reduce_scatter_p2p(&mut sync),
+            KernelKind::ReduceScatterMc => self.reduce_scatter_multicast(&mut sync),
+            KernelKind::BroadcastP2p => self.broadcast_pull(&mut sync),
+            KernelKind::BroadcastP2pScatter => self.broadcast_scatter(&mut sync),
+            KernelKind::BroadcastMc => self.broadcast_multicast(&mut sync),
+            KernelKind::AllGatherP2p => self.all_gather_pull(&mut sync),
+            KernelKind::AllGatherMc => self.all_gather_multicast(&mut sync),
             KernelKind::AllReduceLl
             | KernelKind::ReduceScatterLl
             | KernelKind::AllGatherLl
             | KernelKind::BroadcastLl => self.ll(),
-            KernelKind::AllReduceP2pTwoShot => {
-                let (lo, hi) = slice(count, n, r);
-                if !sync() {
-                    return;
-                }
-                let res = self.reduce(data, lo, hi - lo);
-                if !sync() {
-                    return;
-                }
-                write(out[r], lo * esize, &res);
-                if !sync() {
-                    return;
-                }
-                for q in (0..n).filter(|&q| q != r) {
-                    let (lo, hi) = slice(count, n, q);
-                    copy(out[q], out[r], lo * esize, (hi - lo) * esize);
-                }
-                sync();
-            }
-            KernelKind::ReduceScatterP2p => {
-                if !sync() {
-                    return;
-                }
-                let res = self.reduce(data, r * count, count);
-                write(out[r], r * count * esize, &res);
-                sync();
-            }
-            KernelKind::AllReduceMc => {
-                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
-                let mc_out = &self.mc_out.as_ref().expect("multicast targets").0;
-                let (lo, hi) = slice(count, n, r);
-                if !sync() {
-                    return;
-                }
-                let res = self.reduce(mc, lo, hi - lo);
-                for &t in mc_out {
-                    write(t, lo * esize, &res);
-                }
-                sync();
-            }
-            KernelKind::ReduceScatterMc => {
-                let mc = &self.mc_data.as_ref().expect("multicast targets").0;
-                if !sync() {
-                    return;
-                }
-                let res = self.reduce(mc, r * count, count);
-                write(out[r], r * count * esize, &res);
-                sync();
-            }
-            KernelKind::BroadcastP2p | KernelKind::AllGatherP2p => {
-                if !sync() {
-                    return;
-                }
-                match self.collective {
-                    Collective::Broadcast { root } => copy(data[root as usize], out[r], 0, count),
-                    Collective::AllGather => {
-                        let stride = if self.out_stride != 0 { self.out_stride } else { count };
-                        for q in (0..n).filter(|&q| q != r || out[r] != data[r]) {
-                            copy_at(data[q], q * count, out[r], q * stride, count);
-                        }
-                    }
-                    _ => {}
-                }
-                sync();
-            }
-            KernelKind::BroadcastP2pScatter => {
-                // kernels/broadcast.cu, broadcast_p2p_scatter: chunks cut into one slice per rank
-                // other than the root; round k pulls this rank's slice of chunk k from the root
-                // and the other owners' slices of chunk k - 1 from their outs; a barrier per round.
-                let Collective::Broadcast { root } = self.collective else { unreachable!("a broadcast kernel") };
-                let root = root as usize;
-                if !sync() {
-                    return;
-                }
-                if r == root {
-                    copy(data[root], out[r], 0, count);
-                }
-                let chunk = broadcast_chunk_bytes(count as u64) as usize;
-                let chunks = count.div_ceil(chunk);
-                let part = |k: usize, s: usize| {
-                    let c0 = k * chunk;
-                    let len = (count - c0).min(chunk);
-                    (c0 + len * s / (n - 1), c0 + len * (s + 1) / (n - 1))
-                };
-                for k in 0..=chunks {
-                    if r != root {
-                        if k < chunks {
-                            let (lo, hi) = part(k, writer_row(root, r));
-                            copy(data[root], out[r], lo, hi - lo);
-                        }
-                        if k > 0 {
-                            for q in (0..n).filter(|&q| q != r && q != root) {
-                                let (lo, hi) = part(k - 1, writer_row(root, q));
-                                copy(out[q], out[r], lo, hi - lo);
-                            }
-                        }
-                    }
-                    if !sync() {
-                        return;
-                    }
-                }
-            }
             KernelKind::BarrierP2p => {
                 sync();
             }
             KernelKind::CopyOut => unreachable!("run before the state word is read"),
-            KernelKind::BroadcastMc | KernelKind::AllGatherMc => {
-                let mc = &self.mc_out.as_ref().expect("multicast targets").0;
-                if !sync() {
-                    return;
-                }
-                let (offset, root) = match self.collective {
-                    Collective::Broadcast { root } => (0, root as usize),
-                    _ => (r * count, r),
-                };
-                if root == r {
-                    for &t in mc {
-                        copy(data[r], t, offset, count);
-                    }
-                }
-                sync();
+        }
+    }
+
+    /// The multicast copy kernels (broadcast, all-gather): after the entry barrier, rank `root`
+    /// stores `count` bytes at `offset` of its data through the multicast out address into every
+    /// rank's copy; the others take part in the barriers only.
+    fn multicast_store(&self, sync: &mut dyn FnMut() -> bool, offset: usize, root: usize) {
+        let (r, data) = (self.rank, &self.data.0);
+        let mc = &self.mc_out.as_ref().expect("multicast targets").0;
+        if !sync() {
+            return;
+        }
+        if root == r {
+            for &t in mc {
+                copy(data[r], t, offset, self.count);
             }
         }
+        sync();
     }
 
     /// Spins (then yields, then sleeps) until `done`; false once the team failed (the state

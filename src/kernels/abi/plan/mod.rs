@@ -1,84 +1,54 @@
 //! The kernel plan: which entry point, grid and push row one [`Launch`] runs, the same choice on
-//! every rank, with the size thresholds between the algorithms, from a cost model whose inputs
-//! every rank agrees on (collective, bytes, team size, transport, grid cap).
+//! every rank.
 //!
-//! # The cost model
+//! The rooms: [`cost`] is the cost model (B, D, the switch-point formulas and their derivation);
+//! each collective has a file that opens with its table (algorithm, size range at 2, 3, 4, 5 and
+//! 8 ranks, grid) and holds the function that chooses its kernel and grid: [`all_reduce`],
+//! [`reduce_scatter`], [`all_gather`], [`broadcast`]. [`plan`] here keeps what every collective
+//! shares: the checks of ranks and addresses, the element alignment, the multicast fallbacks (why
+//! a multicast team runs a P2P kernel) and the grid rule. A test parses the four tables and
+//! compares each row with the plan, so a table cannot go stale.
 //!
-//! Per GPU, one NVLink direction carries B = 365 GB/s ([`LINK_BYTES_PER_US`]: SM pushes measured
-//! 362-366 GB/s, the copy engine 390, pulls 337, both directions busy, on 2 x H200 (NV18),
-//! 2026-11-22; single-pair writes 371-377 on 8 x H100, NVIDIA/nccl issue 1264). An algorithm costs
-//! its launch and barriers plus the bytes through the busiest link over B. With S the message:
+//! Reading a table: the rows are tried in order; the first whose condition holds and whose range
+//! holds the size runs. The conditions: *LL team* (the team runs the LL kernels, `MCAST_LL`; the
+//! grid within the team's cap), *multicast team* (the team's transport is MULTICAST and no
+//! fallback applies), *16-byte aligned* (this rank's data and out), *always*. The tables are the
+//! buffer forms' choices; the pointer form's one-launch route (`local_only`) runs LL where it
+//! serves, else (all-reduce, at most [`PUSH_MAX_RANKS`] ranks) the push kernel at any size, and
+//! is refused otherwise.
 //!
-//! | algorithm | busiest link carries | fixed cost |
-//! |---|---|---|
-//! | LL one-shot all-reduce (flag beside every 4 payload bytes) | 2(N-1) S | launch + one trip |
-//! | push / pull one-shot all-reduce | (N-1) S | + one barrier |
-//! | two-shot all-reduce (reduce-scatter, then all-gather) | 2(N-1)/N S | + D = 2 us ([`TWO_SHOT_EXTRA_US`]) |
-//! | LL reduce-scatter, all-gather, broadcast (payload P each sender sends each peer) | 2(N-1) P | launch + one trip |
-//! | their barrier kernels | (N-1) P | + two barriers (about D) |
-//! | broadcast, every rank pulls from the root | (N-1) S (the root's egress) | + two barriers |
-//! | broadcast, scatter then all-gather (N-1 slices, pipelined) | S (N-1 slices out of the root, then each owner's slice to the others) | + a barrier per chunk |
-//! | multicast all-reduce (NVLink SHARP) | (1 + 1/N) S | + two barriers |
-//!
-//! Setting two costs equal gives each switch point (D B = 730 KB):
-//! - LL all-reduce to the one-shot/two-shot: 2(N-1) S/B = 2(N-1)/N S/B + D, so
-//!   S* = D B N / (2 (N-1)^2) ([`ll_max_payload`]);
-//! - LL of the other collectives: 2(N-1) P/B = (N-1) P/B + D, so P* = D B / (N-1);
-//!   the two-barrier kernels cost about two D more than LL's one trip: P* = 2 D B / (N-1);
-//! - one-shot to two-shot all-reduce: (N-1) S/B = 2(N-1)/N S/B + D, so
-//!   S* = D B N / ((N-1)(N-2)) ([`one_shot_max_bytes`]); it fits the switch points measured on
-//!   Hopper by others: push one-shot to two-shot at 384 KB (4 ranks) and 160 KB (8) in SGLang,
-//!   512 KB / 256 KB in vLLM, 256 KB at 8 in TensorRT-LLM;
-//! - one-pull broadcast to scatter-then-all-gather (one chunk: S/B (2N-3)/(N-1) + 2 barriers):
-//!   (N-1) S/B = (2N-3)/(N-1) S/B + D, so S* = D B (N-1) / (N-2)^2
-//!   ([`broadcast_scatter_min_bytes`]);
-//! - multicast: each GPU's link carries (1 + 1/N) S against two-shot's 2(N-1)/N S, so its
-//!   bandwidth bound is 2(N-1)/(N+1) B: 0.67 B at 2 ranks (never pays), 1.0 B at 3, 1.2 B at 4,
-//!   1.56 B at 8; and two barriers lose to LL's one trip wherever LL serves
-//!   ([`multicast_pays`]).
-//!
-//! Two ranks keep the values measured on 2 x H200 (bench/results/2026-11-23-h200x2*), which the
-//! model's formulas would not change where they bind (one-shot and two-shot move the same bytes at
-//! N = 2; LL's model limits lie above the landing area's [`LL_MAX_BYTES`]).
-//!
-//! | ranks | LL all-reduce up to | LL RS/AG/BC payload up to | push/one-shot all-reduce up to | broadcast scatters from | multicast (where the team has it) |
-//! |---|---|---|---|---|---|
-//! | 2 | 256 KiB (landing area) | 256 KiB | push 4 MiB, one-shot 1 MiB (measured) | never (one pull) | never: P2P |
-//! | 3 | 256 KiB (model 273,750 B) | 256 KiB (model 730 KB) | 1056 KiB (model 1,095,000 B) | 1440 KiB (model 1,460,000 B) | above LL |
-//! | 4 | 152 KiB (model 162,222 B) | 256 KiB (model 486,666 B) | 464 KiB (model 486,666 B) | 544 KiB (model 547,500 B) | above LL |
-//! | 5 | 104 KiB (model 114,062 B) | 256 KiB (model 365 KB) | 288 KiB (pull one-shot; model 304,166 B) | 320 KiB (model 324,444 B) | above LL |
-//! | 8 | 56 KiB (model 59,591 B) | 200 KiB (model 208,571 B) | 128 KiB (pull one-shot; model 139,047 B) | 144 KiB (model 141,944 B) | above LL |
-//!
-//! LL limits are rounded down to a whole LL part (8 KiB: one block each), one-shot limits down to
-//! 16 KiB, the broadcast's up to 16 KiB. Measured at 4 ranks with the limits before these (4 x
-//! H200, 2026-11-28, bf16, CUDA graphs, shared/reference/n-gpu.md): the 256 KB all-reduce ran LL
-//! (the landing area's limit) in 10.92 us against PyTorch's two-shot 9.04, where the model puts
-//! LL's end near 160 KB; 512 KB ran mcast's two-shot (the one-shot's old 256 KiB limit) in 18.11
-//! us, where a push one-shot costs about 256 KB / B x 3 = 2.1 us of wire more than at 256 KB;
-//! broadcast from the root alone reached 125 GB/s at 1 GB (the root's egress shared by three
-//! readers) against NCCL's 360. These thresholds are to be measured with `bench/run.sh 4` and
-//! the table corrected where the measurements say otherwise.
-//!
-//! Grid: one block per [`BYTES_PER_BLOCK`] of the bytes a rank moves (one block-round of
-//! vectors), [`ONE_SHOT_BYTES_PER_BLOCK`] for the one-shot and push all-reduces, half a round for
-//! the pulling kernels of teams of three or more (a block reads one peer at a time, so mid-size
-//! messages spread over more blocks and more peers at once), up to [`GRID_MAX_BLOCKS`]. The cap
-//! is the sync region's block slots ([`MAX_BLOCKS`]: 64 barrier counters, epochs and signature
-//! lines, all laid out in the 64 KiB region): a grid of 132 blocks (the H200's SMs) needs a larger
-//! region first. Pulls on 2 x H200 are flat from 66 to 528 blocks (p2p-roofline). The LL kernels
-//! take one block per 4 KiB of payload (one line per thread) up to the landing's 32 block slots,
-//! two lines per thread above: on one H200 shared by teams of 2, 4 and 8 ranks (2026-11-29, bf16,
-//! CUDA graphs, with the batched waits of kernels/ll.cuh) the 8 KiB all-reduce went from 4.22,
-//! 6.43 and 10.39 us to 3.41, 4.58 and 6.71 us (bench/results/2026-11-29-h200).
+//! Grid: `⌈X / P⌉` blocks for X bytes, one block per P: one block-round of vectors
+//! ([`BYTES_PER_BLOCK`]), [`ONE_SHOT_BYTES_PER_BLOCK`] for the one-shot and push all-reduces,
+//! half a round for the pulling kernels of teams of three or more (a block reads one peer at a
+//! time, so mid-size messages spread over more blocks and more peers at once), up to
+//! [`GRID_MAX_BLOCKS`] (or the team's cap). The cap is the sync region's block slots
+//! ([`MAX_BLOCKS`]: 64 barrier counters, epochs and signature lines, all laid out in the 64 KiB
+//! region): a grid of 132 blocks (the H200's SMs) needs a larger region first. Pulls on 2 x H200
+//! are flat from 66 to 528 blocks (p2p-roofline). The LL kernels take one block per 4 KiB of
+//! payload (one line per thread) up to the landing's 32 block slots, two lines per thread above
+//! (at least one block per 8 KiB part where the team's cap is lower): on one H200 shared by teams
+//! of 2, 4 and 8 ranks (2026-11-29, bf16, CUDA graphs, with the batched waits of kernels/ll.cuh)
+//! the 8 KiB all-reduce went from 4.22, 6.43 and 10.39 us to 3.41, 4.58 and 6.71 us against one
+//! block per 8 KiB (bench/results/2026-11-29-h200).
 //!
 //! Every input is the same on every rank, so every rank launches the same kernel and grid.
 //! `MCAST_LL` (on/off, the team's `ll`) and `MCAST_CE_MIN_BYTES` (the copy engines, chosen
 //! before the plan) stay the only run-time overrides.
 
+pub mod all_gather;
+pub mod all_reduce;
+pub mod broadcast;
+pub mod cost;
+pub mod reduce_scatter;
+#[cfg(test)]
+mod tables;
+
+pub use all_reduce::push_row_bytes;
+pub use broadcast::broadcast_chunk_bytes;
+pub use cost::*;
+
 use super::entry::{multimem_has_reduction, KernelId, KernelKind};
-use super::layout::{
-    push_row_capacity, LL_MAX_BLOCKS, LL_MAX_RANKS, LL_PART, MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL,
-};
+use super::layout::{MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL};
 use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
 
 /// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
@@ -87,135 +57,9 @@ use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
 pub const GRID_MAX_BLOCKS: u32 = 64;
 /// Bytes of work per block before another block is added (one block-round of vectors).
 pub const BYTES_PER_BLOCK: u64 = THREADS as u64 * 16 * UNROLL as u64;
-/// B of the cost model: bytes per microsecond one NVLink direction of a Hopper GPU carries
-/// (365 GB/s).
-pub const LINK_BYTES_PER_US: u64 = 365_000;
-/// D of the cost model: what a two-shot all-reduce (or a kernel with barriers against LL's one
-/// trip) costs beyond the one-shot, in microseconds (1-3 us measured on Hopper by others; 2).
-pub const TWO_SHOT_EXTRA_US: u64 = 2;
-/// D x B: bytes the link carries in the time of the extra fixed cost.
-const DB: u64 = TWO_SHOT_EXTRA_US * LINK_BYTES_PER_US;
 /// Bytes per block of a one-shot all-reduce: small, so that mid-size messages get many blocks
 /// and many remote loads in flight (measured on 2 x H200: bench/results).
 pub const ONE_SHOT_BYTES_PER_BLOCK: u64 = 8 * 1024;
-
-/// The largest all-reduce that runs one-shot for `nranks` ranks. With two ranks one-shot moves
-/// the same remote bytes as two-shot with one barrier fewer, so it wins up to one round of the
-/// full grid (measured on 2 x H200: 13.7 us two-shot vs one-shot at 512 KiB, bench/results).
-/// With more, the cost model's S* = D B N / ((N-1)(N-2)), rounded down to 16 KiB (464 KiB at 4
-/// ranks, 128 KiB at 8; see the module's table).
-pub fn one_shot_max_bytes(nranks: u32) -> u64 {
-    if nranks <= 2 {
-        1 << 20
-    } else {
-        let n = u64::from(nranks);
-        (DB * n / ((n - 1) * (n - 2))) / (16 << 10) * (16 << 10)
-    }
-}
-
-/// The smallest broadcast that runs scatter-then-all-gather (`mcast_broadcast_p2p_scatter`)
-/// for `nranks` ranks, `None` where it never does (two ranks: the scatter adds a barrier and
-/// moves nothing less). The cost model's S* = D B (N-1) / (N-2)^2, rounded up to 16 KiB (544
-/// KiB at 4 ranks, 144 KiB at 8).
-pub fn broadcast_scatter_min_bytes(nranks: u32) -> Option<u64> {
-    (nranks >= 3).then(|| {
-        let n = u64::from(nranks);
-        (DB * (n - 1) / ((n - 2) * (n - 2))).div_ceil(16 << 10) * (16 << 10)
-    })
-}
-
-/// The scatter-then-all-gather broadcast's chunk (bytes moved into every rank per round): a
-/// sixteenth of the message, at least 4 MiB, in 16-byte vectors (kernels/broadcast.cu,
-/// bcast_chunk_vectors: MCAST_BCAST_CHUNK_MIN, MCAST_BCAST_ROUNDS_MAX). Below 4 MiB one round
-/// scatters and the next gathers; above, round k gathers chunk k - 1 while it scatters chunk k.
-pub fn broadcast_chunk_bytes(count: u64) -> u64 {
-    ((count / 16).div_ceil(16) * 16).max(4 << 20)
-}
-
-/// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when
-/// `push_fits`). With two ranks push moves the same bytes as two-shot, at the push rate and with
-/// no barrier: measured on 2 x H200 (bf16, CUDA graph, us) 12.2 vs 16.3 at 2 MiB, 19.2 vs 22.2
-/// at 4 MiB, 35.2 vs 34.2 at 8 MiB. With more ranks push moves (N-1) x the message, so it stops
-/// where one-shot does.
-pub fn push_max_bytes(nranks: u32) -> u64 {
-    if nranks <= 2 {
-        4 << 20
-    } else {
-        one_shot_max_bytes(nranks)
-    }
-}
-
-/// Bytes per block and step of the push all-reduce for a message of `bytes` on `blocks` blocks
-/// (`KernelArgs::push_row`): a multiple of 16 within a scratch row.
-pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
-    // A full row per block once the message fills the grid's rows; below that the message split
-    // evenly over the blocks in one step.
-    let cap = push_row_capacity(nranks);
-    bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
-}
-
-/// The largest payload (bytes each rank sends each peer) the LL kernels carry: the whole landing
-/// area (256 KiB). LL moves twice the bytes (a flag beside every 4 payload bytes) with no
-/// barrier, so it wins where latency dominates; on 2 x H100 it still won at this limit for every
-/// collective (BENCHMARKS.md, "LL on by default, copy engines measured").
-pub const LL_MAX_BYTES: u64 = LL_MAX_BLOCKS as u64 * LL_PART;
-
-/// The largest LL payload of `collective` on `nranks` ranks: the cost model's switch point
-/// (all-reduce S* = D B N / (2 (N-1)^2); the others P* = 2 D B / (N-1)), rounded down to whole
-/// LL parts, within the landing area ([`LL_MAX_BYTES`], which binds at two ranks).
-pub fn ll_max_payload(collective: Collective, nranks: u32) -> u64 {
-    let n = u64::from(nranks.max(2));
-    let model = match collective {
-        Collective::AllReduce { .. } => DB * n / (2 * (n - 1) * (n - 1)),
-        _ => 2 * DB / (n - 1),
-    };
-    (model / LL_PART * LL_PART).clamp(LL_PART, LL_MAX_BYTES)
-}
-
-/// True when the cost model calls the multicast kernels faster than the P2P ones for
-/// `collective` of `count` on `nranks` ranks (`ll`: the team runs the LL kernels): never at two
-/// ranks (multicast's bandwidth bound 2(N-1)/(N+1) B is 0.67 B there, P2P's B), and not where the
-/// LL kernels serve the call (one trip against two barriers); above, from three ranks, it is.
-pub fn multicast_pays(collective: Collective, nranks: u32, count: u64, ll: bool, max_blocks: u32) -> bool {
-    nranks >= 3 && !(ll && ll_serves(collective, nranks, count, max_blocks))
-}
-/// The payload of `collective` with `count`: the bytes each sender sends each peer.
-fn ll_payload(collective: Collective, count: u64) -> Option<u64> {
-    match collective {
-        Collective::AllReduce { dtype, .. } | Collective::ReduceScatter { dtype, .. } => {
-            count.checked_mul(dtype.size() as u64)
-        }
-        Collective::AllGather | Collective::Broadcast { .. } => Some(count),
-    }
-}
-
-/// The fewest blocks an LL launch of `payload` bytes may use: one per [`LL_PART`] (a landing
-/// row holds one part).
-fn ll_min_blocks(payload: u64) -> u64 {
-    payload.div_ceil(LL_PART).max(1)
-}
-
-/// Blocks of an LL launch of `payload` bytes with a grid cap of `cap`: one line per thread (half
-/// a part per block) where the landing's block slots and the cap allow, so that no thread awaits
-/// a second round of lines and each block's stores to its N - 1 peers are spread over twice the
-/// SMs; at least [`ll_min_blocks`].
-fn ll_blocks(payload: u64, cap: u64) -> u64 {
-    let slots = cap.min(u64::from(LL_MAX_BLOCKS));
-    payload.div_ceil(LL_PART / 2).min(slots).max(ll_min_blocks(payload))
-}
-
-/// True when the LL kernels serve `collective` of `count` on a team of `nranks` whose launches
-/// may use `max_blocks` blocks: teams of 2..=[`LL_MAX_RANKS`] (they keep an LL landing area),
-/// payloads up to [`ll_max_payload`] (the landing area's [`LL_MAX_BYTES`] at two ranks) that fit
-/// the grid. Depends only on values equal on every
-/// rank; the pointer forms route by it (no staging where it holds).
-pub fn ll_serves(collective: Collective, nranks: u32, count: u64, max_blocks: u32) -> bool {
-    let Some(payload) = ll_payload(collective, count) else { return false };
-    (2..=LL_MAX_RANKS).contains(&nranks)
-        && payload > 0
-        && payload <= ll_max_payload(collective, nranks)
-        && ll_min_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
-}
 
 const _: () = assert!(GRID_MAX_BLOCKS <= MAX_BLOCKS);
 
@@ -232,16 +76,52 @@ pub struct Plan {
     pub push_row: u32,
 }
 
-/// The grid cap of a launch (the same on every rank).
-fn block_cap(l: &Launch) -> u64 {
-    GRID_MAX_BLOCKS.min(l.max_blocks.max(1)) as u64
+/// What the shared checks found, for a collective's choice.
+struct Call<'a> {
+    l: &'a Launch,
+    /// The LL kernels serve the call (the team runs them and [`ll_serves`]).
+    ll: bool,
+    /// This rank's data address.
+    me: u64,
+    /// This rank's out address (its data in place).
+    out_me: u64,
+    /// The multicast kernels run: a multicast team, the cost model says they pay, no fallback.
+    mc: bool,
+    /// The bytes the grid counts: the message (all-reduce, broadcast), one rank's block
+    /// (reduce-scatter), every rank's blocks (all-gather).
+    bytes: u64,
 }
 
-/// True when the push all-reduce serves a message at address `me` (this rank's data and out
-/// or-ed) in the buffer forms: a team it keeps scratch for and 16-byte aligned vectors (it
-/// would run element by element otherwise, where the pulling one-shot runs vectors).
-fn push_fits(l: &Launch, me: u64) -> bool {
-    l.nranks <= PUSH_MAX_RANKS && me.is_multiple_of(16)
+/// A collective's choice: the kernel, its grid and (push all-reduce) its row.
+struct Choice {
+    kind: KernelKind,
+    blocks: u32,
+    push_row: u32,
+}
+
+impl Call<'_> {
+    /// `⌈bytes / per_block⌉` blocks within the launch's cap (the same on every rank).
+    fn grid(&self, per_block: u64) -> u32 {
+        self.bytes.div_ceil(per_block).clamp(1, GRID_MAX_BLOCKS.min(self.l.max_blocks.max(1)) as u64) as u32
+    }
+
+    /// The grid of an LL kernel: one block per half LL part of payload where the landing and
+    /// the cap allow ([`ll_blocks`]), never more blocks than 4 KiB parts, so no block's part is
+    /// empty (every block exchanges lines with every peer in every call: the landing's reuse
+    /// relies on it).
+    fn ll_grid(&self) -> u32 {
+        let cap = GRID_MAX_BLOCKS.min(self.l.max_blocks.max(1)) as u64;
+        ll_payload(self.l.collective, self.l.count).map_or(1, |p| ll_blocks(p, cap)) as u32
+    }
+
+    /// The grid of a pulling kernel: a block per round, per half round from three ranks on.
+    fn pull_grid(&self) -> u32 {
+        self.grid(if self.l.nranks >= 3 { BYTES_PER_BLOCK / 2 } else { BYTES_PER_BLOCK })
+    }
+
+    fn choice(&self, kind: KernelKind, blocks: u32) -> Choice {
+        Choice { kind, blocks, push_row: 0 }
+    }
 }
 
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
@@ -304,7 +184,9 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         _ => (out_me ^ me) & 15 != 0,
     };
     const SKEW: &str = "send and recv disagree in alignment modulo 16";
-    let (kind, red, bytes, fallback) = match l.collective {
+    // The bytes the grid counts and why a multicast team runs a P2P kernel, collective by
+    // collective, after its own checks.
+    let (red, bytes, fallback) = match l.collective {
         Collective::Broadcast { root } => {
             if root >= l.nranks {
                 return Err(format!("broadcast root {root} >= nranks {}", l.nranks));
@@ -321,14 +203,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let scatter = broadcast_scatter_min_bytes(l.nranks).is_some_and(|min| l.count >= min);
-            let kind = match (mc && fb.is_none() && !l.local_only, ll) {
-                (true, _) => KernelKind::BroadcastMc,
-                (false, true) => KernelKind::BroadcastLl,
-                (false, false) if scatter => KernelKind::BroadcastP2pScatter,
-                (false, false) => KernelKind::BroadcastP2p,
-            };
-            (kind, None, l.count, fb)
+            (None, l.count, fb)
         }
         Collective::AllGather => {
             let total = l.count.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
@@ -341,18 +216,12 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = match (mc && fb.is_none() && !l.local_only, ll) {
-                (true, _) => KernelKind::AllGatherMc,
-                (false, true) => KernelKind::AllGatherLl,
-                (false, false) => KernelKind::AllGatherP2p,
-            };
-            (kind, None, total, fb)
+            (None, total, fb)
         }
         Collective::AllReduce { dtype, op } | Collective::ReduceScatter { dtype, op } => {
             let es = dtype.size() as u64;
             let bytes = l.count.checked_mul(es).ok_or_else(too_big)?;
-            let rs = matches!(l.collective, Collective::ReduceScatter { .. });
-            if rs {
+            if matches!(l.collective, Collective::ReduceScatter { .. }) {
                 bytes.checked_mul(l.nranks as u64).ok_or_else(too_big)?;
             }
             if !me.is_multiple_of(es) || !out_me.is_multiple_of(es) {
@@ -370,51 +239,23 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
             } else {
                 None
             };
-            let kind = match (rs, mc && fb.is_none()) {
-                (true, false) if ll => KernelKind::ReduceScatterLl,
-                (false, false) if ll => KernelKind::AllReduceLl,
-                (false, _) if l.local_only && ll => KernelKind::AllReduceLl,
-                (false, _) if l.local_only => KernelKind::AllReduceP2pPush,
-                (true, _) if l.local_only => KernelKind::ReduceScatterLl,
-                (true, true) => KernelKind::ReduceScatterMc,
-                (true, false) => KernelKind::ReduceScatterP2p,
-                (false, true) => KernelKind::AllReduceMc,
-                (false, false) if bytes <= push_max_bytes(l.nranks) && push_fits(l, me | out_me) => {
-                    KernelKind::AllReduceP2pPush
-                }
-                (false, false) if bytes <= one_shot_max_bytes(l.nranks) => KernelKind::AllReduceP2p,
-                (false, false) => KernelKind::AllReduceP2pTwoShot,
-            };
-            (kind, Some((dtype, op)), bytes, fb)
+            (Some((dtype, op)), bytes, fb)
         }
+    };
+    let call = Call { l, ll, me, out_me, mc: mc && fallback.is_none(), bytes };
+    let choice = match l.collective {
+        Collective::AllReduce { .. } => all_reduce::choose(&call),
+        Collective::ReduceScatter { .. } => reduce_scatter::choose(&call),
+        Collective::AllGather => all_gather::choose(&call),
+        Collective::Broadcast { .. } => broadcast::choose(&call),
     };
     let fallback = fallback.or((l.path == Path::Multicast && !mc_model).then_some(NOT_PAYING));
-    // Teams of three or more: the pulling kernels get a block per half round (module doc).
-    let per_block = match kind {
-        KernelKind::AllReduceP2p | KernelKind::AllReduceP2pPush => ONE_SHOT_BYTES_PER_BLOCK,
-        KernelKind::AllReduceP2pTwoShot
-        | KernelKind::ReduceScatterP2p
-        | KernelKind::AllGatherP2p
-        | KernelKind::BroadcastP2p
-        | KernelKind::BroadcastP2pScatter
-            if l.nranks >= 3 =>
-        {
-            BYTES_PER_BLOCK / 2
-        }
-        _ => BYTES_PER_BLOCK,
-    };
-    // LL: one block per half LL_PART of payload where the landing and the cap allow (ll_blocks),
-    // never more blocks than 4 KiB parts, so no block's part is empty (every block exchanges lines
-    // with every peer in every call: the landing's reuse relies on it).
-    let blocks = match kind {
-        k if k.is_ll() => ll_payload(l.collective, l.count).map_or(1, |p| ll_blocks(p, block_cap(l))) as u32,
-        _ => bytes.div_ceil(per_block).clamp(1, block_cap(l)) as u32,
-    };
-    let push_row = match kind {
-        KernelKind::AllReduceP2pPush => push_row_bytes(bytes, blocks.into(), l.nranks),
-        _ => 0,
-    };
-    Ok(Some(Plan { kernel: KernelId { kind, red }, blocks, fallback, push_row }))
+    Ok(Some(Plan {
+        kernel: KernelId { kind: choice.kind, red },
+        blocks: choice.blocks,
+        fallback,
+        push_row: choice.push_row,
+    }))
 }
 
 #[cfg(test)]

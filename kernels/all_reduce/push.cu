@@ -1,51 +1,5 @@
-// kernels/all_reduce.cu: the all-reduce kernels (P2P one-shot, push and two-shot; LL, see ll.cuh;
-// multicast) and their entry points mcast_all_reduce_{p2p,p2p_push,p2p_twoshot,ll,mc}_<dtype>_<op>.
-
-// One-shot all-reduce, in rounds of gthreads()*UNROLL vectors (block 0 also takes the scalars, one
-// per thread per round): each round loads and reduces every rank's values into registers in rank
-// order, barriers, then stores this rank's copy. In place is safe because no rank stores before
-// every rank has loaded; the barrier before the last stores is the exit barrier (nobody reads this
-// rank's copy after it). Barriers are per block slot, so block 0 may run more rounds than others.
-template <int D, int O>
-__device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
-  typedef typename Ty<D>::E E;
-  const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
-  u32 bi = 0;
-  if (!barrier<false>(a, bi++)) return;
-  const u64 T = gthreads();
-  const u64 per_round = T * MCAST_UNROLL;
-  const u64 nscalar = r.head + r.tail;
-  u64 rounds = (r.nv + per_round - 1) / per_round;
-  if (blockIdx.x == 0) {
-    const u64 s = (nscalar + blockDim.x - 1) / blockDim.x;
-    if (s > rounds) rounds = s;
-  }
-  for (u64 rd = 0; rd < rounds; ++rd) {
-    u64 off[MCAST_UNROLL];
-    int n = 0;
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = rd * per_round + (u64)u * T + gtid();
-      off[u] = r.head * sizeof(E) + j * 16;
-      if (j < r.nv) n = u + 1;
-    }
-    V16 res[MCAST_UNROLL];
-    p2p_reduce_vectors<D, O>(a, off, n, res);
-    const u64 si = rd * blockDim.x + threadIdx.x;
-    const bool has = blockIdx.x == 0 && si < nscalar;
-    E s = E();
-    u64 soff = 0;
-    if (has) {
-      soff = scalar_off(r, si, sizeof(E));
-      s = p2p_reduce_scalar<D, O>(a, soff);
-    }
-    if (!barrier<false>(a, bi++)) return;
-    if (has) *(E*)(a.out[a.rank] + soff) = s;
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) st16(a.out[a.rank] + off[u], res[u]);
-  }
-}
+// kernels/all_reduce/push.cu: the push all-reduce (every rank stores its data into its peers'
+// scratch rows) and its entry points mcast_all_reduce_p2p_push_<dtype>_<op>.
 
 // Push all-reduce (nranks <= MCAST_PUSH_MAX_RANKS): reads nothing but this rank's own data, so
 // it serves the pointer form on memory no peer can map, at any size, in one launch.
@@ -215,66 +169,7 @@ __device__ void all_reduce_p2p_push(const McastArgs& a) {
   if (threadIdx.x == 0) *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot) = seq0 + steps;
 }
 
-// Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),
-// rank 0 also owns the scalars) by peer loads of data into the owner's out; barrier; all-gather
-// by loads from the owners' out; exit barrier (so no rank changes its copy while a peer still reads it).
-// Vector j of a slice is handled by the same global thread in both phases on every rank, so the
-// per-block-slot middle barrier covers exactly the data each block reads.
-template <int D, int O>
-__device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
-  typedef typename Ty<D>::E E;
-  const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
-  const u64 N = a.nranks, me = a.rank, base = r.head * sizeof(E), nscalar = r.head + r.tail;
-  if (!barrier<false>(a, 0)) return;
-  p2p_reduce_span<D, O>(a, base, r.nv * me / N, r.nv * (me + 1) / N);
-  if (me == 0 && blockIdx.x == 0)
-    for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
-      const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.out[0] + o) = p2p_reduce_scalar<D, O>(a, o);
-    }
-  if (!barrier<false>(a, 1)) return;
-  // The owners' slices in the walk order of peer_at (every owner serves one reader per step).
-  for (u32 i = 0; i + 1 < N; ++i) {
-    const u64 q = peer_at(a, i);
-    copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
-  }
-  if (me != 0 && blockIdx.x == 0)
-    for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
-      const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.out[me] + o) = *(const E*)(a.out[0] + o);
-    }
-  barrier<false>(a, 2);
-}
-
-// All-reduce: entry barrier; rank r reduces its 1/N slice of the 16-byte vectors (ld_reduce of
-// data, then multimem.st to every rank's out), rank 0 also the head/tail units; exit barrier.
-template <int D, int O>
-__device__ void all_reduce_mc(const McastArgs& a) {
-  typedef typename Ty<D>::E E;
-  const u32 U = McUnit<D>::bytes;
-  const Range r = split(a.data_mc, a.count * sizeof(E) / U, U, true);
-  const u64 N = a.nranks, me = a.rank, base = a.data_mc + r.head * U, obase = a.out_mc + r.head * U;
-  if (!barrier<true>(a, 0)) return;
-  move_vectors(base, obase, r.nv * me / N, r.nv * (me + 1) / N,
-               [&](u64 p) { return mc_ld_reduce_v16<D, O>(a, p); }, [&](u64 p, V16 v) { mc_st_v16(a, p, v); });
-  if (me == 0 && blockIdx.x == 0)
-    for (u64 i = threadIdx.x; i < r.head + r.tail; i += blockDim.x) {
-      const u64 o = scalar_off(r, i, U);
-      mc_st_unit<U>(a, a.out_mc + o, mc_ld_reduce_unit<D, O>(a, a.data_mc + o));
-    }
-  barrier<true>(a, 1);
-}
-
-#define ALL_REDUCE_P2P(DN, D, ON, O)                                                             \
-  MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)(                              \
-      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); }          \
-      KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); }        \
-      KERNEL mcast_all_reduce_p2p_twoshot_##DN##_##ON(ARGS) { all_reduce_p2p_twoshot<D, O>(a); }  \
-      MCAST_IF_LL(KERNEL mcast_all_reduce_ll_##DN##_##ON(ARGS) {                                   \
-        ll_reduce<D, O>(a, 0, a.count * sizeof(typename Ty<D>::E));                               \
-      }))
-#define ALL_REDUCE_MC(DN, D, ON, O)                                  \
+#define ALL_REDUCE_PUSH(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
-      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })
-MCAST_EACH_REDUCTION(ALL_REDUCE_P2P)
-MCAST_EACH_MULTIMEM_REDUCTION(ALL_REDUCE_MC)
+      KERNEL mcast_all_reduce_p2p_push_##DN##_##ON(ARGS) { all_reduce_p2p_push<D, O>(a); })
+MCAST_EACH_REDUCTION(ALL_REDUCE_PUSH)

@@ -1,0 +1,31 @@
+//! The reduce-scatter's plan. S: one rank's block in bytes (count x element size), each rank's
+//! payload to each peer.
+//!
+//! | algorithm (kernel) | runs when | 2 ranks | 3 ranks | 4 ranks | 5 ranks | 8 ranks | grid |
+//! |---|---|---|---|---|---|---|---|
+//! | LL (`ReduceScatterLl`) | LL team | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 200 KiB | ⌈S / 4 KiB⌉ up to 32 |
+//! | multicast (`ReduceScatterMc`) | multicast team | never | any | any | any | any | ⌈S / 32 KiB⌉ |
+//! | pull (`ReduceScatterP2p`) | always | any | any | any | any | any | ⌈S / 32 KiB⌉, ⌈S / 16 KiB⌉ from 3 ranks |
+//!
+//! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area, or the cost
+//! model's P* = 2 D B / (N-1) at eight ranks); the multicast kernel never pays at two ranks and
+//! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)). The kernels:
+//! `kernels/reduce_scatter/` (`p2p.cu`, `multicast.cu`; LL's in `ll.cu` over `kernels/ll.cuh`).
+
+use super::{Call, Choice, BYTES_PER_BLOCK};
+use crate::kernels::abi::entry::KernelKind;
+
+/// The reduce-scatter's kernel and grid (the table).
+pub(super) fn choose(c: &Call) -> Choice {
+    let kind = match c.mc {
+        false if c.ll => KernelKind::ReduceScatterLl,
+        _ if c.l.local_only => KernelKind::ReduceScatterLl,
+        true => KernelKind::ReduceScatterMc,
+        false => KernelKind::ReduceScatterP2p,
+    };
+    match kind {
+        KernelKind::ReduceScatterLl => c.choice(kind, c.ll_grid()),
+        KernelKind::ReduceScatterP2p => c.choice(kind, c.pull_grid()),
+        _ => c.choice(kind, c.grid(BYTES_PER_BLOCK)),
+    }
+}
