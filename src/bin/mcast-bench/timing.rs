@@ -132,11 +132,11 @@ impl Bench<'_> {
 
     /// The graph-mode timing of the rank at local index `l`, on its own thread with its device
     /// current (`bound`: whether that worked): `warmup` eager iterations; `iters` iterations
-    /// captured on its stream (thread-local capture mode, as nccl-tests) and instantiated; one
-    /// untimed replay (which also uploads the graph); then, once every rank is ready, `replays`
-    /// replays between the events. Returns the elapsed milliseconds of all replays. Every rank
-    /// passes the start line exactly once, even when its setup failed (the others then skip the
-    /// timed part).
+    /// captured on its stream (thread-local capture mode, as nccl-tests) and instantiated; once
+    /// every rank's graph is, one untimed replay (which also uploads the graph); then, once every
+    /// rank is ready, `replays` replays between the events. Returns the elapsed milliseconds of
+    /// all replays. Every rank passes the start line twice, even when its setup failed (the others
+    /// then skip the timed part).
     fn time_graph(
         &self,
         l: usize,
@@ -168,6 +168,11 @@ impl Bench<'_> {
             };
             Ok((graph, exec))
         });
+        // Every rank's graph is captured and instantiated before any rank replays one: a replay
+        // spins in its collectives' waits until every peer's replay comes, and a peer still
+        // setting up its graph may need the device to drain first (ranks sharing a GPU then
+        // never meet: 8 ranks on one H200, a 32 MB reduce-scatter of the pointer form, 2026-11-28).
+        let failed = start_line.pass(setup.is_err())?;
         let (g, x) = match setup {
             Ok(g) => g,
             Err(f) => {
@@ -178,6 +183,10 @@ impl Bench<'_> {
         let replay =
             |what: &str| driver.graph_launch(dev, x, stream).map_err(|e| runtime(format!("rank {r}: {what}: {e}")));
         let timed = (|| -> Result<f64, Failure> {
+            if failed {
+                start_line.pass(true)?;
+                return Err(runtime(format!("rank {r}: another rank failed to set up its CUDA graph")));
+            }
             // The untimed replay: the graph's first launch uploads it.
             let warm = replay("replaying the CUDA graph").and_then(|()| self.sync(l, stream));
             let failed = start_line.pass(warm.is_err())?;
