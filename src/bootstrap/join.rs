@@ -304,7 +304,7 @@ impl Bootstrap {
             #[cfg(test)]
             readers_paused: AtomicBool::new(false),
             #[cfg(test)]
-            hub_stall_ms: std::sync::atomic::AtomicU64::new(0),
+            pauses: Mutex::new(Vec::new()),
         });
         let conns = Arc::new(conns);
         let mut b = Bootstrap {

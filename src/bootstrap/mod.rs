@@ -196,10 +196,10 @@ struct Shared {
     /// Tests only: the reader threads leave the connections alone (`reader.rs`'s tests).
     #[cfg(test)]
     readers_paused: AtomicBool,
-    /// Tests only: how long rank 0 stalls in an exchange between gathering the parts and
-    /// sending the result (a hub paused or starved there).
+    /// Tests only: where this rank pauses (each once) and for how many milliseconds, as a
+    /// stopped process does (`exchange.rs`'s `pause_at`).
     #[cfg(test)]
-    hub_stall_ms: std::sync::atomic::AtomicU64,
+    pauses: Mutex<Vec<(exchange::Step, u64)>>,
 }
 
 impl Shared {
@@ -352,6 +352,8 @@ impl Drop for Bootstrap {
     }
 }
 
+#[cfg(test)]
+mod agree_tests;
 #[cfg(test)]
 mod env_tests;
 #[cfg(test)]
