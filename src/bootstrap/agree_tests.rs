@@ -152,3 +152,44 @@ fn a_hub_paused_between_its_results_fails_every_rank() {
     assert_eq!(e.kind, Kind::Timeout, "{}", e.message);
     assert!(e.message.contains("the result from rank 0"), "{}", e.message);
 }
+
+/// The confirm round's cost: 2,000 agreements of 8 thread ranks over loopback TCP, plain and
+/// confirmed, each rank timing its own calls; prints the median and 90th percentile per call
+/// (`cargo test --release --lib agree_cost -- --ignored --nocapture`). A measurement, asserting
+/// only that every agreement succeeded.
+#[test]
+#[ignore]
+fn agree_cost_plain_and_confirmed() {
+    let boots = team(8, |_| "h".into(), 30_000);
+    for confirm in [false, true, false, true] {
+        let times: Vec<Vec<Duration>> = std::thread::scope(|s| {
+            let hs: Vec<_> = boots
+                .iter()
+                .map(|b| {
+                    s.spawn(move || {
+                        (0..2000)
+                            .map(|_| {
+                                let t = Instant::now();
+                                if confirm {
+                                    b.allgather_confirmed("cost", Ok(()), &[], &[]).unwrap();
+                                } else {
+                                    b.agree("cost", Ok(())).unwrap();
+                                }
+                                t.elapsed()
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut all: Vec<Duration> = times.into_iter().flatten().collect();
+        all.sort();
+        eprintln!(
+            "8 ranks, {}: median {:?}, p90 {:?}",
+            if confirm { "confirmed" } else { "plain" },
+            all[all.len() / 2],
+            all[all.len() * 9 / 10]
+        );
+    }
+}
