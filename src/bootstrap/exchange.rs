@@ -74,6 +74,11 @@ impl Step {
 #[cfg(test)]
 pub(super) const STOP_AT_ENV: &str = "MCAST_TEST_STOP_AT";
 
+/// Tests only: the labels of this process's exchanges, in order (a confirmed one marked with a
+/// trailing `*`), so that a test can stop a rank at each of them.
+#[cfg(test)]
+pub(super) static LABELS: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
 impl Bootstrap {
     /// Tests only: pauses this rank at `step` of the exchange `label` when a test asked for it,
     /// as a stopped process is paused (its reader threads too): once for each pause queued in
@@ -305,6 +310,8 @@ impl Bootstrap {
         fds: &[RawFd],
         confirm: bool,
     ) -> Result<Vec<Part>, BootError> {
+        #[cfg(test)]
+        LABELS.lock().push(format!("{label}{}", if confirm { "*" } else { "" }));
         if let Some(e) = self.failed_err() {
             return Err(e);
         }

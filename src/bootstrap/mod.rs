@@ -361,4 +361,6 @@ mod flood_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]
+mod stop_tests;
+#[cfg(test)]
 mod tests;
