@@ -301,6 +301,7 @@ impl Bootstrap {
             failure: Mutex::new(None),
             // SAFETY: a fresh descriptor.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
+            on_abort: Mutex::new(None),
             #[cfg(test)]
             readers_paused: AtomicBool::new(false),
             #[cfg(test)]

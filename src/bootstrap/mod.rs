@@ -193,6 +193,8 @@ struct Shared {
     failure: Mutex<Option<(Kind, String)>>,
     /// An eventfd made readable by a failure (wakes descriptor-passing waits).
     wake: OwnedFd,
+    /// Called once when the team is aborted ([`Bootstrap::on_abort`]).
+    on_abort: Mutex<Option<OnAbort>>,
     /// Tests only: the reader threads leave the connections alone (`reader.rs`'s tests).
     #[cfg(test)]
     readers_paused: AtomicBool,
@@ -224,11 +226,22 @@ impl Shared {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to our eventfd.
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        let _g = self.q.lock();
-        self.cv.notify_all();
+        {
+            let _g = self.q.lock();
+            self.cv.notify_all();
+        }
+        if kind == Kind::Aborted {
+            if let Some(f) = self.on_abort.lock().take() {
+                f(reason);
+            }
+        }
         true
     }
 }
+
+/// What a rank does when its team is aborted, here or by a peer: called once, with the reason,
+/// on the thread that learned it (a reader thread, or the one aborting).
+pub type OnAbort = Box<dyn FnOnce(&str) + Send>;
 
 /// The connections of one rank of a team.
 pub struct Bootstrap {
@@ -306,6 +319,27 @@ impl Bootstrap {
         }
     }
 
+    /// Calls `f` with the reason once the team is aborted, here or by a peer (at once when it
+    /// was already), on the thread that learns it: even while no exchange runs. For a team
+    /// whose abort must also reach waits that are not on these connections (a team across NVLink
+    /// domains aborts its domain team's device waits so). Replaces an earlier `f` not yet called.
+    pub fn on_abort(&self, f: OnAbort) {
+        let mut slot = self.shared.on_abort.lock();
+        if self.aborted() {
+            drop(slot);
+            f(&self.abort_reason());
+        } else {
+            *slot = Some(f);
+            drop(slot);
+            // An abort recorded between the check and the store finds no hook: call it here.
+            if self.aborted() {
+                if let Some(f) = self.shared.on_abort.lock().take() {
+                    f(&self.abort_reason());
+                }
+            }
+        }
+    }
+
     /// Whether this rank or a peer aborted the team; never blocks.
     pub fn aborted(&self) -> bool {
         self.shared.aborted.load(Ordering::SeqCst)
@@ -318,6 +352,38 @@ impl Bootstrap {
             return None;
         }
         self.shared.failure.lock().clone()
+    }
+
+    /// [`Bootstrap::failure`] after taking the frames that already lie whole on this rank's
+    /// connections (an abort or a failure a peer sent just before a wait elsewhere failed,
+    /// which the reader threads may not have read yet). Never blocks.
+    pub fn failure_now(&self) -> Option<(Kind, String)> {
+        for src in 0..self.conns.len() {
+            for _ in 0..QUEUE_FRAMES {
+                if !self.pump(src) {
+                    break;
+                }
+            }
+        }
+        self.failure()
+    }
+
+    /// [`Bootstrap::failure_now`], waiting up to `timeout_ms` for one: for a rank that has
+    /// evidence that a peer aborted or failed (a connection elsewhere said so) whose frame here
+    /// comes the longer way, through the hub.
+    pub fn failure_within(&self, timeout_ms: u32) -> Option<(Kind, String)> {
+        if let Some(f) = self.failure_now() {
+            return Some(f);
+        }
+        let until = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+        let mut q = self.shared.q.lock();
+        while !self.shared.failed.load(Ordering::SeqCst) {
+            if self.shared.cv.wait_until(&mut q, until).timed_out() {
+                break;
+            }
+        }
+        drop(q);
+        self.failure()
     }
 
     /// Why the team was aborted ("" when it was not).

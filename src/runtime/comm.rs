@@ -134,6 +134,20 @@ impl Comm {
         self.boot.fail(Kind::Failed(code_of(kind)), reason);
     }
 
+    /// [`Comm::failure`] after taking what already lies on the connections
+    /// ([`Bootstrap::failure_now`]): for a rank whose wait elsewhere just failed, to learn
+    /// whether a peer aborted or failed first. Never blocks.
+    pub fn failure_now(&self) -> Option<(ErrorKind, String)> {
+        let (k, why) = self.boot.failure_now()?;
+        Some((Error::from(BootError::new(k, "")).kind, why))
+    }
+
+    /// [`Comm::failure_now`], waiting up to `timeout_ms` for one ([`Bootstrap::failure_within`]).
+    pub fn failure_within(&self, timeout_ms: u32) -> Option<(ErrorKind, String)> {
+        let (k, why) = self.boot.failure_within(timeout_ms)?;
+        Some((Error::from(BootError::new(k, "")).kind, why))
+    }
+
     /// The team's failure told here or by a peer process ([`Comm::abort`],
     /// [`Comm::timed_out`]): its kind and reason; `None` while healthy. Never blocks; one atomic
     /// load while healthy.
