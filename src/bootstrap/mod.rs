@@ -26,6 +26,14 @@
 //! (the status of a lost connection) and a message naming the connection, and a `FAILED`
 //! frame carries the message to the peers (relayed by the hub like an abort).
 //!
+//! Every rank of an exchange ends with one outcome, as strongly as timeouts allow (protocol 4,
+//! `exchange.rs`): a hub past its deadline sends no more results and fails the exchange; a
+//! rank at its deadline takes a result already on its socket; a rank that fails after the
+//! result may have gone out tells every rank ([`Bootstrap::fail`] through the hub), so a rank
+//! that succeeded finds its bootstrap failed ([`Bootstrap::failure`]); and
+//! [`Bootstrap::allgather_confirmed`] (acknowledge, then commit) makes the call's own result the
+//! same on every rank but where the hub pauses past its deadline between two commits.
+//!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
 //! `reader.rs` the reading of its connections, `exchange.rs` the all-gather and what is built
 //! on it; this file holds the errors, the deadline and the [`Bootstrap`] value with its abort.
