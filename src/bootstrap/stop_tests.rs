@@ -26,6 +26,10 @@ const TIMEOUT_MS: u32 = 600;
 const PAUSE: Duration = Duration::from_millis(1000);
 /// How long past timeout_ms after the resume a rank may take to learn of the failure.
 const BOUND: Duration = Duration::from_millis(1000);
+/// What a case says when the rank to stop never got there (the team failed earlier: a loaded
+/// machine starved a rank past timeout_ms); such a case runs again, at most [`TRIES`] times.
+const NOT_REACHED: &str = "the rank never stopped there";
+const TRIES: usize = 3;
 /// The line a child reports on.
 const TAG: &str = "STOPTEST";
 
@@ -215,7 +219,7 @@ fn run_case(phase: &str, stop: Option<(usize, &str, Step)>) -> Result<Vec<Report
             let pid = ranks.0[who].id();
             while !stopped(pid) {
                 if ranks.0[who].try_wait().unwrap().is_some() || t.elapsed() > Duration::from_secs(60) {
-                    return Err(format!("{case}: rank {who} never stopped there"));
+                    return Err(format!("{case}: {NOT_REACHED}"));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -294,10 +298,20 @@ fn steps(rank: usize, confirmed: bool) -> Vec<Step> {
 /// The exchanges of a formation and of a split (a confirmed one ends with `*`), read from runs
 /// that stop no rank (which must succeed on every rank, with no failure told afterwards).
 fn labels() -> (Vec<String>, Vec<String>) {
-    let form = run_case("form", None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(form.iter().all(|r| !r.failed()), "{form:#?}");
-    let split = run_case("split", None).unwrap_or_else(|e| panic!("{e}"));
-    assert!(split.iter().all(|r| !r.failed()), "{split:#?}");
+    // A loaded machine may starve a rank past timeout_ms: a run that failed runs again.
+    let succeeded = |phase: &str| {
+        let mut last = None;
+        for _ in 0..TRIES {
+            let reports = run_case(phase, None).unwrap_or_else(|e| panic!("{e}"));
+            if reports.iter().all(|r| !r.failed()) {
+                return reports;
+            }
+            last = Some(reports);
+        }
+        panic!("{phase}: no rank stopped, and it failed {TRIES} times: {last:#?}");
+    };
+    let form = succeeded("form");
+    let split = succeeded("split");
     let mut form_labels = form[0].labels.clone();
     assert!(form_labels.last().is_some_and(|l| l.ends_with('*')), "a formation ends confirmed: {form_labels:?}");
     let formed = form_labels.len();
@@ -318,7 +332,17 @@ fn run_all(cases: Vec<(&'static str, usize, String, Step)>) {
             let hs: Vec<_> = pair
                 .iter()
                 .map(|(phase, who, label, step)| {
-                    s.spawn(move || run_case(phase, Some((*who, label.trim_end_matches('*'), *step))))
+                    s.spawn(move || {
+                        let stop = Some((*who, label.trim_end_matches('*'), *step));
+                        let mut got = run_case(phase, stop);
+                        for _ in 1..TRIES {
+                            match &got {
+                                Err(e) if e.ends_with(NOT_REACHED) => got = run_case(phase, stop),
+                                _ => break,
+                            }
+                        }
+                        got
+                    })
                 })
                 .collect();
             for h in hs {
