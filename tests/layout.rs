@@ -17,8 +17,6 @@ const EXEMPT: &[(&str, &str)] = &[
     ("include/mcast.h", "generated"),
     // The device API: users include one file, and NVRTC gets it as one text (no include path).
     ("include/mcast/device.h", "the single-file public device header"),
-    // Not yet split: the listeners' attack tests.
-    ("src/bootstrap/flood_tests.rs", "not yet split"),
 ];
 
 const EXTENSIONS: &[&str] = &["rs", "cu", "cuh", "c", "h", "cpp", "py", "sh"];

@@ -301,10 +301,11 @@ impl Bootstrap {
             failure: Mutex::new(None),
             // SAFETY: a fresh descriptor.
             wake: unsafe { OwnedFd::from_raw_fd(wake) },
+            on_abort: Mutex::new(None),
             #[cfg(test)]
             readers_paused: AtomicBool::new(false),
             #[cfg(test)]
-            hub_stall_ms: std::sync::atomic::AtomicU64::new(0),
+            pauses: Mutex::new(Vec::new()),
         });
         let conns = Arc::new(conns);
         let mut b = Bootstrap {

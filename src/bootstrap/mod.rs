@@ -26,6 +26,14 @@
 //! (the status of a lost connection) and a message naming the connection, and a `FAILED`
 //! frame carries the message to the peers (relayed by the hub like an abort).
 //!
+//! Every rank of an exchange ends with one outcome, as strongly as timeouts allow (protocol 4,
+//! `exchange.rs`): a hub past its deadline sends no more results and fails the exchange; a
+//! rank at its deadline takes a result already on its socket; a rank that fails after the
+//! result may have gone out tells every rank ([`Bootstrap::fail`] through the hub), so a rank
+//! that succeeded finds its bootstrap failed ([`Bootstrap::failure`]); and
+//! [`Bootstrap::allgather_confirmed`] (acknowledge, then commit) makes the call's own result the
+//! same on every rank but where the hub pauses past its deadline between two commits.
+//!
 //! Where things live: `id.rs` unique ids and the root listener, `join.rs` how a team forms,
 //! `reader.rs` the reading of its connections, `exchange.rs` the all-gather and what is built
 //! on it; this file holds the errors, the deadline and the [`Bootstrap`] value with its abort.
@@ -193,13 +201,15 @@ struct Shared {
     failure: Mutex<Option<(Kind, String)>>,
     /// An eventfd made readable by a failure (wakes descriptor-passing waits).
     wake: OwnedFd,
+    /// Called once when the team is aborted ([`Bootstrap::on_abort`]).
+    on_abort: Mutex<Option<OnAbort>>,
     /// Tests only: the reader threads leave the connections alone (`reader.rs`'s tests).
     #[cfg(test)]
     readers_paused: AtomicBool,
-    /// Tests only: how long rank 0 stalls in an exchange between gathering the parts and
-    /// sending the result (a hub paused or starved there).
+    /// Tests only: where this rank pauses (each once) and for how many milliseconds, as a
+    /// stopped process does (`exchange.rs`'s `pause_at`).
     #[cfg(test)]
-    hub_stall_ms: std::sync::atomic::AtomicU64,
+    pauses: Mutex<Vec<(exchange::Step, u64)>>,
 }
 
 impl Shared {
@@ -224,11 +234,22 @@ impl Shared {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to our eventfd.
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        let _g = self.q.lock();
-        self.cv.notify_all();
+        {
+            let _g = self.q.lock();
+            self.cv.notify_all();
+        }
+        if kind == Kind::Aborted {
+            if let Some(f) = self.on_abort.lock().take() {
+                f(reason);
+            }
+        }
         true
     }
 }
+
+/// What a rank does when its team is aborted, here or by a peer: called once, with the reason,
+/// on the thread that learned it (a reader thread, or the one aborting).
+pub type OnAbort = Box<dyn FnOnce(&str) + Send>;
 
 /// The connections of one rank of a team.
 pub struct Bootstrap {
@@ -306,6 +327,27 @@ impl Bootstrap {
         }
     }
 
+    /// Calls `f` with the reason once the team is aborted, here or by a peer (at once when it
+    /// was already), on the thread that learns it: even while no exchange runs. For a team
+    /// whose abort must also reach waits that are not on these connections (a team across NVLink
+    /// domains aborts its domain team's device waits so). Replaces an earlier `f` not yet called.
+    pub fn on_abort(&self, f: OnAbort) {
+        let mut slot = self.shared.on_abort.lock();
+        if self.aborted() {
+            drop(slot);
+            f(&self.abort_reason());
+        } else {
+            *slot = Some(f);
+            drop(slot);
+            // An abort recorded between the check and the store finds no hook: call it here.
+            if self.aborted() {
+                if let Some(f) = self.shared.on_abort.lock().take() {
+                    f(&self.abort_reason());
+                }
+            }
+        }
+    }
+
     /// Whether this rank or a peer aborted the team; never blocks.
     pub fn aborted(&self) -> bool {
         self.shared.aborted.load(Ordering::SeqCst)
@@ -318,6 +360,38 @@ impl Bootstrap {
             return None;
         }
         self.shared.failure.lock().clone()
+    }
+
+    /// [`Bootstrap::failure`] after taking the frames that already lie whole on this rank's
+    /// connections (an abort or a failure a peer sent just before a wait elsewhere failed,
+    /// which the reader threads may not have read yet). Never blocks.
+    pub fn failure_now(&self) -> Option<(Kind, String)> {
+        for src in 0..self.conns.len() {
+            for _ in 0..QUEUE_FRAMES {
+                if !self.pump(src) {
+                    break;
+                }
+            }
+        }
+        self.failure()
+    }
+
+    /// [`Bootstrap::failure_now`], waiting up to `timeout_ms` for one: for a rank that has
+    /// evidence that a peer aborted or failed (a connection elsewhere said so) whose frame here
+    /// comes the longer way, through the hub.
+    pub fn failure_within(&self, timeout_ms: u32) -> Option<(Kind, String)> {
+        if let Some(f) = self.failure_now() {
+            return Some(f);
+        }
+        let until = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+        let mut q = self.shared.q.lock();
+        while !self.shared.failed.load(Ordering::SeqCst) {
+            if self.shared.cv.wait_until(&mut q, until).timed_out() {
+                break;
+            }
+        }
+        drop(q);
+        self.failure()
     }
 
     /// Why the team was aborted ("" when it was not).
@@ -353,10 +427,14 @@ impl Drop for Bootstrap {
 }
 
 #[cfg(test)]
+mod agree_tests;
+#[cfg(test)]
 mod env_tests;
 #[cfg(test)]
 mod flood_tests;
 #[cfg(test)]
 mod net_tests;
+#[cfg(test)]
+mod stop_tests;
 #[cfg(test)]
 mod tests;

@@ -315,7 +315,7 @@ fn a_hub_that_resumes_past_the_deadline_fails_with_the_others() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    boots[0].shared.hub_stall_ms.store(700, std::sync::atomic::Ordering::Relaxed);
+    boots[0].shared.pauses.lock().push((super::exchange::Step::Gathered, 700));
     let results: Vec<Result<(), BootError>> = std::thread::scope(|s| {
         let hs: Vec<_> = boots.iter().map(|b| s.spawn(move || b.agree("paused", Ok(())))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()

@@ -83,6 +83,26 @@ impl Comm {
     pub fn vote(&self, label: &str, status: Result<()>) -> Result<()> {
         self.exchange(label, status, &[], &[]).map(|_| ())
     }
+
+    /// [`Comm::exchange`] confirmed by every rank before any returns
+    /// ([`Bootstrap::allgather_confirmed`]): for the agreements that end a team's formation or
+    /// a split, so that one rank paused or failing at the end cannot leave the others holding
+    /// a team (or a split) it has not.
+    pub fn exchange_confirmed(&self, label: &str, status: Result<()>, bytes: &[u8]) -> Result<Vec<Part>> {
+        let wire = status.as_ref().map(|_| ()).map_err(|e| (code_of(e.kind), e.message.clone()));
+        match self.boot.allgather_confirmed(label, wire, bytes, &[]) {
+            Ok(parts) => Ok(parts),
+            Err(e) => match status {
+                Err(own) if e.kind != Kind::Aborted => Err(own),
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    /// [`Comm::vote`], confirmed ([`Comm::exchange_confirmed`]).
+    pub fn vote_confirmed(&self, label: &str, status: Result<()>) -> Result<()> {
+        self.exchange_confirmed(label, status, &[]).map(|_| ())
+    }
 }
 
 impl Comm {
@@ -112,6 +132,20 @@ impl Comm {
     /// failure travels.
     pub fn failed(&self, kind: ErrorKind, reason: &str) {
         self.boot.fail(Kind::Failed(code_of(kind)), reason);
+    }
+
+    /// [`Comm::failure`] after taking what already lies on the connections
+    /// ([`Bootstrap::failure_now`]): for a rank whose wait elsewhere just failed, to learn
+    /// whether a peer aborted or failed first. Never blocks.
+    pub fn failure_now(&self) -> Option<(ErrorKind, String)> {
+        let (k, why) = self.boot.failure_now()?;
+        Some((Error::from(BootError::new(k, "")).kind, why))
+    }
+
+    /// [`Comm::failure_now`], waiting up to `timeout_ms` for one ([`Bootstrap::failure_within`]).
+    pub fn failure_within(&self, timeout_ms: u32) -> Option<(ErrorKind, String)> {
+        let (k, why) = self.boot.failure_within(timeout_ms)?;
+        Some((Error::from(BootError::new(k, "")).kind, why))
     }
 
     /// The team's failure told here or by a peer process ([`Comm::abort`],

@@ -22,7 +22,7 @@ use mcast::runtime::context::Context;
 use mcast::runtime::hier::collective::{run_ptr, Chunks, DEPTH_BYTES};
 use mcast::runtime::hier::Across;
 use mcast::runtime::teams::AnyTeam;
-use mcast::runtime::{ErrorKind, Result};
+use mcast::runtime::{Error, ErrorKind, Result};
 
 const ROLE: &str = "MCAST_HIER_CHILD";
 const TIMEOUT_MS: u32 = 3000;
@@ -138,6 +138,24 @@ fn a_killed_rank_ends_the_others_in_time() {
     }
 }
 
+/// Each rank of the team in turn aborts it (both layouts of two domains) while the others wait
+/// in an all-reduce that cannot complete without it: every rank's call or synchronize ends with
+/// ABORTED naming the rank that aborted, within a second of the abort; get_error, a later call
+/// and synchronize say the same; nothing hangs and nothing is left.
+#[test]
+fn an_abort_from_any_rank_is_seen_by_every_rank() {
+    for labels in [["A", "A", "B", "B"], ["A", "B", "A", "B"]] {
+        for who in 0..4 {
+            for case in [format!("abort-{who}"), format!("ordered-abort-{who}")] {
+                let st = spawn(&case, &labels);
+                for (r, s) in st.iter().enumerate() {
+                    assert!(s.success(), "{case} {labels:?}: rank {r} failed: {s:?}");
+                }
+            }
+        }
+    }
+}
+
 /// The body of every case, in the child processes.
 #[test]
 fn child() {
@@ -181,6 +199,10 @@ fn child() {
         "across-count" | "ordered-across-count" => across(&ctx, made.unwrap(), r, Disagree::Count),
         "across-root" | "ordered-across-root" => across(&ctx, made.unwrap(), r, Disagree::Root),
         "killed" | "ordered-killed" => killed(&ctx, made, r),
+        c if c.trim_start_matches("ordered-").starts_with("abort-") => {
+            let who = c.rsplit('-').next().unwrap().parse().unwrap();
+            aborted(&ctx, made.unwrap(), r, who)
+        }
         _ => panic!("unknown case {case}"),
     }
 }
@@ -423,4 +445,44 @@ fn killed(ctx: &Arc<Context>, made: Result<Arc<Across>>, r: usize) {
     assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Aborted), "{e}");
     assert!(took <= Duration::from_millis(u64::from(TIMEOUT_MS) + 1000), "rank {r} took {took:?}: {e}");
     let _ = team.destroy();
+}
+
+/// Rank `who` aborts after the others entered an all-reduce it never joins (see
+/// [`an_abort_from_any_rank_is_seen_by_every_rank`]).
+fn aborted(ctx: &Arc<Context>, team: Arc<Across>, r: usize, who: usize) {
+    let dev = team.team.devices()[team.local];
+    let d = ctx.driver();
+    let buf = d.mem_alloc(dev, 1 << 16).unwrap();
+    let c = Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum };
+    // One all-reduce that works first: the team is whole before the abort.
+    run_ptr(&team, r as i32, buf, buf, 1024, c, Stream(0))
+        .and_then(|()| team.synchronize(r as i32, Stream(0)))
+        .unwrap();
+    let says = format!("mcast_team_abort by rank {who}'s process");
+    let check = |e: &Error, what: &str| {
+        assert_eq!(e.kind, ErrorKind::Aborted, "rank {r}, {what}: {e}");
+        assert!(e.message.contains(&says), "rank {r}, {what}: {says:?} in {e}");
+    };
+    let t0 = Instant::now();
+    if r == who {
+        std::thread::sleep(Duration::from_millis(300));
+        team.abort();
+    } else {
+        let e = run_ptr(&team, r as i32, buf, buf, 1024, c, Stream(0))
+            .and_then(|()| team.synchronize(r as i32, Stream(0)))
+            .expect_err("the all-reduce cannot complete: a rank aborted instead");
+        check(&e, "the waiting all-reduce");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(300 + 1000), "rank {r} saw the abort after {took:?}");
+    }
+    check(&team.error().expect("the team keeps the abort"), "error");
+    assert_eq!(team.async_error(), Some(ErrorKind::Aborted), "rank {r}");
+    let t1 = Instant::now();
+    let e = run_ptr(&team, r as i32, buf, buf, 16, c, Stream(0)).expect_err("a later call is refused");
+    check(&e, "a later call");
+    check(&team.synchronize(r as i32, Stream(0)).expect_err("synchronize reports it"), "synchronize");
+    assert!(t1.elapsed() < Duration::from_millis(500), "rank {r}: calls after the abort took {:?}", t1.elapsed());
+    d.mem_free(dev, buf).unwrap();
+    team.destroy().unwrap();
+    assert_clean(ctx);
 }

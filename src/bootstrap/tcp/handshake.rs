@@ -50,7 +50,7 @@ const SERVER_TO_CLIENT: &[u8] = b"mcast bootstrap key server to client";
 
 /// The revision of the bootstrap's protocol (the frames after the handshake and what they
 /// mean). Ranks of two revisions refuse to form a team.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 /// The library's version, as the handshake names it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Longest version string sent (longer ones are cut).

@@ -58,6 +58,10 @@ pub mod kind {
     /// The team failed (a rank timed out, a connection failed authentication or broke a cap):
     /// kind + reason. Relayed by the hub.
     pub const FAILED: u8 = 14;
+    /// A member holds the result of a confirmed exchange (to the hub).
+    pub const ACK: u8 = 15;
+    /// Every member acknowledged: the confirmed exchange succeeded (from the hub).
+    pub const COMMIT: u8 = 16;
 }
 
 /// Why a frame could not be read.

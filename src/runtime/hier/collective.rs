@@ -248,6 +248,21 @@ fn composed(
         Collective::AllGather => steps.all_gather(send, recv, count),
         Collective::Broadcast { root } => steps.broadcast(send, recv, count, root as usize),
     });
+    // A stage that failed because a rank aborted (a rail engine's own abort, a rail peer that
+    // left) reports the team's abort, which may lie unread on the whole team's connections
+    // still, or (a rail engine that says it was aborted: the aborting rank told the whole team
+    // first, through the hub) be on its way.
+    let heard = |e: &Error| match e.kind {
+        ErrorKind::Aborted => h.global.failure_within(team.context().config().timeout_ms),
+        _ => h.global.failure_now(),
+    };
+    let result = result.map_err(|e| match heard(&e) {
+        Some((ErrorKind::Aborted, why)) => {
+            team.told(ErrorKind::Aborted, &why);
+            team.error().unwrap_or(e)
+        }
+        _ => e,
+    });
     result.inspect_err(|e| {
         // A rail engine's failure is every rank's: the team keeps it, and every rank of the
         // whole team is told (their later calls fail with it). Recorded only now, once this

@@ -62,6 +62,7 @@ impl Across {
             Ok(a) => {
                 tracing::debug!("rank {r}: a team across NVLink domains ({spanning}), engine \"{}\"", a.engine_name());
                 let a = Arc::new(a);
+                a.watch_aborts();
                 env.leave(&*team);
                 env.join(a.clone() as Arc<dyn Member>);
                 Ok(a)

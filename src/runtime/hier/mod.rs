@@ -318,7 +318,8 @@ impl Across {
                 }
             });
         let status = made.as_ref().map(|_| ()).map_err(Clone::clone);
-        if let Err(e) = global.vote("rail communicators", status) {
+        // The last agreement of the formation: confirmed (see `Comm::vote_confirmed`).
+        if let Err(e) = global.vote_confirmed("rail communicators", status) {
             if let Ok((comm, pipe)) = made {
                 if let Err(undo) = comm.destroy() {
                     tracing::error!("rolling back a rail communicator: {undo}");

@@ -76,11 +76,24 @@ impl Across {
         }
     }
 
+    /// Makes an abort heard on the whole team's connections abort the domain team here too, at
+    /// once, whether or not a call runs: its device waits end and its domain peers are told. A
+    /// rank of another domain that aborts reaches this domain's waits only so (its own abort
+    /// writes the state words of its domain's ranks alone).
+    pub(super) fn watch_aborts(&self) {
+        let team = Arc::downgrade(&self.team);
+        self.global.bootstrap().on_abort(Box::new(move |why| {
+            if let Some(t) = team.upgrade() {
+                t.abort_by(why);
+            }
+        }));
+    }
+
     /// Aborts the team (`mcast_team_abort`): the domain team (its device waits, its
     /// connections), the rail communicator and the whole team's connections.
     pub fn abort(&self) {
-        let who = format!("mcast_team_abort by rank {}'s process", self.local);
-        self.team.abort();
+        let who = format!("mcast_team_abort by rank {}'s process", self.global.rank());
+        self.team.abort_by(&who);
         self.abort_rails(&who);
     }
 

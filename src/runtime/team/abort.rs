@@ -233,6 +233,13 @@ impl Team {
             Some(r) => format!("mcast_team_abort by rank {r}'s process"),
             None => "mcast_team_abort in this process".to_string(),
         };
+        self.abort_by(&who);
+    }
+
+    /// [`Team::abort`] with `who` saying who aborted (a team across NVLink domains names the
+    /// rank of the whole team, not of its domain team).
+    pub(crate) fn abort_by(&self, who: &str) {
+        let who = who.to_string();
         self.mark_aborted(&who);
         if let Some(c) = &self.comm {
             c.abort(&who);

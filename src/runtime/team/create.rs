@@ -425,7 +425,9 @@ fn first_segment(env: &Env, shape: &Shape, ll: bool, slots: u32) -> Result<(Segm
         Err(e) => Err(e.clone()),
     };
     if let Some(comm) = &shape.comm {
-        zeroed = comm.vote("zero sync regions", zeroed);
+        // The last agreement of a formation: confirmed, so that no rank holds a team another
+        // gave up on.
+        zeroed = comm.vote_confirmed("zero sync regions", zeroed);
     }
     match (zeroed, bell) {
         (Ok(()), Ok(bell)) => Ok((seg, reserved, Arc::new(bell))),

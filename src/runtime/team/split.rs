@@ -59,7 +59,8 @@ pub fn split_over<T>(
         Some(Err(err)) => Err(err.clone()),
         _ => Ok(()),
     };
-    let parts = comm.exchange("split: team ids", status, &e.0, &[])?;
+    // Confirmed: no rank goes on to join a new team while another gave up on the split.
+    let parts = comm.exchange_confirmed("split: team ids", status, &e.0)?;
     let (Some(members), Some(new_rank)) = (members, new_rank) else { return Ok(None) };
     let bytes = Dec(&parts[members[0]].bytes).bytes()?;
     let id: [u8; ID_BYTES] = bytes.try_into().map_err(|_| Error::internal("split: a team id of the wrong size"))?;
