@@ -5,13 +5,23 @@
 # memory, not NVLink: what this compares is the kernels' own latency (waits, grid, code), which a
 # change to them moves the same way on one GPU per rank.
 #   bench/teams-ab.sh BIN_A BIN_B OUT        (ROUNDS=3, TEAMS="2 3 4 8", DEVICE=0)
+# With DEVICES=0,1,2,3,0,1,2,3 a team of n ranks takes the first n devices of the list instead
+# (one GPU per rank across NVLink where the list allows).
 # Multicast stays off (the safety rule).
 set -uo pipefail
 export MCAST_MULTICAST=off NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 a="$1" b="$2" out="$3"
 mkdir -p "$out"
 dev="${DEVICE:-0}"
-devs() { local n="$1" s="$dev"; for ((i = 1; i < n; i++)); do s="$s,$dev"; done; echo "$s"; }
+devs() {
+  local n="$1" s="$dev"
+  if [ -n "${DEVICES:-}" ]; then
+    echo "$DEVICES" | cut -d, -f1-"$n"
+    return
+  fi
+  for ((i = 1; i < n; i++)); do s="$s,$dev"; done
+  echo "$s"
+}
 common=(--backend cuda -G 20 -n 50 -w 10 -q)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
 # The first run of each build fills the kernel cache (not timed).
