@@ -216,6 +216,9 @@ static int run_fail(const char *standin) {
   int live, made, colls, max_ctas;
   standin_stats(standin, &live, &made, &colls, &max_ctas);
   CHECK(live == 1);
+  /* every rank freed its buffer before any aborts: a peer's abort reaches this rank's team at
+     once, and a buffer free (a call of the whole team) after it is refused with ABORTED */
+  MPI_Barrier(MPI_COMM_WORLD);
   CHECK_OK(mcast_team_abort(team));
   standin_stats(standin, &live, &made, &colls, &max_ctas);
   CHECK(live == 0); /* ncclCommAbort */
