@@ -152,6 +152,12 @@ pub(super) fn ll_blocks(payload: u64, cap: u64) -> u64 {
     payload.div_ceil(LL_PART / 2).min(slots).max(ll_min_blocks(payload))
 }
 
+/// The most blocks a launch of a team whose launches may use `max_blocks` blocks runs:
+/// [`GRID_MAX_BLOCKS`] or the team's cap (the same on every rank).
+pub(super) fn grid_cap(max_blocks: u32) -> u64 {
+    GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
+}
+
 /// True when the LL kernels serve `collective` of `count` on a team of `nranks` whose launches
 /// may use `max_blocks` blocks: teams of 2..=[`LL_MAX_RANKS`] (they keep an LL landing area),
 /// payloads up to [`ll_max_payload`] (the landing area's [`LL_MAX_BYTES`] at two ranks) that fit
@@ -162,5 +168,5 @@ pub fn ll_serves(collective: Collective, nranks: u32, count: u64, max_blocks: u3
     (2..=LL_MAX_RANKS).contains(&nranks)
         && payload > 0
         && payload <= ll_max_payload(collective, nranks)
-        && ll_min_blocks(payload) <= GRID_MAX_BLOCKS.min(max_blocks.max(1)) as u64
+        && ll_min_blocks(payload) <= grid_cap(max_blocks)
 }

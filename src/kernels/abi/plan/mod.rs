@@ -102,7 +102,7 @@ struct Choice {
 impl Call<'_> {
     /// `⌈bytes / per_block⌉` blocks within the launch's cap (the same on every rank).
     fn grid(&self, per_block: u64) -> u32 {
-        self.bytes.div_ceil(per_block).clamp(1, GRID_MAX_BLOCKS.min(self.l.max_blocks.max(1)) as u64) as u32
+        self.bytes.div_ceil(per_block).clamp(1, grid_cap(self.l.max_blocks)) as u32
     }
 
     /// The grid of an LL kernel: one block per half LL part of payload where the landing and
@@ -110,7 +110,7 @@ impl Call<'_> {
     /// empty (every block exchanges lines with every peer in every call: the landing's reuse
     /// relies on it).
     fn ll_grid(&self) -> u32 {
-        let cap = GRID_MAX_BLOCKS.min(self.l.max_blocks.max(1)) as u64;
+        let cap = grid_cap(self.l.max_blocks);
         ll_payload(self.l.collective, self.l.count).map_or(1, |p| ll_blocks(p, cap)) as u32
     }
 
