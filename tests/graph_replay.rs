@@ -142,7 +142,13 @@ fn captured_beside_a_poller(multicast: bool, n: usize) {
     let streams = rank_streams(&team);
     for (r, &stream) in streams.iter().enumerate() {
         let count = if r == 0 { COUNT - 1 } else { COUNT };
-        run(&buf, r as i32, 0, count, collective, stream).unwrap();
+        // The ranks launched first may already have met the mismatch and failed the team:
+        // a later rank's call is then refused with the same error instead of launching.
+        if let Err(e) = run(&buf, r as i32, 0, count, collective, stream) {
+            assert!(r > 0, "rank 0 launches first, before any mismatch: {}", e.message);
+            assert_eq!(e.kind, mcast::runtime::error::ErrorKind::InvalidArgument, "rank {r}: {}", e.message);
+            assert!(e.message.contains("count"), "rank {r}'s refusal names the field: {}", e.message);
+        }
     }
     let seen = poller.join().unwrap();
     assert_eq!(seen, Some(mcast::runtime::error::ErrorKind::InvalidArgument));
