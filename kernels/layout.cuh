@@ -88,9 +88,11 @@ __device__ __forceinline__ void p2p_reduce_vectors(const McastArgs& a, const u64
     if (u < n) out[u] = acc[u].pack();
 }
 
-// Reduce vectors [lo, hi) (vector indices relative to byte `base`) from all ranks into out[rank].
-// Vector j is handled by global thread (j - lo) % gthreads(): the same on every rank.
-template <int D, int O>
+// Reduce vectors [lo, hi) (vector indices relative to byte `base`) from all ranks into out[rank],
+// or with ALL into every rank's out (peers in the walk order of peer_at, this rank's last: each
+// rank's stores go to a different peer at a time). Vector j is handled by global thread
+// (j - lo) % gthreads(): the same on every rank.
+template <int D, int O, bool ALL = false>
 __device__ void p2p_reduce_span(const McastArgs& a, u64 base, u64 lo, u64 hi) {
   const u64 T = gthreads();
   for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
@@ -104,9 +106,12 @@ __device__ void p2p_reduce_span(const McastArgs& a, u64 base, u64 lo, u64 hi) {
     }
     V16 r[MCAST_UNROLL];
     p2p_reduce_vectors<D, O>(a, off, n, r);
+    for (u32 i = ALL ? 0 : a.nranks - 1; i < a.nranks; ++i) {
+      const u64 dst = a.out[peer_at(a, i)];
 #pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u)
-      if (u < n) st16(a.out[a.rank] + off[u], r[u]);
+      for (int u = 0; u < MCAST_UNROLL; ++u)
+        if (u < n) st16(dst + off[u], r[u]);
+    }
   }
 }
 

@@ -1,35 +1,28 @@
-// kernels/all_reduce/two_shot.cu: the two-shot all-reduce (reduce-scatter, then all-gather, by
-// pulls) and its entry points mcast_all_reduce_p2p_twoshot_<dtype>_<op>.
+// kernels/all_reduce/two_shot.cu: the two-shot all-reduce (a reduce-scatter by loads whose results
+// are pushed to every rank) and its entry points mcast_all_reduce_p2p_twoshot_<dtype>_<op>.
 
-// Two-shot all-reduce: entry barrier; reduce-scatter (rank q owns vectors [nv*q/N, nv*(q+1)/N),
-// rank 0 also owns the scalars) by peer loads of data into the owner's out; barrier; all-gather
-// by loads from the owners' out; exit barrier (so no rank changes its copy while a peer still reads it).
-// Vector j of a slice is handled by the same global thread in both phases on every rank, so the
-// per-block-slot middle barrier covers exactly the data each block reads.
+// Two-shot all-reduce: entry barrier; rank q owns vectors [nv*q/N, nv*(q+1)/N) (rank 0 also the
+// scalars), reduces them by loads of every rank's data and stores the result into every rank's out
+// (the all-gather half as pushes, peers in the walk order of peer_at); exit barrier, whose release
+// carries each block's stores to its peers, so every rank's out is whole when its kernel ends.
+// Between the two barriers vector j of every rank's data and out is touched by one thread only:
+// the owner's global thread (j - lo) % gthreads(), which loads it from every rank before it stores
+// it anywhere. So in place is safe with no barrier between the halves, and the halves overlap:
+// a thread's stores drain while it loads its next vectors.
 template <int D, int O>
 __device__ void all_reduce_p2p_twoshot(const McastArgs& a) {
   typedef typename Ty<D>::E E;
   const Range r = split(a.data[0], a.count, sizeof(E), same_alignment(a));
   const u64 N = a.nranks, me = a.rank, base = r.head * sizeof(E), nscalar = r.head + r.tail;
   if (!barrier<false>(a, 0)) return;
-  p2p_reduce_span<D, O>(a, base, r.nv * me / N, r.nv * (me + 1) / N);
+  p2p_reduce_span<D, O, true>(a, base, r.nv * me / N, r.nv * (me + 1) / N);
   if (me == 0 && blockIdx.x == 0)
     for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
       const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.out[0] + o) = p2p_reduce_scalar<D, O>(a, o);
+      const E x = p2p_reduce_scalar<D, O>(a, o);
+      for (u32 q = 0; q < N; ++q) *(E*)(a.out[q] + o) = x;
     }
-  if (!barrier<false>(a, 1)) return;
-  // The owners' slices in the walk order of peer_at (every owner serves one reader per step).
-  for (u32 i = 0; i + 1 < N; ++i) {
-    const u64 q = peer_at(a, i);
-    copy_span(a.out[me], a.out[q], base, r.nv * q / N, r.nv * (q + 1) / N);
-  }
-  if (me != 0 && blockIdx.x == 0)
-    for (u64 i = threadIdx.x; i < nscalar; i += blockDim.x) {
-      const u64 o = scalar_off(r, i, sizeof(E));
-      *(E*)(a.out[me] + o) = *(const E*)(a.out[0] + o);
-    }
-  barrier<false>(a, 2);
+  barrier<false>(a, 1);
 }
 
 #define ALL_REDUCE_TWO_SHOT(DN, D, ON, O)                              \

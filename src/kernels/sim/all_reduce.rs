@@ -1,7 +1,7 @@
 //! The all-reduce's models on the simulator (kernels/all_reduce/): the one-shot pull, the push,
 //! the two-shot and the multicast kernels; LL's in `ll.rs`.
 
-use super::mem::{copy, slice, write};
+use super::mem::{slice, write};
 use super::{word, writer_row, Job};
 use crate::kernels::abi::{push_row_capacity, PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET};
 use std::sync::atomic::Ordering;
@@ -83,30 +83,20 @@ impl Job {
         }
     }
 
-    /// The two-shot all-reduce (kernels/all_reduce/two_shot.cu): each rank reduces its slice into
-    /// its out, then gathers the owners' slices.
+    /// The two-shot all-reduce (kernels/all_reduce/two_shot.cu): between the entry and exit
+    /// barriers each rank reduces its slice of every rank's data and stores it into every
+    /// rank's out (no rank touches another's slice, so in place needs no barrier between).
     pub(super) fn all_reduce_two_shot(&self, sync: &mut dyn FnMut() -> bool) {
         let n = self.nranks;
         let r = self.rank;
-        let count = self.count;
         let esize = self.red.map_or(1, |(d, _)| d.size());
-        let data = &self.data.0;
-        let out = &self.out.0;
-        let (lo, hi) = slice(count, n, r);
+        let (lo, hi) = slice(self.count, n, r);
         if !sync() {
             return;
         }
-        let res = self.reduce(data, lo, hi - lo);
-        if !sync() {
-            return;
-        }
-        write(out[r], lo * esize, &res);
-        if !sync() {
-            return;
-        }
-        for q in (0..n).filter(|&q| q != r) {
-            let (lo, hi) = slice(count, n, q);
-            copy(out[q], out[r], lo * esize, (hi - lo) * esize);
+        let res = self.reduce(&self.data.0, lo, hi - lo);
+        for &t in &self.out.0 {
+            write(t, lo * esize, &res);
         }
         sync();
     }

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | LL one-shot all-reduce (flag beside every 4 payload bytes) | 2(N-1) S | launch + one trip |
 //! | push / pull one-shot all-reduce | (N-1) S | + one barrier |
-//! | two-shot all-reduce (reduce-scatter, then all-gather) | 2(N-1)/N S | + D = 2 us ([`TWO_SHOT_EXTRA_US`]) |
+//! | two-shot all-reduce (a reduce-scatter by loads, each slice pushed to every rank) | 2(N-1)/N S | + D = 2 us ([`TWO_SHOT_EXTRA_US`]) |
 //! | LL reduce-scatter, all-gather, broadcast (payload P each sender sends each peer) | 2(N-1) P | launch + one trip |
 //! | their barrier kernels | (N-1) P | + two barriers (about D) |
 //! | broadcast, every rank pulls from the root | (N-1) S (the root's egress) | + two barriers |
@@ -59,6 +59,9 @@ use crate::kernels::Collective;
 pub const LINK_BYTES_PER_US: u64 = 365_000;
 /// D of the cost model: what a two-shot all-reduce (or a kernel with barriers against LL's one
 /// trip) costs beyond the one-shot, in microseconds (1-3 us measured on Hopper by others; 2).
+/// Ours has two barriers, as the pulling one-shot has, since its all-gather half pushes
+/// (kernels/all_reduce/two_shot.cu): what it adds is the reduced slice's trip to the peers
+/// before the exit barrier, so D may be lower for it; to be measured on 4 GPUs.
 pub const TWO_SHOT_EXTRA_US: u64 = 2;
 /// D x B: bytes the link carries in the time of the extra fixed cost.
 const DB: u64 = TWO_SHOT_EXTRA_US * LINK_BYTES_PER_US;
