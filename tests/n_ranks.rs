@@ -70,7 +70,7 @@ fn order(kind: KernelKind) -> u32 {
     use KernelKind::*;
     match kind {
         AllReduceLl | ReduceScatterLl | AllGatherLl | BroadcastLl => 0,
-        AllReduceP2pPush | BroadcastP2p | ReduceScatterP2p | AllGatherP2p => 1,
+        AllReduceP2pPush | BroadcastP2p | ReduceScatterP2p | AllGatherP2p | AllGatherP2pPush => 1,
         AllReduceP2p => 2,
         AllReduceP2pTwoShot | BroadcastP2pScatter => 3,
         other => panic!("{other:?} is not a P2P kernel"),
@@ -122,7 +122,7 @@ fn two_ranks_keep_their_measured_thresholds() {
     assert_eq!(kind(AR, (4 << 20) + 16, false), KernelKind::AllReduceP2pTwoShot);
     assert_eq!(kind(BC, 1 << 30, false), KernelKind::BroadcastP2p);
     assert_eq!(kind(AG, 512 << 10, true), KernelKind::AllGatherLl);
-    assert_eq!(kind(AG, (512 << 10) + 4, true), KernelKind::AllGatherP2p);
+    assert_eq!(kind(AG, (512 << 10) + 4, true), KernelKind::AllGatherP2pPush);
     for (b, blocks) in [(8u64 << 20, 64u32), (1 << 20, 32), (64 << 10, 2)] {
         assert_eq!(agreed(AG, Path::P2P, 2, b, false).blocks, blocks, "all-gather {b} B");
     }

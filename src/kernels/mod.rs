@@ -267,6 +267,8 @@ pub struct Launch {
     pub signature: Option<[u64; 2]>,
     /// All-gather out of place: bytes from one rank's block of `out` to the next, where they lie
     /// further apart than in `data` (the pointer form's staged route writes each chunk's blocks
-    /// straight into `recv`); 0: `count`. Only the P2P and LL all-gather kernels honour it.
+    /// straight into `recv`); 0: `count`. Only the P2P and LL all-gather kernels honour it. Set,
+    /// it also says that the peers' entries of `out` are not their results (their staging
+    /// areas), so the plan runs the pulling all-gather, which writes this rank's out alone.
     pub out_stride: u64,
 }

@@ -61,6 +61,7 @@ impl Family {
             // The barrier and copy-out kernels live in the all-gather module (the copy-engine
             // all-gather is the barrier's main user).
             KernelKind::AllGatherP2p
+            | KernelKind::AllGatherP2pPush
             | KernelKind::AllGatherMc
             | KernelKind::AllGatherLl
             | KernelKind::BarrierP2p

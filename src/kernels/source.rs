@@ -84,6 +84,7 @@ macro_rules! all_gather {
     () => {
         concat!(
             piece!("all_gather/pull.cu"),
+            piece!("all_gather/push.cu"),
             piece!("all_gather/ll.cu"),
             piece!("all_gather/multicast.cu"),
             piece!("all_gather/service.cu")
@@ -110,9 +111,13 @@ pub fn family_files(family: Family) -> &'static [&'static str] {
         Family::Broadcast => {
             &["broadcast/pull.cu", "broadcast/scatter.cu", "broadcast/ll.cu", "broadcast/multicast.cu"]
         }
-        Family::AllGather => {
-            &["all_gather/pull.cu", "all_gather/ll.cu", "all_gather/multicast.cu", "all_gather/service.cu"]
-        }
+        Family::AllGather => &[
+            "all_gather/pull.cu",
+            "all_gather/push.cu",
+            "all_gather/ll.cu",
+            "all_gather/multicast.cu",
+            "all_gather/service.cu",
+        ],
     }
 }
 

@@ -29,8 +29,11 @@ pub enum KernelKind {
     BroadcastP2pScatter,
     /// `mcast_broadcast_mc`.
     BroadcastMc,
-    /// `mcast_all_gather_p2p`.
+    /// `mcast_all_gather_p2p` (every rank pulls every peer's block: the pointer form's staged
+    /// route, where the peers' outs are not their results).
     AllGatherP2p,
+    /// `mcast_all_gather_p2p_push` (every rank stores its block into every rank's out).
+    AllGatherP2pPush,
     /// `mcast_all_gather_mc`.
     AllGatherMc,
     /// `mcast_broadcast_ll`.
@@ -57,11 +60,12 @@ const REDUCING: [KernelKind; 8] = [
     KernelKind::AllReduceLl,
     KernelKind::ReduceScatterLl,
 ];
-const COPYING: [KernelKind; 9] = [
+const COPYING: [KernelKind; 10] = [
     KernelKind::BroadcastP2p,
     KernelKind::BroadcastP2pScatter,
     KernelKind::BroadcastMc,
     KernelKind::AllGatherP2p,
+    KernelKind::AllGatherP2pPush,
     KernelKind::AllGatherMc,
     KernelKind::BroadcastLl,
     KernelKind::AllGatherLl,
@@ -142,6 +146,7 @@ impl KernelId {
             KernelKind::BroadcastP2pScatter => "broadcast_p2p_scatter",
             KernelKind::BroadcastMc => "broadcast_mc",
             KernelKind::AllGatherP2p => "all_gather_p2p",
+            KernelKind::AllGatherP2pPush => "all_gather_p2p_push",
             KernelKind::AllGatherMc => "all_gather_mc",
             KernelKind::AllReduceLl => "all_reduce_ll",
             KernelKind::ReduceScatterLl => "reduce_scatter_ll",
@@ -173,7 +178,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 9);
+        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 10);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(
@@ -182,6 +187,7 @@ mod tests {
         );
         assert_eq!(name(KernelKind::ReduceScatterMc, DType::I64, RedOp::Min), "mcast_reduce_scatter_mc_i64_min");
         assert_eq!(KernelId { kind: KernelKind::AllGatherMc, red: None }.name(), "mcast_all_gather_mc");
+        assert_eq!(KernelId { kind: KernelKind::AllGatherP2pPush, red: None }.name(), "mcast_all_gather_p2p_push");
         assert!(!KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F64, RedOp::Min)) }.exists());
         assert!(KernelId { kind: KernelKind::AllReduceMc, red: Some((DType::F16, RedOp::Min)) }.exists());
     }

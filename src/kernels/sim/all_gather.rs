@@ -1,4 +1,4 @@
-//! The all-gather's models on the simulator (kernels/all_gather/): the pull and the multicast
+//! The all-gather's models on the simulator (kernels/all_gather/): the pull, push and multicast
 //! kernels; LL's in `ll.rs`; the barrier and copy-out kernels of its module in `mod.rs`.
 
 use super::mem::copy_at;
@@ -16,6 +16,21 @@ impl Job {
         let stride = if self.out_stride != 0 { self.out_stride } else { count };
         for q in (0..n).filter(|&q| q != r || out[r] != data[r]) {
             copy_at(data[q], q * count, out[r], q * stride, count);
+        }
+        sync();
+    }
+
+    /// The all-gather by pushes (kernels/all_gather/push.cu): every rank stores its block into
+    /// every rank's out (its own only out of place), `out_stride` apart.
+    pub(super) fn all_gather_push(&self, sync: &mut dyn FnMut() -> bool) {
+        let (n, r, count) = (self.nranks, self.rank, self.count);
+        let (data, out) = (&self.data.0, &self.out.0);
+        if !sync() {
+            return;
+        }
+        let stride = if self.out_stride != 0 { self.out_stride } else { count };
+        for q in 0..n {
+            copy_at(data[r], r * count, out[q], r * stride, count);
         }
         sync();
     }

@@ -305,6 +305,7 @@ impl Job {
             KernelKind::BroadcastP2pScatter => self.broadcast_scatter(&mut sync),
             KernelKind::BroadcastMc => self.broadcast_multicast(&mut sync),
             KernelKind::AllGatherP2p => self.all_gather_pull(&mut sync),
+            KernelKind::AllGatherP2pPush => self.all_gather_push(&mut sync),
             KernelKind::AllGatherMc => self.all_gather_multicast(&mut sync),
             KernelKind::AllReduceLl
             | KernelKind::ReduceScatterLl

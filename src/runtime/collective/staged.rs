@@ -110,6 +110,8 @@ pub(super) fn run_staged(
             out[r] = at;
             (out, None)
         });
+        // The stride also tells the plan that the peers' outs here are their staging areas, so
+        // the all-gather pulls (writing this rank's out alone) where it would push.
         let stride = if matches!(collective, Collective::AllGather) && direct.is_some() { block as u64 } else { 0 };
         let sig = Some(sig);
         launch_kernel(

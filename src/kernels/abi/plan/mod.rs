@@ -339,7 +339,12 @@ mod tests {
             KernelKind::ReduceScatterMc
         );
         let p = plan(&three(launch(Collective::AllGather, Path::Multicast, 6))).unwrap().unwrap();
-        assert_eq!(p.kernel.kind, KernelKind::AllGatherP2p);
+        assert_eq!(p.kernel.kind, KernelKind::AllGatherP2pPush);
+        // The staged route's all-gather (an out stride: the peers' outs are their staging areas)
+        // pulls, writing this rank's out alone.
+        let mut staged = three(launch(Collective::AllGather, Path::P2P, 1 << 20));
+        staged.out_stride = 4 << 20;
+        assert_eq!(plan(&staged).unwrap().unwrap().kernel.kind, KernelKind::AllGatherP2p);
         let p = plan(&three(launch(Collective::Broadcast { root: 0 }, Path::Multicast, 8))).unwrap().unwrap();
         assert_eq!(p.kernel.kind, KernelKind::BroadcastMc);
         assert!(plan(&launch(Collective::Broadcast { root: 2 }, Path::P2P, 8)).is_err());
@@ -375,7 +380,7 @@ mod tests {
             (rs, 32 * 1024 + 1, KernelKind::ReduceScatterP2p, 0),
             (Collective::AllGather, 5, KernelKind::AllGatherLl, 1),
             (Collective::AllGather, LL_MAX_BYTES, KernelKind::AllGatherLl, 32),
-            (Collective::AllGather, LL_MAX_BYTES + 1, KernelKind::AllGatherP2p, 0),
+            (Collective::AllGather, LL_MAX_BYTES + 1, KernelKind::AllGatherP2pPush, 0),
             (Collective::Broadcast { root: 0 }, 3 * 8192, KernelKind::BroadcastLl, 6),
         ] {
             let p = plan(&ll(c, Path::P2P, count)).unwrap().unwrap();
@@ -463,7 +468,7 @@ mod tests {
                 })
                 .collect();
             assert!(kinds.iter().all(|k| *k == kinds[0]), "count {count}");
-            let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2p };
+            let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2pPush };
             assert_eq!(kinds[0], want, "count {count}");
         }
     }

@@ -1,0 +1,60 @@
+// kernels/all_gather/push.cu: the all-gather by pushes (every rank stores its block into every
+// rank's out) and its entry point mcast_all_gather_p2p_push.
+
+// All-gather (push): after the entry barrier (every peer is in this call, so its out is free),
+// rank r stores its block (count bytes at r*count of its data) into every rank's out at
+// r*out_stride, peers in the walk order of peer_at (r + 1 first, its own out last, skipped in
+// place); the exit barrier's release carries the stores, so every rank's out is whole when its
+// kernel ends. Each vector is loaded once and stored to every rank. NVLink carries SM pushes
+// faster than pulls (362-366 against 337 GB/s on 2 x H200, shared/reference/p2p-roofline.md). It
+// needs every out to be its rank's result: the plan runs the pull (pull.cu) where the outs of
+// the peers are not (the pointer form's staged route, out_stride set).
+__device__ void all_gather_p2p_push(const McastArgs& a) {
+  if (!barrier<false>(a, 0)) return;
+  const u32 N = a.nranks, me = a.rank;
+  const u64 src = a.data[me] + (u64)me * a.count, off = (u64)me * out_stride(a);
+  u64 m = 0;
+  for (u32 q = 0; q < N; ++q) m |= (a.out[q] + off) ^ src;
+  if ((m & 15) != 0) {
+    // Some rank's out disagrees with this block modulo 16: byte-exact copies, one per rank.
+    for (u32 i = 0; i < N; ++i) {
+      const u64 dst = a.out[peer_at(a, i)] + off;
+      if (dst != src) copy_bytes(dst, src, a.count);
+    }
+    barrier<false>(a, 1);
+    return;
+  }
+  const Range r = split(src, a.count, 1, true);
+  const u64 T = gthreads(), body = src + r.head;
+  for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
+    V16 v[MCAST_UNROLL];
+#pragma unroll
+    for (int u = 0; u < MCAST_UNROLL; ++u) {
+      const u64 j = j0 + (u64)u * T;
+      if (j < r.nv) v[u] = ld16(body + j * 16);
+    }
+    for (u32 i = 0; i < N; ++i) {
+      const u64 dst = a.out[peer_at(a, i)] + off;
+      if (dst == src) continue;
+#pragma unroll
+      for (int u = 0; u < MCAST_UNROLL; ++u) {
+        const u64 j = j0 + (u64)u * T;
+        if (j < r.nv) st16(dst + r.head + j * 16, v[u]);
+      }
+    }
+  }
+  if (blockIdx.x == 0) {
+    const u64 t0 = r.head + r.nv * 16;
+    for (u32 q = 0; q < N; ++q) {
+      const u64 dst = a.out[q] + off;
+      if (dst == src) continue;
+      for (u64 i = threadIdx.x; i < r.head; i += blockDim.x) *(unsigned char*)(dst + i) = *(const unsigned char*)(src + i);
+      for (u64 i = threadIdx.x; i < r.tail; i += blockDim.x)
+        *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
+    }
+  }
+  barrier<false>(a, 1);
+}
+
+MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
+    KERNEL mcast_all_gather_p2p_push(ARGS) { all_gather_p2p_push(a); })
