@@ -150,14 +150,16 @@ fn thresholds_fall_as_the_team_grows_near_the_modelled_values() {
         }
     }
     // The plan follows them: at 4 ranks a 256 KiB all-reduce is no longer LL but still one-shot
-    // (push), 1 MiB is two-shot; a 1 MiB broadcast scatters, 256 KiB pulls from the root.
+    // (push), 1 MiB is two-shot; a 512 KiB broadcast scatters, 320 KiB (past LL) pulls from the
+    // root.
     let kind = |c, n, b| agreed(c, Path::P2P, n, b, true).kernel.kind;
     assert_eq!(kind(AR, 4, 256 << 10), KernelKind::AllReduceP2pPush);
     assert_eq!(kind(AR, 4, 128 << 10), KernelKind::AllReduceLl);
     assert_eq!(kind(AR, 4, 1 << 20), KernelKind::AllReduceP2pTwoShot);
     assert_eq!(kind(AR, 8, 96 << 10), KernelKind::AllReduceP2p);
     assert_eq!(kind(BC, 4, 1 << 20), KernelKind::BroadcastP2pScatter);
-    assert_eq!(kind(BC, 4, 512 << 10), KernelKind::BroadcastP2p);
+    assert_eq!(kind(BC, 4, 512 << 10), KernelKind::BroadcastP2pScatter);
+    assert_eq!(kind(BC, 4, 320 << 10), KernelKind::BroadcastP2p);
     assert_eq!(kind(BC, 3, 1 << 30), KernelKind::BroadcastP2pScatter);
 }
 

@@ -1,9 +1,8 @@
 //! The broadcast's models on the simulator (kernels/broadcast/): the pull, the scatter then
 //! all-gather and the multicast kernels; LL's in `ll.rs`.
 
-use super::mem::copy;
+use super::mem::{copy, copy_at};
 use super::{writer_row, Job};
-use crate::kernels::abi::broadcast_chunk_bytes;
 use crate::kernels::Collective;
 
 impl Job {
@@ -20,10 +19,9 @@ impl Job {
         sync();
     }
 
-    /// The scatter then all-gather (kernels/broadcast/scatter.cu, broadcast_p2p_scatter): chunks
-    /// cut into one slice per rank other than the root; round k pulls this rank's slice of chunk
-    /// k from the root and the other owners' slices of chunk k - 1 from their outs; a barrier per
-    /// round.
+    /// The scatter then all-gather (kernels/broadcast/scatter.cu, broadcast_p2p_scatter): the
+    /// message cut into one slice per rank other than the root; each such rank copies its slice
+    /// from the root's data into every such rank's out, between the entry and exit barriers.
     pub(super) fn broadcast_scatter(&self, sync: &mut dyn FnMut() -> bool) {
         let (n, r, count) = (self.nranks, self.rank, self.count);
         let (data, out) = (&self.data.0, &self.out.0);
@@ -34,31 +32,14 @@ impl Job {
         }
         if r == root {
             copy(data[root], out[r], 0, count);
-        }
-        let chunk = broadcast_chunk_bytes(count as u64) as usize;
-        let chunks = count.div_ceil(chunk);
-        let part = |k: usize, s: usize| {
-            let c0 = k * chunk;
-            let len = (count - c0).min(chunk);
-            (c0 + len * s / (n - 1), c0 + len * (s + 1) / (n - 1))
-        };
-        for k in 0..=chunks {
-            if r != root {
-                if k < chunks {
-                    let (lo, hi) = part(k, writer_row(root, r));
-                    copy(data[root], out[r], lo, hi - lo);
-                }
-                if k > 0 {
-                    for q in (0..n).filter(|&q| q != r && q != root) {
-                        let (lo, hi) = part(k - 1, writer_row(root, q));
-                        copy(out[q], out[r], lo, hi - lo);
-                    }
-                }
-            }
-            if !sync() {
-                return;
+        } else {
+            let s = writer_row(root, r);
+            let (lo, hi) = (count * s / (n - 1), count * (s + 1) / (n - 1));
+            for q in (0..n).filter(|&q| q != root) {
+                copy_at(data[root], lo, out[q], lo, hi - lo);
             }
         }
+        sync();
     }
 
     /// The multicast broadcast (kernels/broadcast/multicast.cu): the root stores its data through

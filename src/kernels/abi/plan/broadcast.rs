@@ -4,28 +4,19 @@
 //! |---|---|---|---|---|---|---|---|
 //! | LL (`BroadcastLl`) | LL team | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 200 KiB | ⌈S / 4 KiB⌉ up to 32 |
 //! | multicast (`BroadcastMc`) | multicast team | never | any | any | any | any | ⌈S / 32 KiB⌉ |
-//! | scatter then all-gather (`BroadcastP2pScatter`) | always | never | ≥ 1440 KiB | ≥ 544 KiB | ≥ 320 KiB | ≥ 144 KiB | ⌈S / 16 KiB⌉ |
+//! | scatter then all-gather (`BroadcastP2pScatter`) | always | never | ≥ 720 KiB | ≥ 368 KiB | ≥ 240 KiB | ≥ 128 KiB | ⌈S / 16 KiB⌉ |
 //! | pull (`BroadcastP2p`) | always | any | any | any | any | any | ⌈S / 32 KiB⌉, ⌈S / 16 KiB⌉ from 3 ranks |
 //!
 //! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area, or the cost
 //! model's P* = 2 D B / (N-1) at eight ranks); the multicast kernel never pays at two ranks and
 //! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)); the scatter
-//! starts at [`broadcast_scatter_min_bytes`], the
-//! model's S* = D B (N-1) / (N-2)^2, where the root's egress stops carrying the message N - 1
-//! times. The kernels: `kernels/broadcast/` (`pull.cu`, `scatter.cu`, `multicast.cu`; LL's in
+//! starts at [`broadcast_scatter_min_bytes`], the model's S* = D B / (N-2), where the root's
+//! egress carrying the message N - 1 times costs more than the owners' forwarding hop. The kernels: `kernels/broadcast/` (`pull.cu`, `scatter.cu`, `multicast.cu`; LL's in
 //! `ll.cu` over `kernels/ll.cuh`).
 
 use super::cost::broadcast_scatter_min_bytes;
 use super::{Call, Choice, BYTES_PER_BLOCK};
 use crate::kernels::abi::entry::KernelKind;
-
-/// The scatter-then-all-gather broadcast's chunk (bytes moved into every rank per round): a
-/// sixteenth of the message, at least 4 MiB, in 16-byte vectors (kernels/broadcast/scatter.cu,
-/// bcast_chunk_vectors: MCAST_BCAST_CHUNK_MIN, MCAST_BCAST_ROUNDS_MAX). Below 4 MiB one round
-/// scatters and the next gathers; above, round k gathers chunk k - 1 while it scatters chunk k.
-pub fn broadcast_chunk_bytes(count: u64) -> u64 {
-    ((count / 16).div_ceil(16) * 16).max(4 << 20)
-}
 
 /// The broadcast's kernel and grid (the table).
 pub(super) fn choose(c: &Call) -> Choice {

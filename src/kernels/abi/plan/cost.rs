@@ -14,7 +14,7 @@
 //! | LL reduce-scatter, all-gather, broadcast (payload P each sender sends each peer) | 2(N-1) P | launch + one trip |
 //! | their barrier kernels | (N-1) P | + two barriers (about D) |
 //! | broadcast, every rank pulls from the root | (N-1) S (the root's egress) | + two barriers |
-//! | broadcast, scatter then all-gather (N-1 slices, pipelined) | S (N-1 slices out of the root, then each owner's slice to the others) | + a barrier per chunk |
+//! | broadcast, scatter then all-gather (each of N-1 owners forwards its slice) | S (N-1 slices out of the root; into each rank) | + D (the forwarding hop) |
 //! | multicast all-reduce (NVLink SHARP) | (1 + 1/N) S | + two barriers |
 //!
 //! Setting two costs equal gives each switch point (D B = 730 KB):
@@ -26,8 +26,8 @@
 //!   S* = D B N / ((N-1)(N-2)) ([`one_shot_max_bytes`]); it fits the switch points measured on
 //!   Hopper by others: push one-shot to two-shot at 384 KB (4 ranks) and 160 KB (8) in SGLang,
 //!   512 KB / 256 KB in vLLM, 256 KB at 8 in TensorRT-LLM;
-//! - one-pull broadcast to scatter-then-all-gather (one chunk: S/B (2N-3)/(N-1) + 2 barriers):
-//!   (N-1) S/B = (2N-3)/(N-1) S/B + D, so S* = D B (N-1) / (N-2)^2
+//! - one-pull broadcast to scatter-then-all-gather (both two barriers; the scatter's owners
+//!   forward what they load, a second hop): (N-1) S/B = S/B + D, so S* = D B / (N-2)
 //!   ([`broadcast_scatter_min_bytes`]);
 //! - multicast: each GPU's link carries (1 + 1/N) S against two-shot's 2(N-1)/N S, so its
 //!   bandwidth bound is 2(N-1)/(N+1) B: 0.67 B at 2 ranks (never pays), 1.0 B at 3, 1.2 B at 4,
@@ -81,14 +81,11 @@ pub fn one_shot_max_bytes(nranks: u32) -> u64 {
 }
 
 /// The smallest broadcast that runs scatter-then-all-gather (`mcast_broadcast_p2p_scatter`)
-/// for `nranks` ranks, `None` where it never does (two ranks: the scatter adds a barrier and
-/// moves nothing less). The cost model's S* = D B (N-1) / (N-2)^2, rounded up to 16 KiB (544
-/// KiB at 4 ranks, 144 KiB at 8).
+/// for `nranks` ranks, `None` where it never does (two ranks: the one owner would forward to no
+/// one, a hop for nothing). The cost model's S* = D B / (N-2), rounded up to 16 KiB (368 KiB at
+/// 4 ranks, 128 KiB at 8).
 pub fn broadcast_scatter_min_bytes(nranks: u32) -> Option<u64> {
-    (nranks >= 3).then(|| {
-        let n = u64::from(nranks);
-        (DB * (n - 1) / ((n - 2) * (n - 2))).div_ceil(16 << 10) * (16 << 10)
-    })
+    (nranks >= 3).then(|| (DB / (u64::from(nranks) - 2)).div_ceil(16 << 10) * (16 << 10))
 }
 
 /// The largest all-reduce the buffer forms run with the push kernel for `nranks` ranks (when

@@ -44,7 +44,6 @@ pub mod reduce_scatter;
 mod tables;
 
 pub use all_reduce::push_row_bytes;
-pub use broadcast::broadcast_chunk_bytes;
 pub use cost::*;
 
 use super::entry::{multimem_has_reduction, KernelId, KernelKind};
