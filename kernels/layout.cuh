@@ -136,6 +136,31 @@ __device__ __forceinline__ void move_vectors(u64 src, u64 dst, u64 lo, u64 hi, L
   }
 }
 
+// Vectors [lo, hi) numbered from byte address src, each loaded once (MCAST_UNROLL in flight) and
+// stored at dst(i) + 16j for every i < n where dst(i) is not 0 (same indexing as
+// p2p_reduce_span): one block of data pushed to several ranks.
+template <class Dst>
+__device__ __forceinline__ void fan_out_vectors(u64 src, u64 lo, u64 hi, u32 n, Dst dst) {
+  const u64 T = gthreads();
+  for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
+    V16 v[MCAST_UNROLL];
+#pragma unroll
+    for (int u = 0; u < MCAST_UNROLL; ++u) {
+      const u64 j = j0 + (u64)u * T;
+      if (j < hi) v[u] = ld16(src + j * 16);
+    }
+    for (u32 i = 0; i < n; ++i) {
+      const u64 to = dst(i);
+      if (to == 0) continue;
+#pragma unroll
+      for (int u = 0; u < MCAST_UNROLL; ++u) {
+        const u64 j = j0 + (u64)u * T;
+        if (j < hi) st16(to + j * 16, v[u]);
+      }
+    }
+  }
+}
+
 // Copy vectors [lo, hi) at byte `base` from src to dst (same indexing as p2p_reduce_span).
 __device__ void copy_span(u64 dst, u64 src, u64 base, u64 lo, u64 hi) {
   move_vectors(src + base, dst + base, lo, hi, [](u64 p) { return ld16(p); }, [](u64 p, V16 v) { st16(p, v); });

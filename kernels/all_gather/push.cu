@@ -25,24 +25,10 @@ __device__ void all_gather_p2p_push(const McastArgs& a) {
     return;
   }
   const Range r = split(src, a.count, 1, true);
-  const u64 T = gthreads(), body = src + r.head;
-  for (u64 j0 = gtid(); j0 < r.nv; j0 += T * MCAST_UNROLL) {
-    V16 v[MCAST_UNROLL];
-#pragma unroll
-    for (int u = 0; u < MCAST_UNROLL; ++u) {
-      const u64 j = j0 + (u64)u * T;
-      if (j < r.nv) v[u] = ld16(body + j * 16);
-    }
-    for (u32 i = 0; i < N; ++i) {
-      const u64 dst = a.out[peer_at(a, i)] + off;
-      if (dst == src) continue;
-#pragma unroll
-      for (int u = 0; u < MCAST_UNROLL; ++u) {
-        const u64 j = j0 + (u64)u * T;
-        if (j < r.nv) st16(dst + r.head + j * 16, v[u]);
-      }
-    }
-  }
+  fan_out_vectors(src + r.head, 0, r.nv, N, [&](u32 i) {
+    const u64 dst = a.out[peer_at(a, i)] + off;
+    return dst == src ? 0 : dst + r.head;
+  });
   if (blockIdx.x == 0) {
     const u64 t0 = r.head + r.nv * 16;
     for (u32 q = 0; q < N; ++q) {

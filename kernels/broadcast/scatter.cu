@@ -35,25 +35,10 @@ __device__ void broadcast_p2p_scatter(const McastArgs& a) {
         *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
     }
     const u32 s = writer_row(root, me);
-    const u64 lo = r.nv * s / (N - 1), hi = r.nv * (s + 1) / (N - 1), T = gthreads(), body = src + r.head;
-    for (u64 j0 = lo + gtid(); j0 < hi; j0 += T * MCAST_UNROLL) {
-      V16 v[MCAST_UNROLL];
-#pragma unroll
-      for (int u = 0; u < MCAST_UNROLL; ++u) {
-        const u64 j = j0 + (u64)u * T;
-        if (j < hi) v[u] = ld16(body + j * 16);
-      }
-      for (u32 i = 0; i < N; ++i) {
-        const u32 q = peer_at(a, i);
-        if (q == root) continue;
-        const u64 to = a.out[q] + r.head;
-#pragma unroll
-        for (int u = 0; u < MCAST_UNROLL; ++u) {
-          const u64 j = j0 + (u64)u * T;
-          if (j < hi) st16(to + j * 16, v[u]);
-        }
-      }
-    }
+    fan_out_vectors(src + r.head, r.nv * s / (N - 1), r.nv * (s + 1) / (N - 1), N, [&](u32 i) {
+      const u32 q = peer_at(a, i);
+      return q == root ? 0 : a.out[q] + r.head;
+    });
   }
   barrier<false>(a, 1);
 }
