@@ -74,7 +74,7 @@ pub fn device_reason(
 pub fn team_reason(devices: &[Device], gpus: &[[u8; 16]], device_reasons: &[Option<String>]) -> Option<String> {
     if let Some(reason) = device_reasons.iter().flatten().next() {
         // Ranks sharing a GPU are worth naming even when policy already rules multicast out
-        // (a lent machine with multicast off): P2P on one GPU shares its SMs.
+        // (a shared machine with multicast off): P2P on one GPU shares its SMs.
         let shared = gpus.iter().enumerate().find_map(|(j, g)| {
             let i = gpus[..j].iter().position(|x| x == g)?;
             Some(format!("; ranks {i} and {j} share one GPU ({})", uuid_string(g)))
