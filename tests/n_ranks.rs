@@ -252,8 +252,8 @@ fn run_and_check(team: &std::sync::Arc<Team>, buf: &Buffer, k: usize, c: Collect
     }
 }
 
-/// Sizes on both sides of every threshold of a team of `n` (and the chunked broadcast's first
-/// pipelined size), multiples of 2n bytes.
+/// Sizes on both sides of every threshold of a team of `n` (and a broadcast of 9 MiB and more,
+/// whose owners' slices end off the 16-byte grid), multiples of 2n bytes.
 fn threshold_sizes(n: usize) -> Vec<(Collective, usize)> {
     let q = 2 * n;
     let around = |t: u64| -> Vec<usize> {
