@@ -23,14 +23,13 @@ impl Job {
     /// The all-gather by pushes (kernels/all_gather/push.cu): every rank stores its block into
     /// every rank's out (its own only out of place), `out_stride` apart.
     pub(super) fn all_gather_push(&self, sync: &mut dyn FnMut() -> bool) {
-        let (n, r, count) = (self.nranks, self.rank, self.count);
-        let (data, out) = (&self.data.0, &self.out.0);
+        let (r, count) = (self.rank, self.count);
         if !sync() {
             return;
         }
         let stride = if self.out_stride != 0 { self.out_stride } else { count };
-        for q in 0..n {
-            copy_at(data[r], r * count, out[q], r * stride, count);
+        for &to in &self.out.0 {
+            copy_at(self.data.0[r], r * count, to, r * stride, count);
         }
         sync();
     }
