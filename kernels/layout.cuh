@@ -166,16 +166,20 @@ __device__ void copy_span(u64 dst, u64 src, u64 base, u64 lo, u64 hi) {
   move_vectors(src + base, dst + base, lo, hi, [](u64 p) { return ld16(p); }, [](u64 p, V16 v) { st16(p, v); });
 }
 
+// Copy the head and tail bytes of r (a range of bytes: split with unit 1) from src to dst, by the
+// calling block's threads; the vectors between are the caller's.
+__device__ __forceinline__ void copy_edges(u64 dst, u64 src, const Range& r) {
+  for (u64 i = threadIdx.x; i < r.head; i += blockDim.x) *(unsigned char*)(dst + i) = *(const unsigned char*)(src + i);
+  const u64 t0 = r.head + r.nv * 16;
+  for (u64 i = threadIdx.x; i < r.tail; i += blockDim.x)
+    *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
+}
+
 // Copy n bytes from src to dst (any alignment; vectors where both agree modulo 16). Head and tail
 // bytes are done by block 0.
 __device__ void copy_bytes(u64 dst, u64 src, u64 n) {
   const Range r = split(dst, n, 1, ((dst ^ src) & 15) == 0);
-  if (blockIdx.x == 0) {
-    for (u64 i = threadIdx.x; i < r.head; i += blockDim.x) *(unsigned char*)(dst + i) = *(const unsigned char*)(src + i);
-    const u64 t0 = r.head + r.nv * 16;
-    for (u64 i = threadIdx.x; i < r.tail; i += blockDim.x)
-      *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
-  }
+  if (blockIdx.x == 0) copy_edges(dst, src, r);
   copy_span(dst, src, r.head, 0, r.nv);
 }
 

@@ -29,16 +29,11 @@ __device__ void all_gather_p2p_push(const McastArgs& a) {
     const u64 dst = a.out[peer_at(a, i)] + off;
     return dst == src ? 0 : dst + r.head;
   });
-  if (blockIdx.x == 0) {
-    const u64 t0 = r.head + r.nv * 16;
+  if (blockIdx.x == 0)
     for (u32 q = 0; q < N; ++q) {
       const u64 dst = a.out[q] + off;
-      if (dst == src) continue;
-      for (u64 i = threadIdx.x; i < r.head; i += blockDim.x) *(unsigned char*)(dst + i) = *(const unsigned char*)(src + i);
-      for (u64 i = threadIdx.x; i < r.tail; i += blockDim.x)
-        *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
+      if (dst != src) copy_edges(dst, src, r);
     }
-  }
   barrier<false>(a, 1);
 }
 

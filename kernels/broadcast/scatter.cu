@@ -28,12 +28,7 @@ __device__ void broadcast_p2p_scatter(const McastArgs& a) {
   if (me == root) {
     if (dst != src) copy_bytes(dst, src, a.count);
   } else {
-    if (blockIdx.x == 0) {
-      const u64 t0 = r.head + r.nv * 16;
-      for (u64 i = threadIdx.x; i < r.head; i += blockDim.x) *(unsigned char*)(dst + i) = *(const unsigned char*)(src + i);
-      for (u64 i = threadIdx.x; i < r.tail; i += blockDim.x)
-        *(unsigned char*)(dst + t0 + i) = *(const unsigned char*)(src + t0 + i);
-    }
+    if (blockIdx.x == 0) copy_edges(dst, src, r);
     const u32 s = writer_row(root, me);
     fan_out_vectors(src + r.head, r.nv * s / (N - 1), r.nv * (s + 1) / (N - 1), N, [&](u32 i) {
       const u32 q = peer_at(a, i);
