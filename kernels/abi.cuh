@@ -45,7 +45,7 @@
 //   MCAST_DOORBELL_OFFSET    u64 address of the team's doorbell in host memory (written by the
 //                            host at team creation): rung after an error is recorded;
 //   MCAST_EPOCH_OFFSET + 4b  u32 barriers this rank has completed on slot b;
-//   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push all-reduce steps this rank has completed on slot b;
+//   MCAST_PUSH_SEQ_OFFSET + 4b  u32 push steps this rank has completed on slot b;
 //   MCAST_LL_SEQ_OFFSET + 4b    u32 LL calls this rank has made on slot b (ll.cuh);
 //   MCAST_MISMATCH_OFFSET    4 u64: after MCAST_ERR_MISMATCH (error detail: the peer's rank), the
 //                            peer's call signature, then this rank's (record_mismatch).
@@ -57,7 +57,7 @@
 //   mismatch (its own region only: every rank compares every peer).
 // [8448, 51200): call signatures, written by peers (sync.cuh): MCAST_SIG_OFFSET + 16w (entry
 //   barriers of teams larger than MCAST_BAR_SIG_MAX_RANKS), MCAST_LL_SIG_OFFSET (LL lines,
-//   ll.cuh), MCAST_PUSH_SIG_OFFSET (push all-reduce), MCAST_BAR_SIG_OFFSET (entry barriers'
+//   ll.cuh), MCAST_PUSH_SIG_OFFSET (push kernels), MCAST_BAR_SIG_OFFSET (entry barriers'
 //   signature lines: per block slot b and writer row w, 32 bytes at + 32 * (b * 7 + w); bar_sig).
 // [51200, 65536): reserved.
 #define MCAST_SIGNAL_OFFSET 0
@@ -128,7 +128,7 @@ struct McastArgs {
   u32 rank;                   // 1184
   u32 nranks;                 // 1188
   u32 root;                   // 1192: broadcast root
-  u32 push_row;               // 1196: push all-reduce: bytes per block and step (<= the row)
+  u32 push_row;               // 1196: push kernels: bytes per block and step (<= the row)
   u64 out[MCAST_MAX_RANKS];   // 48 + 16 * MCAST_MAX_RANKS (1200): results, the layout of data (in place: out == data)
   u64 out_mc;                 // 48 + 24 * MCAST_MAX_RANKS (1776): multicast address of out (emulated: out[rank])
   u64 sig[2];                 // 1784: this rank's call signature (src/kernels/abi/signature.rs)

@@ -64,7 +64,7 @@ __device__ __forceinline__ bool ll_load(u64 addr, u32 flag, u64* v) {
 }
 
 // Ranks whose calls differ so much that they chose different kinds of kernel (the LL kernels on
-// one, a barrier kernel or the push all-reduce on another) wait in words the other never writes.
+// one, a barrier kernel or a push kernel on another) wait in words the other never writes.
 // A signature thread that has waited MCAST_CROSS_NS for its peer's signature lines (at `at`,
 // under `flag`) looks at the peer's signature lines of the other kinds, under the flag each kind
 // would give this call (the counts of every kind agree across ranks until calls disagree): one
@@ -122,11 +122,11 @@ __device__ bool ll_wait(const McastArgs& a, u64 addr, u32 flag, u64* v, u64* sta
 // Call signatures (src/kernels/abi/signature.rs: collective, dtype, op, root, count, offsets in
 // a.sig). With a.check every kernel publishes this rank's at its entry in the words its peers
 // read there (signature lines at the entry barrier here; beside the LL lines, ll.cuh; the push
-// all-reduce's first step, all_reduce/push.cu) and compares every peer's with its own before it
+// kernels' first step, kernels/push.cuh) and compares every peer's with its own before it
 // touches any data (before it reads a peer's memory or writes its own out). Every rank compares
 // every peer, so every rank finds a disagreement. Where the lines carry their own flag (teams of
 // at most MCAST_BAR_SIG_MAX_RANKS; the LL kernels) no signal waits for them. At the barrier and
-// in the push all-reduce threads of the block's last warp read them while the others wait for
+// in the push kernels the threads of the block's last warp read them while the others wait for
 // the call's own signals, and only the vote before the first write is added to the critical
 // path; the LL reductions and all-gather read them with each thread's first data wait (ll.cuh).
 
@@ -204,8 +204,8 @@ __device__ __forceinline__ u64 bar_sig(const McastArgs& a, u32 p, u32 b, u32 wri
   return a.sync[p] + MCAST_BAR_SIG_OFFSET + 32ull * ((u64)b * (MCAST_BAR_SIG_MAX_RANKS - 1) + w);
 }
 
-// Rank p's signature lines from `writer` for block slot b of the push all-reduce call whose first
-// sequence number is y0 (all_reduce/push.cu): parity y0 & 1, flagged with y0.
+// Rank p's signature lines from `writer` for block slot b of the push kernel's call whose first
+// sequence number is y0 (kernels/push.cuh): parity y0 & 1, flagged with y0.
 __device__ __forceinline__ u64 push_sig(const McastArgs& a, u32 p, u32 b, u32 y0, u32 writer) {
   const u32 w = writer_row(p, writer);
   return a.sync[p] + MCAST_PUSH_SIG_OFFSET + 32ull * (((u64)b * 2 + (y0 & 1)) * (MCAST_PUSH_MAX_RANKS - 1) + w);

@@ -164,7 +164,8 @@ fn run_back_to_back(team: &Arc<Team>, specs: &[(Collective, usize)], what: &str)
 const BF16_SUM: Collective = Collective::AllReduce { dtype: DType::BF16, op: RedOp::Sum };
 
 /// Every collective, grids of 1 to 32 blocks (payloads around each block's part), the other
-/// kernels in between, broadcasts from changing roots and from one root in a row.
+/// kernels in between (the push kernels among them), broadcasts from changing roots and from one
+/// root in a row.
 fn mixed(n: usize) -> Vec<(Collective, usize)> {
     let part = LL_PART as usize;
     let rs = Collective::ReduceScatter { dtype: DType::I32, op: RedOp::Max };
@@ -185,6 +186,12 @@ fn mixed(n: usize) -> Vec<(Collective, usize)> {
         (Collective::Broadcast { root: 0 }, 7),
         (Collective::Broadcast { root: (n - 1) as u32 }, 2 * part + 9),
         (BF16_SUM, 1 << 20),
+        // The push kernels beside LL (teams of up to 4): the reduce-scatter of whole 16-byte
+        // blocks, in two steps of rows at three ranks; the two-shot of an all-reduce past the
+        // push one-shot, its last slice ending off the vector grid.
+        (rs, LL_MAX_BYTES as usize / 4 + 4),
+        (rs, (2 << 20) / 4 + 4),
+        (Collective::AllReduce { dtype: DType::F32, op: RedOp::Sum }, (5 << 20) / 4 + 3),
         (Collective::Broadcast { root: 1 }, LL_MAX_BYTES as usize + 1),
         (Collective::AllReduce { dtype: DType::I64, op: RedOp::Sum }, 5),
         (Collective::AllReduce { dtype: DType::U32, op: RedOp::Max }, 333),

@@ -70,9 +70,11 @@ fn order(kind: KernelKind) -> u32 {
     use KernelKind::*;
     match kind {
         AllReduceLl | ReduceScatterLl | AllGatherLl | BroadcastLl => 0,
-        AllReduceP2pPush | BroadcastP2p | ReduceScatterP2p | AllGatherP2p | AllGatherP2pPush => 1,
+        AllReduceP2pPush | BroadcastP2p | ReduceScatterP2p | ReduceScatterP2pPush | AllGatherP2p | AllGatherP2pPush => {
+            1
+        }
         AllReduceP2p => 2,
-        AllReduceP2pTwoShot | BroadcastP2pScatter => 3,
+        AllReduceP2pTwoShot | AllReduceP2pTwoShotPush | BroadcastP2pScatter => 3,
         other => panic!("{other:?} is not a P2P kernel"),
     }
 }
@@ -113,13 +115,16 @@ fn two_ranks_keep_their_measured_thresholds() {
     for c in [AR, RS, AG, BC] {
         assert_eq!(ll_max_payload(c, 2), LL_MAX_BYTES, "{c:?}");
     }
-    // Today's choices at two ranks: LL to 256 KiB of payload, push to 4 MiB, then two-shot on
-    // 64 blocks of 32 KiB rounds; the copies pull from the root or every peer.
+    // Today's choices at two ranks: LL to 256 KiB of payload, push to 4 MiB, then the pushing
+    // two-shot on 64 blocks; the reduce-scatter pushes past LL; the broadcast pulls from the root.
     let kind = |c, b, ll| agreed(c, Path::P2P, 2, b, ll).kernel.kind;
     assert_eq!(kind(AR, 256 << 10, true), KernelKind::AllReduceLl);
     assert_eq!(kind(AR, (256 << 10) + 2, true), KernelKind::AllReduceP2pPush);
     assert_eq!(kind(AR, 4 << 20, false), KernelKind::AllReduceP2pPush);
-    assert_eq!(kind(AR, (4 << 20) + 16, false), KernelKind::AllReduceP2pTwoShot);
+    assert_eq!(kind(AR, (4 << 20) + 16, false), KernelKind::AllReduceP2pTwoShotPush);
+    assert_eq!(kind(RS, 512 << 10, true), KernelKind::ReduceScatterLl);
+    assert_eq!(kind(RS, (512 << 10) + 32, true), KernelKind::ReduceScatterP2pPush);
+    assert_eq!(kind(RS, 1 << 30, false), KernelKind::ReduceScatterP2pPush);
     assert_eq!(kind(BC, 1 << 30, false), KernelKind::BroadcastP2p);
     assert_eq!(kind(AG, 512 << 10, true), KernelKind::AllGatherLl);
     assert_eq!(kind(AG, (512 << 10) + 4, true), KernelKind::AllGatherP2pPush);
@@ -155,8 +160,14 @@ fn thresholds_fall_as_the_team_grows_near_the_modelled_values() {
     let kind = |c, n, b| agreed(c, Path::P2P, n, b, true).kernel.kind;
     assert_eq!(kind(AR, 4, 256 << 10), KernelKind::AllReduceP2pPush);
     assert_eq!(kind(AR, 4, 128 << 10), KernelKind::AllReduceLl);
-    assert_eq!(kind(AR, 4, 1 << 20), KernelKind::AllReduceP2pTwoShot);
+    assert_eq!(kind(AR, 4, 1 << 20), KernelKind::AllReduceP2pTwoShotPush);
     assert_eq!(kind(AR, 8, 96 << 10), KernelKind::AllReduceP2p);
+    // Teams of up to four keep the push scratch: their reduce-scatter past LL and their
+    // two-shot push; five and more pull.
+    assert_eq!(kind(RS, 4, 4 << 20), KernelKind::ReduceScatterP2pPush);
+    assert_eq!(kind(RS, 5, 5 << 20), KernelKind::ReduceScatterP2p);
+    assert_eq!(kind(AR, 5, 1 << 20), KernelKind::AllReduceP2pTwoShot);
+    assert_eq!(kind(AR, 8, 1 << 20), KernelKind::AllReduceP2pTwoShot);
     assert_eq!(kind(BC, 4, 1 << 20), KernelKind::BroadcastP2pScatter);
     assert_eq!(kind(BC, 4, 512 << 10), KernelKind::BroadcastP2pScatter);
     assert_eq!(kind(BC, 4, 320 << 10), KernelKind::BroadcastP2p);
@@ -253,7 +264,9 @@ fn run_and_check(team: &std::sync::Arc<Team>, buf: &Buffer, k: usize, c: Collect
 }
 
 /// Sizes on both sides of every threshold of a team of `n` (and a broadcast of 9 MiB and more,
-/// whose owners' slices end off the 16-byte grid), multiples of 2n bytes.
+/// whose owners' slices end off the 16-byte grid; a two-shot all-reduce and a reduce-scatter
+/// whose bytes for each destination take two steps of the push kernels' rows, the second
+/// partial), multiples of 2n bytes.
 fn threshold_sizes(n: usize) -> Vec<(Collective, usize)> {
     let q = 2 * n;
     let around = |t: u64| -> Vec<usize> {
@@ -270,6 +283,7 @@ fn threshold_sizes(n: usize) -> Vec<(Collective, usize)> {
     v.extend(around(ll_max_payload(BC, nn)).into_iter().map(|b| (BC, b)));
     v.extend(around(broadcast_scatter_min_bytes(nn).unwrap()).into_iter().map(|b| (BC, b)));
     v.extend([(BC, (9 << 20) + 3 * q), (AR, q), (RS, q), (AG, q), (BC, 7)]);
+    v.extend([(AR, (2 << 20) * n + 3 * q), (RS, ((2 << 20) + 48) * n)]);
     v
 }
 

@@ -49,11 +49,13 @@ impl Family {
             KernelKind::AllReduceP2p
             | KernelKind::AllReduceP2pPush
             | KernelKind::AllReduceP2pTwoShot
+            | KernelKind::AllReduceP2pTwoShotPush
             | KernelKind::AllReduceMc
             | KernelKind::AllReduceLl => Family::AllReduce,
-            KernelKind::ReduceScatterP2p | KernelKind::ReduceScatterMc | KernelKind::ReduceScatterLl => {
-                Family::ReduceScatter
-            }
+            KernelKind::ReduceScatterP2p
+            | KernelKind::ReduceScatterP2pPush
+            | KernelKind::ReduceScatterMc
+            | KernelKind::ReduceScatterLl => Family::ReduceScatter,
             KernelKind::BroadcastP2p
             | KernelKind::BroadcastP2pScatter
             | KernelKind::BroadcastMc
@@ -221,6 +223,7 @@ mod tests {
                 "mcast_all_reduce_p2p_bf16_sum",
                 "mcast_all_reduce_p2p_push_bf16_sum",
                 "mcast_all_reduce_p2p_twoshot_bf16_sum",
+                "mcast_all_reduce_p2p_twoshot_push_bf16_sum",
                 "mcast_all_reduce_mc_bf16_sum",
                 "mcast_all_reduce_ll_bf16_sum"
             ]
@@ -234,16 +237,16 @@ mod tests {
         assert_eq!(d.iter().filter(|x| x.ends_with("=1")).count(), 4, "{d:?}");
         // Without LL (CUDA teams by default): the same unit less the LL kernel, under its own name.
         let plain = Unit { ll: false, ..u };
-        assert_eq!(plain.kernels().len(), 4);
+        assert_eq!(plain.kernels().len(), 5);
         assert!(plain.kernels().iter().all(|k| !k.kind.is_ll()));
         assert_eq!(plain.name(), "all_reduce-bf16-sum-noll");
         assert!(plain.defines().contains(&"-DMCAST_SEL_ll=0".to_string()));
-        let ll = u.kernels()[4];
+        let ll = u.kernels()[5];
         assert_eq!(Unit::of(ll, false), u, "an LL kernel is only in units with LL");
         assert_eq!(Unit::of(u.kernels()[0], false), plain);
         // f32 min has no multicast form: its unit holds the P2P kernels the plan falls back to.
         let u = Unit { family: Family::AllReduce, red: Some((DType::F32, RedOp::Min)), ll: true };
-        assert_eq!(u.kernels().len(), 4);
+        assert_eq!(u.kernels().len(), 5);
         let b = Unit { family: Family::Broadcast, red: None, ll: true };
         assert_eq!(
             b.kernels().iter().map(|k| k.name()).collect::<Vec<_>>(),

@@ -45,6 +45,7 @@ macro_rules! source {
             piece!("multimem.cuh"),
             piece!("sync.cuh"),
             piece!("layout.cuh"),
+            piece!("push.cuh"),
             piece!("ll.cuh"),
             piece!("entry.cuh"),
             $($piece),*
@@ -67,7 +68,12 @@ macro_rules! all_reduce {
 }
 macro_rules! reduce_scatter {
     () => {
-        concat!(piece!("reduce_scatter/p2p.cu"), piece!("reduce_scatter/ll.cu"), piece!("reduce_scatter/multicast.cu"))
+        concat!(
+            piece!("reduce_scatter/p2p.cu"),
+            piece!("reduce_scatter/push.cu"),
+            piece!("reduce_scatter/ll.cu"),
+            piece!("reduce_scatter/multicast.cu")
+        )
     };
 }
 macro_rules! broadcast {
@@ -93,8 +99,8 @@ macro_rules! all_gather {
 }
 
 /// The shared part of `kernels/`, in compile order.
-pub const SHARED: [&str; 8] =
-    ["abi.cuh", "ptx.cuh", "dtype.cuh", "multimem.cuh", "sync.cuh", "layout.cuh", "ll.cuh", "entry.cuh"];
+pub const SHARED: [&str; 9] =
+    ["abi.cuh", "ptx.cuh", "dtype.cuh", "multimem.cuh", "sync.cuh", "layout.cuh", "push.cuh", "ll.cuh", "entry.cuh"];
 
 /// The files of `family` in `kernels/`, in compile order: one per algorithm family of the
 /// collective (LL's entry points in `ll.cu`, its protocol in the shared `ll.cuh`).
@@ -107,7 +113,9 @@ pub fn family_files(family: Family) -> &'static [&'static str] {
             "all_reduce/ll.cu",
             "all_reduce/multicast.cu",
         ],
-        Family::ReduceScatter => &["reduce_scatter/p2p.cu", "reduce_scatter/ll.cu", "reduce_scatter/multicast.cu"],
+        Family::ReduceScatter => {
+            &["reduce_scatter/p2p.cu", "reduce_scatter/push.cu", "reduce_scatter/ll.cu", "reduce_scatter/multicast.cu"]
+        }
         Family::Broadcast => {
             &["broadcast/pull.cu", "broadcast/scatter.cu", "broadcast/ll.cu", "broadcast/multicast.cu"]
         }

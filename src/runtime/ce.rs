@@ -14,7 +14,7 @@
 //! - **broadcast**: barrier kernel, the root pushes its range into every other rank's copy (and
 //!   its own recv out of place), barrier kernel;
 //! - **all-reduce** (two-shot): the SM reduce-scatter kernel leaves the reduction of block r in
-//!   rank r's copy (it starts and ends with a barrier), each rank pushes its reduced block into
+//!   rank r's copy (by the end of it every peer has read its block r), each rank pushes its reduced block into
 //!   every peer's copy with the copy engine, barrier kernel. A tail of fewer than N 16-byte units
 //!   that does not split evenly is reduced first by the ordinary all-reduce kernel.
 //!
@@ -181,8 +181,10 @@ pub fn run(
                 Some(sig),
                 0,
             )?;
-            // The reduce-scatter kernel ended with a barrier: every rank has finished reading
-            // every copy, so the push needs no entry barrier.
+            // Every peer has read block r of its copy when this rank's reduce-scatter kernel
+            // ends (the pull's exit barrier; the push kernel reduces each part of block r only
+            // after every peer's flag for it, which that peer stores after loading the part), so
+            // the copies of block r into the peers need no entry barrier.
             let block = (per * es) as u64;
             let mine = out_of(r).wrapping_add(r as u64 * block);
             let copies: Vec<PeerCopy> = (0..n)

@@ -213,10 +213,11 @@ fn into(
 /// runs zero-copy as [`run_into`]. Otherwise a small message of a team with the LL kernels
 /// ([`ll_serves`](crate::kernels::abi::ll_serves)) runs them in one launch, any collective (each
 /// rank stores what its peers need from `send` into their landing areas and combines what they
-/// stored into `recv`); an all-reduce of a team of at most
-/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs the push all-reduce in one
-/// launch (it copies this rank's `send` step by step into its peers' scratch and reduces what
-/// they pushed into `recv`: the copy-in is fused into the kernel); every other case goes
+/// stored into `recv`); an all-reduce or reduce-scatter of a team of at most
+/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs its push kernel in one
+/// launch (it copies this rank's `send`, or each peer's block of it, step by step into its
+/// peers' scratch and reduces what they pushed into `recv`: the copy-in is fused into the
+/// kernel); every other case goes
 /// through the team's staging area (`run_staged`). Every rank must take the same route (all
 /// registered or none).
 #[allow(clippy::too_many_arguments)]
@@ -321,12 +322,13 @@ fn ptr_checked(
         let rv = Buffer::view(team, ra);
         return into(&sv, so, &rv, ro, rank, count, collective, stream, true);
     }
-    // The LL kernels (small messages, any collective) and the push all-reduce (any size, teams
-    // of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers see only their
-    // landing rows or scratch): they run in one launch at any alignment, the copy-in fused into
-    // the kernel. The route depends only on values equal on every rank (collective, count, team).
+    // The LL kernels (small messages, any collective) and the push all-reduce and reduce-scatter
+    // (any size, teams of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers
+    // see only their landing rows or scratch): they run in one launch at any alignment, the
+    // copy-in fused into the kernel. The route depends only on values equal on every rank (collective, count, team).
     let ll = team.ll() && crate::kernels::abi::ll_serves(collective, n as u32, count as u64, team.max_blocks());
-    let push = matches!(collective, Collective::AllReduce { .. }) && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
+    let push = matches!(collective, Collective::AllReduce { .. } | Collective::ReduceScatter { .. })
+        && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
     if !ll && !push {
         return run_staged(team, r, send, recv, collective, stream, block, in_place);
     }

@@ -25,7 +25,7 @@ pub struct KernelArgs {
     pub nranks: u32,
     /// Broadcast root (0 otherwise).
     pub root: u32,
-    /// The push all-reduce's bytes per block and step ([`Plan::push_row`](super::Plan::push_row)); 0 otherwise.
+    /// The push kernels' bytes per block and step ([`Plan::push_row`](super::Plan::push_row)); 0 otherwise.
     pub push_row: u32,
     /// Per rank: where the results for that rank's `data` go, in the layout of `data` (in place:
     /// equal to `data`).

@@ -10,10 +10,18 @@ pub enum KernelKind {
     AllReduceP2p,
     /// `mcast_all_reduce_p2p_push_<d>_<op>` (one-shot, pushing into peers' scratch: one barrier).
     AllReduceP2pPush,
-    /// `mcast_all_reduce_p2p_twoshot_<d>_<op>`.
+    /// `mcast_all_reduce_p2p_twoshot_<d>_<op>` (a reduce-scatter by loads, each reduced slice
+    /// stored into every rank's out: two barriers).
     AllReduceP2pTwoShot,
-    /// `mcast_reduce_scatter_p2p_<d>_<op>`.
+    /// `mcast_all_reduce_p2p_twoshot_push_<d>_<op>` (the two-shot on the push protocol: each
+    /// slice pushed into its owner's scratch, reduced there and stored into every rank's out; one
+    /// barrier, at the exit).
+    AllReduceP2pTwoShotPush,
+    /// `mcast_reduce_scatter_p2p_<d>_<op>` (every rank pulls its block from every peer).
     ReduceScatterP2p,
+    /// `mcast_reduce_scatter_p2p_push_<d>_<op>` (every rank pushes block p into rank p's scratch:
+    /// no barrier).
+    ReduceScatterP2pPush,
     /// `mcast_all_reduce_ll_<d>_<op>` (one-shot, flags carried in the data: no barrier).
     AllReduceLl,
     /// `mcast_reduce_scatter_ll_<d>_<op>`.
@@ -50,11 +58,13 @@ pub enum KernelKind {
     CopyOut,
 }
 
-const REDUCING: [KernelKind; 8] = [
+const REDUCING: [KernelKind; 10] = [
     KernelKind::AllReduceP2p,
     KernelKind::AllReduceP2pPush,
     KernelKind::AllReduceP2pTwoShot,
+    KernelKind::AllReduceP2pTwoShotPush,
     KernelKind::ReduceScatterP2p,
+    KernelKind::ReduceScatterP2pPush,
     KernelKind::AllReduceMc,
     KernelKind::ReduceScatterMc,
     KernelKind::AllReduceLl,
@@ -139,7 +149,9 @@ impl KernelId {
             KernelKind::AllReduceP2p => "all_reduce_p2p",
             KernelKind::AllReduceP2pPush => "all_reduce_p2p_push",
             KernelKind::AllReduceP2pTwoShot => "all_reduce_p2p_twoshot",
+            KernelKind::AllReduceP2pTwoShotPush => "all_reduce_p2p_twoshot_push",
             KernelKind::ReduceScatterP2p => "reduce_scatter_p2p",
+            KernelKind::ReduceScatterP2pPush => "reduce_scatter_p2p_push",
             KernelKind::AllReduceMc => "all_reduce_mc",
             KernelKind::ReduceScatterMc => "reduce_scatter_mc",
             KernelKind::BroadcastP2p => "broadcast_p2p",
@@ -178,7 +190,7 @@ mod tests {
             assert!(names.insert(id.name()), "duplicate {}", id.name());
         }
         let existing: Vec<KernelId> = all.iter().copied().filter(|k| k.exists()).collect();
-        assert_eq!(existing.len(), 6 * 24 + 2 * 20 + 10);
+        assert_eq!(existing.len(), 8 * 24 + 2 * 20 + 10);
         let name = |kind, d, o| KernelId { kind, red: Some((d, o)) }.name();
         assert_eq!(name(KernelKind::AllReduceP2p, DType::BF16, RedOp::Sum), "mcast_all_reduce_p2p_bf16_sum");
         assert_eq!(

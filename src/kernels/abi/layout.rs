@@ -63,7 +63,7 @@ pub const SIG_OFFSET: usize = 8448;
 /// `LL_SIG_OFFSET + 32 * ((b * 2 + s) * (LL_MAX_RANKS - 1) + w)`, reused like the landing rows
 /// (`MCAST_LL_SIG_OFFSET`).
 pub const LL_SIG_OFFSET: usize = 9728;
-/// The push all-reduce's signature lines: per block slot `b`, parity `s` (of the call's first
+/// The push kernels' signature lines: per block slot `b`, parity `s` (of the call's first
 /// sequence number) and writer row `w` (the writers other than the rank), two flagged lines (32
 /// bytes) at `PUSH_SIG_OFFSET + 32 * ((b * 2 + s) * (PUSH_MAX_RANKS - 1) + w)`, flagged with that
 /// sequence number and stored after the call's first publish (`MCAST_PUSH_SIG_OFFSET`).
@@ -77,10 +77,10 @@ pub const BAR_SIG_OFFSET: usize = 36864;
 pub const BAR_SIG_MAX_RANKS: u32 = 8;
 /// End of the used part of the sync region; the rest is reserved.
 pub const SYNC_USED_BYTES: usize = BAR_SIG_OFFSET + 32 * MAX_BLOCKS as usize * (BAR_SIG_MAX_RANKS as usize - 1);
-/// Start of the push all-reduce scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
+/// Start of the push kernels' scratch, from a rank's sync region (`MCAST_SCRATCH_OFFSET`): the
 /// scratch follows the sync region in the team's first segment.
 pub const SCRATCH_OFFSET: usize = 65536;
-/// Bytes of one scratch row of a team of two: the most one block of the push all-reduce moves per
+/// Bytes of one scratch row of a team of two: the most one block of a push kernel moves per
 /// step (`MCAST_PUSH_CHUNK`). Large, because each block waits once per step for its stores to
 /// reach the peer: measured on 2 x H200 (pointer form, bf16, CUDA graph), 16/32/64 KiB rows took
 /// 366/278/239 us at 64 MiB (before the loads were batched; after, 32/64 KiB: 219/214 us).
@@ -97,7 +97,7 @@ pub fn push_row_capacity(nranks: u32) -> u64 {
         PUSH_CHUNK_WIDE
     }
 }
-/// Most ranks the push all-reduce serves (`MCAST_PUSH_MAX_RANKS`): its scratch grows with the team.
+/// Most ranks the push kernels serve (`MCAST_PUSH_MAX_RANKS`): their scratch grows with the team.
 pub const PUSH_MAX_RANKS: u32 = 4;
 /// Scratch slots per block slot (`MCAST_PUSH_SLOTS`): a rank stores step y + 1 while a peer may
 /// still reduce step y - 1, so three slots keep every row untouched until its reader is done.
@@ -111,7 +111,7 @@ pub const PUSH_FLAG_OFFSET: usize = 4;
 pub const PUSH_SEQ_OFFSET: usize = 4608;
 
 /// Bytes of a team's scratch per rank: [`PUSH_SLOTS`] slots of one row per peer for every block
-/// slot, for teams the push all-reduce serves; none otherwise.
+/// slot, for teams the push kernels serve; none otherwise.
 pub fn scratch_bytes(nranks: u32) -> usize {
     if (2..=PUSH_MAX_RANKS).contains(&nranks) {
         PUSH_SLOTS * (nranks as usize - 1) * push_row_capacity(nranks) as usize * MAX_BLOCKS as usize

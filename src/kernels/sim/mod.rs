@@ -27,9 +27,11 @@ mod all_reduce;
 mod broadcast;
 mod ll;
 mod mem;
+mod push;
 mod reduce_scatter;
 mod sync;
 
+use push::PushForm;
 use sync::SigAt;
 
 use mem::{copy, load, max, min, to_bytes};
@@ -62,9 +64,9 @@ struct Job {
     rank: usize,
     nranks: usize,
     count: usize,
-    /// Blocks of the kernel plan (the push all-reduce lays its scratch out by block).
+    /// Blocks of the kernel plan (the push kernels lay their scratch out by block).
     blocks: usize,
-    /// The push all-reduce's bytes per block and step.
+    /// The push kernels' bytes per block and step.
     push_row: usize,
     /// An all-gather's bytes from one block of out to the next ([`Launch::out_stride`]; 0:
     /// `count`).
@@ -276,12 +278,12 @@ impl Job {
             return;
         }
         let n = self.nranks;
-        // Where the signatures of the entry barrier land (kernels/sync.cuh, all_reduce/push.cu): the
-        // push all-reduce's as lines beside its first step (block slot 0 here), flagged with its
+        // Where the signatures of the entry barrier land (kernels/sync.cuh, kernels/push.cuh): the
+        // push kernels' as lines beside their first step (block slot 0 here), flagged with their
         // first sequence number; the barrier kernels' as lines flagged with the barrier's epoch,
         // or per writer in teams past BAR_SIG_MAX_RANKS.
         let sig_at = match self.kind {
-            KernelKind::AllReduceP2pPush => {
+            KernelKind::AllReduceP2pPush | KernelKind::AllReduceP2pTwoShotPush | KernelKind::ReduceScatterP2pPush => {
                 let y0 = word(me, PUSH_SEQ_OFFSET).load(Ordering::Relaxed).wrapping_add(1);
                 let at = PUSH_SIG_OFFSET + 32 * (y0 as usize & 1) * (PUSH_MAX_RANKS as usize - 1);
                 SigAt::Lines { at, flag: Some(y0) }
@@ -296,10 +298,12 @@ impl Job {
         };
         match self.kind {
             KernelKind::AllReduceP2p => self.all_reduce_one_shot(&mut sync),
-            KernelKind::AllReduceP2pPush => self.all_reduce_push(&mut sync),
+            KernelKind::AllReduceP2pPush => self.push(PushForm::All, &mut sync),
             KernelKind::AllReduceP2pTwoShot => self.all_reduce_two_shot(&mut sync),
+            KernelKind::AllReduceP2pTwoShotPush => self.push(PushForm::TwoShot, &mut sync),
             KernelKind::AllReduceMc => self.all_reduce_multicast(&mut sync),
             KernelKind::ReduceScatterP2p => self.reduce_scatter_p2p(&mut sync),
+            KernelKind::ReduceScatterP2pPush => self.push(PushForm::ReduceScatter, &mut sync),
             KernelKind::ReduceScatterMc => self.reduce_scatter_multicast(&mut sync),
             KernelKind::BroadcastP2p => self.broadcast_pull(&mut sync),
             KernelKind::BroadcastP2pScatter => self.broadcast_scatter(&mut sync),

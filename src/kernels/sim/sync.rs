@@ -171,8 +171,8 @@ impl Job {
     /// are awaited (`awaited`: true once they are in); one that carries it with another signature
     /// is recorded as a mismatch (true), unless the awaited lines are in by then: the peer stores
     /// them before any of a later call, so then the lines found are its next call's (it may run one
-    /// call ahead). The simulator's push all-reduce runs on the barrier's counter, whose epoch it
-    /// has taken already: the flag a barrier kernel of the peer gives this call is that epoch then.
+    /// call ahead). The simulator's push kernels run on the barrier's counter, whose epoch they
+    /// have taken already: the flag a barrier kernel of the peer gives this call is that epoch then.
     pub(super) fn cross_found(&self, peer: usize, kind: Kind, awaited: impl Fn() -> bool) -> bool {
         let Some(mine) = self.sig else { return false };
         let (me, n) = (self.sync.0[self.rank], self.nranks);

@@ -6,6 +6,7 @@
 //! | multicast (`AllReduceMc`) | multicast team | never | any | any | any | any | ⌈S / 32 KiB⌉ |
 //! | push (`AllReduceP2pPush`) | 16-byte aligned | ≤ 4 MiB | ≤ 1056 KiB | ≤ 464 KiB | never | never | ⌈S / 8 KiB⌉ |
 //! | one-shot pull (`AllReduceP2p`) | always | ≤ 1 MiB | ≤ 1056 KiB | ≤ 464 KiB | ≤ 288 KiB | ≤ 128 KiB | ⌈S / 8 KiB⌉ |
+//! | two-shot push (`AllReduceP2pTwoShotPush`) | 16-byte aligned | any | any | any | never | never | ⌈S / 8 KiB⌉ |
 //! | two-shot (`AllReduceP2pTwoShot`) | always | any | any | any | any | any | ⌈S / 32 KiB⌉, ⌈S / 16 KiB⌉ from 3 ranks |
 //!
 //! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area at two and three ranks, the cost model's
@@ -13,48 +14,45 @@
 //! where it serves ([`multicast_pays`](super::cost::multicast_pays)); push ends at [`push_max_bytes`] (measured at two ranks,
 //! the one-shot's limit above, and only teams of up to [`PUSH_MAX_RANKS`] keep its scratch);
 //! one-shot at [`one_shot_max_bytes`] (one round of the full grid at two ranks, the model's
-//! S* = D B N / ((N-1)(N-2)) above). The kernels: `kernels/all_reduce/` (`one_shot.cu`,
-//! `push.cu`, `two_shot.cu`, `multicast.cu`; LL's in `ll.cu` over `kernels/ll.cuh`).
+//! S* = D B N / ((N-1)(N-2)) above). Above them the two-shot, on the push protocol where the
+//! team keeps its scratch (each rank's slice pushed into its owner's scratch rows, reduced there
+//! and stored into every rank's out: every byte crosses NVLink as a store, at the push rate,
+//! and one barrier, at the exit), else by loads of the peers' data (two barriers, the
+//! reduce-scatter half at the pull rate). The kernels: `kernels/all_reduce/` (`one_shot.cu`,
+//! `push.cu` over `kernels/push.cuh`, `two_shot.cu`, `multicast.cu`; LL's in `ll.cu` over
+//! `kernels/ll.cuh`).
 
-use super::super::layout::{push_row_capacity, PUSH_MAX_RANKS};
+use super::super::layout::PUSH_MAX_RANKS;
 use super::cost::{one_shot_max_bytes, push_max_bytes};
 use super::{Call, Choice, ONE_SHOT_BYTES_PER_BLOCK};
 use crate::kernels::abi::entry::KernelKind;
 
-/// Bytes per block and step of the push all-reduce for a message of `bytes` on `blocks` blocks
-/// (`KernelArgs::push_row`): a multiple of 16 within a scratch row.
-pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
-    // A full row per block once the message fills the grid's rows; below that the message split
-    // evenly over the blocks in one step.
-    let cap = push_row_capacity(nranks);
-    bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
-}
-
-/// True when the push all-reduce serves a message at address `me` (this rank's data and out
-/// or-ed) in the buffer forms: a team it keeps scratch for and 16-byte aligned vectors (it
-/// would run element by element otherwise, where the pulling one-shot runs vectors).
-fn push_fits(c: &Call, me: u64) -> bool {
+/// True when the push kernels serve a message at address `me` (this rank's data and out or-ed)
+/// in the buffer forms: a team they keep scratch for and 16-byte aligned vectors (they would run
+/// element by element otherwise, where the pulling kernels run vectors).
+pub(super) fn push_fits(c: &Call, me: u64) -> bool {
     c.l.nranks <= PUSH_MAX_RANKS && me.is_multiple_of(16)
 }
 
 /// The all-reduce's kernel and grid (the table).
 pub(super) fn choose(c: &Call) -> Choice {
     let (l, n) = (c.l, c.l.nranks);
+    let push = push_fits(c, c.me | c.out_me);
     let kind = match c.mc {
         false if c.ll => KernelKind::AllReduceLl,
         _ if l.local_only && c.ll => KernelKind::AllReduceLl,
         _ if l.local_only => KernelKind::AllReduceP2pPush,
         true => KernelKind::AllReduceMc,
-        false if c.bytes <= push_max_bytes(n) && push_fits(c, c.me | c.out_me) => KernelKind::AllReduceP2pPush,
+        false if c.bytes <= push_max_bytes(n) && push => KernelKind::AllReduceP2pPush,
         false if c.bytes <= one_shot_max_bytes(n) => KernelKind::AllReduceP2p,
+        false if push => KernelKind::AllReduceP2pTwoShotPush,
         false => KernelKind::AllReduceP2pTwoShot,
     };
     match kind {
         KernelKind::AllReduceLl => c.choice(kind, c.ll_grid()),
-        KernelKind::AllReduceP2pPush => {
-            let blocks = c.grid(ONE_SHOT_BYTES_PER_BLOCK);
-            Choice { kind, blocks, push_row: push_row_bytes(c.bytes, blocks.into(), n) }
-        }
+        KernelKind::AllReduceP2pPush => c.push_choice(kind, c.bytes),
+        // Each rank's slice: the message over N, in whole 16-byte vectors (kernels/push.cuh).
+        KernelKind::AllReduceP2pTwoShotPush => c.push_choice(kind, c.bytes.div_ceil(n.into()).div_ceil(16) * 16),
         KernelKind::AllReduceP2p => c.choice(kind, c.grid(ONE_SHOT_BYTES_PER_BLOCK)),
         KernelKind::AllReduceP2pTwoShot => c.choice(kind, c.pull_grid()),
         _ => c.choice(kind, c.grid(super::BYTES_PER_BLOCK)),

@@ -11,6 +11,9 @@
 //! | LL one-shot all-reduce (flag beside every 4 payload bytes) | 2(N-1) S | launch + one trip |
 //! | push / pull one-shot all-reduce | (N-1) S | + one barrier |
 //! | two-shot all-reduce (a reduce-scatter by loads, each slice pushed to every rank) | 2(N-1)/N S | + D = 2 us ([`TWO_SHOT_EXTRA_US`]) |
+//! | two-shot all-reduce on the push protocol (each slice pushed into its owner's scratch, reduced there, pushed to every rank) | 2(N-1)/N S, all stores | + one barrier (the exit) |
+//! | reduce-scatter on the push protocol (block p pushed into rank p's scratch) | (N-1) S, all stores | launch + one trip |
+//! | reduce-scatter by loads | (N-1) S, all loads | + two barriers |
 //! | LL reduce-scatter, all-gather, broadcast (payload P each sender sends each peer) | 2(N-1) P | launch + one trip |
 //! | their barrier kernels | (N-1) P | + two barriers (about D) |
 //! | broadcast, every rank pulls from the root | (N-1) S (the root's egress) | + two barriers |
@@ -34,6 +37,24 @@
 //!   1.56 B at 8; and two barriers lose to LL's one trip wherever LL serves
 //!   ([`multicast_pays`]).
 //!
+//! Loads and stores cost alike here; measured, SM stores cross NVLink at 362-366 GB/s where loads
+//! reach 337 (shared/reference/p2p-roofline.md), so where a team keeps the push scratch (at most
+//! [`PUSH_MAX_RANKS`] ranks) the reductions past LL and the one-shot run on the push protocol: the
+//! reduce-scatter with no barrier at all, the two-shot with one. Its bytes are the same, so the
+//! switch points above do not move.
+//!
+//! Teams of 8 (modelled, not measured: no machine with 8 GPUs was at hand): LL carries the
+//! all-reduce up to S* = D B 8 / (2 49) = 59 KB, rounded down to 56 KiB, and the other
+//! collectives' payloads up to P* = 2 D B / 7 = 208 KB, 200 KiB; the one-shot ends at
+//! D B 8 / (7 6) = 139 KB, 128 KiB, where the two-shot takes over; the broadcast scatters from
+//! D B / 6 = 122 KB, 128 KiB. Grids as at 4 ranks (the tables' cells): one block per 8 KiB for
+//! the one-shot, per 16 KiB for the pulls, up to [`GRID_MAX_BLOCKS`]. The push protocol would
+//! need 3 x 7 x 32 KiB x 64 = 42 MiB of scratch per rank at 8 ranks (or half with 16 KiB rows),
+//! and its reduction holds a vector per rank in registers (at 4 ranks, 8 vectors a thread), so
+//! teams of 5 to 8 keep the pulling reduce-scatter and two-shot: the reduce-scatter at the pull
+//! rate, 337 of the 365 GB/s of the model's B, and the two-shot, half its bytes loaded and half
+//! stored, near 350 GB/s (0.96 B).
+//!
 //! Two ranks keep the values measured on 2 x H200 (bench/results/2026-11-23-h200x2*), which the
 //! model's formulas would not change where they bind (one-shot and two-shot move the same bytes at
 //! N = 2; LL's model limits lie above the landing area's [`LL_MAX_BYTES`]).
@@ -50,6 +71,8 @@
 //! thresholds are to be measured with `bench/run.sh 4` and the tables corrected where the
 //! measurements say otherwise.
 
+#[cfg(doc)]
+use super::super::layout::PUSH_MAX_RANKS;
 use super::super::layout::{LL_MAX_BLOCKS, LL_MAX_RANKS, LL_PART};
 use super::GRID_MAX_BLOCKS;
 use crate::kernels::Collective;

@@ -43,11 +43,10 @@ pub mod reduce_scatter;
 #[cfg(test)]
 mod tables;
 
-pub use all_reduce::push_row_bytes;
 pub use cost::*;
 
 use super::entry::{multimem_has_reduction, KernelId, KernelKind};
-use super::layout::{MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL};
+use super::layout::{push_row_capacity, MAX_BLOCKS, PUSH_MAX_RANKS, THREADS, UNROLL};
 use crate::kernels::{Collective, Launch, Path, MAX_RANKS};
 
 /// The most blocks the launcher uses (<= [`MAX_BLOCKS`]). To be tuned on hardware: NCCL uses
@@ -121,6 +120,22 @@ impl Call<'_> {
     fn choice(&self, kind: KernelKind, blocks: u32) -> Choice {
         Choice { kind, blocks, push_row: 0 }
     }
+
+    /// A push kernel (kernels/push.cuh) moving `per_dest` bytes to each destination: a block per
+    /// [`ONE_SHOT_BYTES_PER_BLOCK`] of the bytes the grid counts, and its row.
+    fn push_choice(&self, kind: KernelKind, per_dest: u64) -> Choice {
+        let blocks = self.grid(ONE_SHOT_BYTES_PER_BLOCK);
+        Choice { kind, blocks, push_row: push_row_bytes(per_dest, blocks.into(), self.l.nranks) }
+    }
+}
+
+/// Bytes per block and step of a push kernel moving `bytes` to each destination on `blocks`
+/// blocks (`KernelArgs::push_row`): a multiple of 16 within a scratch row.
+pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
+    // A full row per block once the bytes fill the grid's rows; below that they are split evenly
+    // over the blocks in one step.
+    let cap = push_row_capacity(nranks);
+    bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
 }
 
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
@@ -143,7 +158,8 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         ));
     }
     let ll = l.ll && ll_serves(l.collective, l.nranks, l.count, l.max_blocks);
-    if l.local_only && !ll && !(matches!(l.collective, Collective::AllReduce { .. }) && l.nranks <= PUSH_MAX_RANKS) {
+    let pushes = matches!(l.collective, Collective::AllReduce { .. } | Collective::ReduceScatter { .. });
+    if l.local_only && !ll && !(pushes && l.nranks <= PUSH_MAX_RANKS) {
         return Err(format!(
             "{:?} of {} ranks needs the peers' memory, which this launch cannot address",
             l.collective, l.nranks
@@ -308,12 +324,18 @@ mod tests {
         assert_eq!(scratch_bytes(4), 3 * 3 * 32768 * 64);
         assert_eq!(scratch_bytes(1), 0);
         assert_eq!(stage_offset(5) % 16, 0);
-        // Two ranks push up to 4 MiB, in one step of full rows at the limit; two-shot above.
+        // Two ranks push up to 4 MiB, in one step of full rows at the limit; the pushing
+        // two-shot above, each rank's slice half the message (rounded up to 16 bytes) in rows of
+        // its even split over the grid; the pulling two-shot where the data is not aligned.
         let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, 1 << 20)).unwrap().unwrap();
         assert_eq!((p.kernel.kind, p.blocks, p.push_row as u64), (KernelKind::AllReduceP2pPush, 64, PUSH_CHUNK));
         let p = plan(&launch(ar(DType::F32, RedOp::Sum), Path::P2P, (1 << 20) + 4)).unwrap().unwrap();
-        assert_eq!((p.kernel.kind, p.push_row), (KernelKind::AllReduceP2pTwoShot, 0));
-        assert_eq!(p.blocks, GRID_MAX_BLOCKS);
+        assert_eq!((p.kernel.kind, p.blocks), (KernelKind::AllReduceP2pTwoShotPush, GRID_MAX_BLOCKS));
+        assert_eq!(p.push_row as u64, ((2 << 20) + 16u64).div_ceil(16 * 64) * 16);
+        let mut l = launch(ar(DType::F32, RedOp::Sum), Path::P2P, (1 << 20) + 4);
+        l.data = l.data.iter().map(|a| a + 4).collect();
+        let p = plan(&l).unwrap().unwrap();
+        assert_eq!((p.kernel.kind, p.push_row, p.blocks), (KernelKind::AllReduceP2pTwoShot, 0, GRID_MAX_BLOCKS));
         // A small message is split evenly over its blocks (16-byte parts); the pointer form's
         // large ones take full rows, several steps.
         let p = plan(&launch(ar(DType::BF16, RedOp::Sum), Path::P2P, 50_000)).unwrap().unwrap();
@@ -425,7 +447,12 @@ mod tests {
         let mut l = ll(rs, Path::P2P, 3);
         l.local_only = true;
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterLl);
+        // Past LL the reduce-scatter pushes (at any alignment), as the all-reduce does; the
+        // other copies are refused.
         l.count = 1 << 20;
+        assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterP2pPush);
+        let mut l = ll(Collective::AllGather, Path::P2P, 1 << 20);
+        l.local_only = true;
         assert!(plan(&l).is_err());
         let mut l = ll(ar, Path::P2P, 1 << 20);
         l.local_only = true;

@@ -5,13 +5,22 @@
 //! |---|---|---|---|---|---|---|---|
 //! | LL (`ReduceScatterLl`) | LL team | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 256 KiB | ≤ 200 KiB | ⌈S / 4 KiB⌉ up to 32 |
 //! | multicast (`ReduceScatterMc`) | multicast team | never | any | any | any | any | ⌈S / 32 KiB⌉ |
+//! | push (`ReduceScatterP2pPush`) | 16-byte aligned blocks | any | any | any | never | never | ⌈S / 8 KiB⌉ |
 //! | pull (`ReduceScatterP2p`) | always | any | any | any | any | any | ⌈S / 32 KiB⌉, ⌈S / 16 KiB⌉ from 3 ranks |
 //!
 //! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area, or the cost
 //! model's P* = 2 D B / (N-1) at eight ranks); the multicast kernel never pays at two ranks and
-//! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)). The kernels:
-//! `kernels/reduce_scatter/` (`p2p.cu`, `multicast.cu`; LL's in `ll.cu` over `kernels/ll.cuh`).
+//! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)). Above LL the
+//! push where the team keeps its scratch (at most
+//! [`PUSH_MAX_RANKS`](super::super::layout::PUSH_MAX_RANKS) ranks) and every block is whole
+//! 16-byte vectors (this rank's data and out aligned, S a multiple of 16): each rank stores block
+//! p of its data into rank p's scratch rows and reduces its own block from what its peers stored,
+//! with no barrier (kernels/push.cuh); else the pull, two barriers around loads of every peer's
+//! block. The pointer form's one-launch route (`local_only`) runs the push at any size and
+//! alignment. The kernels: `kernels/reduce_scatter/` (`p2p.cu`, `push.cu`, `multicast.cu`; LL's
+//! in `ll.cu` over `kernels/ll.cuh`).
 
+use super::all_reduce::push_fits;
 use super::{Call, Choice, BYTES_PER_BLOCK};
 use crate::kernels::abi::entry::KernelKind;
 
@@ -19,12 +28,16 @@ use crate::kernels::abi::entry::KernelKind;
 pub(super) fn choose(c: &Call) -> Choice {
     let kind = match c.mc {
         false if c.ll => KernelKind::ReduceScatterLl,
-        _ if c.l.local_only => KernelKind::ReduceScatterLl,
+        _ if c.l.local_only && c.ll => KernelKind::ReduceScatterLl,
+        _ if c.l.local_only => KernelKind::ReduceScatterP2pPush,
         true => KernelKind::ReduceScatterMc,
+        // Every destination's block 16-byte aligned: this rank's data, out and the block size.
+        false if push_fits(c, c.me | c.out_me | c.bytes) => KernelKind::ReduceScatterP2pPush,
         false => KernelKind::ReduceScatterP2p,
     };
     match kind {
         KernelKind::ReduceScatterLl => c.choice(kind, c.ll_grid()),
+        KernelKind::ReduceScatterP2pPush => c.push_choice(kind, c.bytes),
         KernelKind::ReduceScatterP2p => c.choice(kind, c.pull_grid()),
         _ => c.choice(kind, c.grid(BYTES_PER_BLOCK)),
     }

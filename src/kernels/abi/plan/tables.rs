@@ -18,6 +18,8 @@ enum When {
     Ll,
     Multicast,
     Aligned,
+    /// Aligned, and S a multiple of 16 (every rank's block whole vectors).
+    AlignedBlocks,
     Always,
 }
 
@@ -122,6 +124,7 @@ fn table(file: &str, doc: &str) -> Vec<Row> {
                 "LL team" => When::Ll,
                 "multicast team" => When::Multicast,
                 "16-byte aligned" => When::Aligned,
+                "16-byte aligned blocks" => When::AlignedBlocks,
                 "always" => When::Always,
                 other => panic!("{file}: unknown condition {other:?}"),
             };
@@ -148,13 +151,14 @@ fn check(file: &str, doc: &str, collective: Collective) {
         for ll in [false, true] {
             for path in [Path::P2P, Path::Multicast] {
                 for aligned in [true, false] {
-                    let holds = |w: When| match w {
-                        When::Ll => ll,
-                        When::Multicast => path == Path::Multicast,
-                        When::Aligned => aligned,
-                        When::Always => true,
-                    };
                     for &s in &sizes {
+                        let holds = |w: When| match w {
+                            When::Ll => ll,
+                            When::Multicast => path == Path::Multicast,
+                            When::Aligned => aligned,
+                            When::AlignedBlocks => aligned && s % 16 == 0,
+                            When::Always => true,
+                        };
                         let row = rows
                             .iter()
                             .find(|r| holds(r.when) && r.ranges[col].is_some_and(|(lo, hi)| (lo..=hi).contains(&s)))
