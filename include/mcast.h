@@ -1404,8 +1404,9 @@ mcast_status_t mcast_team_all_reduce(struct mcast_team_t team,
  * NCCL's `ncclReduceScatter` on device pointers: `send` holds N blocks of `count` elements;
  * rank r's `recv` receives the reduction of block r (`recv == send + r * count * esize` in
  * place). Registered memory of the team runs zero-copy as `mcast_reduce_scatter_into`; plain
- * device memory runs the LL kernels for a small message of a team that has them, else on a team
- * of up to 4 ranks the push reduce-scatter kernel in one launch at any size and alignment (each
+ * device memory runs the LL kernels for a small message of a team that has them, else, where a
+ * block is a multiple of 16 bytes, on a team of up to 4 ranks the push reduce-scatter kernel in
+ * one launch at any size and alignment (each
  * rank stores block p of its `send` into rank p's scratch step by step and reduces what its
  * peers stored into its `recv`), else the team's staging area in chunks (a chunk of a message
  * larger than the staging area copies its N blocks one by one). Other rules as

@@ -114,13 +114,17 @@ __device__ void p2p_push(const McastArgs& a) {
   const u64 per_step = (u64)gridDim.x * a.push_row;
   const u32 steps = (u32)((P + per_step - 1) / per_step);
   const u64 src = a.data[me];
-  // Vectors where every address this rank loads from or stores to is 16-byte aligned (rows
-  // always are); elements otherwise. The choice is this rank's alone: peers only see its rows
-  // (and, in the two-shot, its stores into their outs, vectors or elements alike).
-  u64 m = src | a.out[me] | (MODE == MCAST_PUSH_ALL ? 0 : P);
+  // Vectors where the addresses are 16-byte aligned (rows always are), elements otherwise: the
+  // pushes and the loads of this rank's own bytes where its data and every destination's start
+  // are, the reduction's stores where its outs are too. The choice is this rank's alone: peers
+  // only see its rows (and, in the two-shot, its stores into their outs, vectors or elements
+  // alike), so an out of this rank's own alignment (the pointer form's recv) costs only its own
+  // stores.
+  const bool vec = ((src | (MODE == MCAST_PUSH_ALL ? 0 : P)) & 15) == 0;
+  u64 om = a.out[me];
   if (MODE == MCAST_PUSH_TWO_SHOT)
-    for (u32 q = 0; q < N; ++q) m |= a.out[q];
-  const bool vec = (m & 15) == 0;
+    for (u32 q = 0; q < N; ++q) om |= a.out[q];
+  const bool vec_out = vec && (om & 15) == 0;
   if (threadIdx.x == 0) {
     s_seq = *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot);
     const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
@@ -204,7 +208,7 @@ __device__ void p2p_push(const McastArgs& a) {
     if (__syncthreads_or(bad) || !s_ok) return;
     u64 lo, hi;
     part(j, me, &lo, &hi);
-    const u64 own = src + at + lo, nv = vec ? (hi - lo) / 16 : 0;
+    const u64 own = src + at + lo, nv = vec_out ? (hi - lo) / 16 : 0;
     for (u64 v0 = threadIdx.x; v0 < nv; v0 += (u64)blockDim.x * RU) {
       V16 x[MCAST_PUSH_MAX_RANKS][RU];
 #pragma unroll

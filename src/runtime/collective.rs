@@ -213,8 +213,8 @@ fn into(
 /// runs zero-copy as [`run_into`]. Otherwise a small message of a team with the LL kernels
 /// ([`ll_serves`](crate::kernels::abi::ll_serves)) runs them in one launch, any collective (each
 /// rank stores what its peers need from `send` into their landing areas and combines what they
-/// stored into `recv`); an all-reduce or reduce-scatter of a team of at most
-/// [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs its push kernel in one
+/// stored into `recv`); an all-reduce, or a reduce-scatter of whole 16-byte blocks, of a team of
+/// at most [`PUSH_MAX_RANKS`](crate::kernels::abi::PUSH_MAX_RANKS) ranks runs its push kernel in one
 /// launch (it copies this rank's `send`, or each peer's block of it, step by step into its
 /// peers' scratch and reduces what they pushed into `recv`: the copy-in is fused into the
 /// kernel); every other case goes
@@ -323,12 +323,12 @@ fn ptr_checked(
         return into(&sv, so, &rv, ro, rank, count, collective, stream, true);
     }
     // The LL kernels (small messages, any collective) and the push all-reduce and reduce-scatter
-    // (any size, teams of up to PUSH_MAX_RANKS) read nothing but this rank's own memory (peers
-    // see only their landing rows or scratch): they run in one launch at any alignment, the
-    // copy-in fused into the kernel. The route depends only on values equal on every rank (collective, count, team).
+    // (any size, teams of up to PUSH_MAX_RANKS; the reduce-scatter's blocks whole 16-byte
+    // vectors) read nothing but this rank's own memory (peers see only their landing rows or
+    // scratch): they run in one launch at any alignment, the copy-in fused into the kernel. The
+    // route depends only on values equal on every rank (collective, count, team).
     let ll = team.ll() && crate::kernels::abi::ll_serves(collective, n as u32, count as u64, team.max_blocks());
-    let push = matches!(collective, Collective::AllReduce { .. } | Collective::ReduceScatter { .. })
-        && n as u32 <= crate::kernels::abi::PUSH_MAX_RANKS;
+    let push = crate::kernels::abi::push_serves_local(collective, n as u32, count as u64);
     if !ll && !push {
         return run_staged(team, r, send, recv, collective, stream, block, in_place);
     }

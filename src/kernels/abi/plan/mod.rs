@@ -14,7 +14,8 @@
 //! grid within the team's cap), *multicast team* (the team's transport is MULTICAST and no
 //! fallback applies), *16-byte aligned* (this rank's data and out), *always*. The tables are the
 //! buffer forms' choices; the pointer form's one-launch route (`local_only`) runs LL where it
-//! serves, else (all-reduce, at most [`PUSH_MAX_RANKS`] ranks) the push kernel at any size, and
+//! serves, else the push kernels where [`push_serves_local`] (the all-reduce, and the
+//! reduce-scatter of whole 16-byte blocks, of at most [`PUSH_MAX_RANKS`] ranks) at any size, and
 //! is refused otherwise.
 //!
 //! Grid: `⌈X / P⌉` blocks for X bytes, one block per P: one block-round of vectors
@@ -138,6 +139,21 @@ pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
     bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
 }
 
+/// True when a push kernel (kernels/push.cuh) serves `collective` of `count` on a team of
+/// `nranks` in one launch on memory only the rank itself maps (the pointer form's `local_only`
+/// route): the all-reduce, and the reduce-scatter whose blocks are whole 16-byte vectors, of a
+/// team of at most [`PUSH_MAX_RANKS`] ranks (they keep the push scratch). A block that is not
+/// would put every rank's push on single elements (its peers' blocks start off the vector grid),
+/// where the staged route copies vectors. Depends only on values equal on every rank.
+pub fn push_serves_local(collective: Collective, nranks: u32, count: u64) -> bool {
+    let fits = match collective {
+        Collective::AllReduce { .. } => true,
+        Collective::ReduceScatter { dtype, .. } => count.saturating_mul(dtype.size() as u64).is_multiple_of(16),
+        _ => false,
+    };
+    fits && nranks <= PUSH_MAX_RANKS
+}
+
 /// Checks `l` and chooses the kernel and grid; `Ok(None)` when there is nothing to do (count 0).
 /// Depends only on values that are equal on every rank (collective, path, count, nranks and the
 /// alignment of the symmetric address), so every rank makes the same choice.
@@ -158,8 +174,7 @@ pub fn plan(l: &Launch) -> Result<Option<Plan>, String> {
         ));
     }
     let ll = l.ll && ll_serves(l.collective, l.nranks, l.count, l.max_blocks);
-    let pushes = matches!(l.collective, Collective::AllReduce { .. } | Collective::ReduceScatter { .. });
-    if l.local_only && !ll && !(pushes && l.nranks <= PUSH_MAX_RANKS) {
+    if l.local_only && !ll && !push_serves_local(l.collective, l.nranks, l.count) {
         return Err(format!(
             "{:?} of {} ranks needs the peers' memory, which this launch cannot address",
             l.collective, l.nranks
@@ -447,10 +462,12 @@ mod tests {
         let mut l = ll(rs, Path::P2P, 3);
         l.local_only = true;
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterLl);
-        // Past LL the reduce-scatter pushes (at any alignment), as the all-reduce does; the
-        // other copies are refused.
+        // Past LL the reduce-scatter of whole 16-byte blocks pushes (at any alignment), as the
+        // all-reduce does; one of other blocks, and the other copies, are refused.
         l.count = 1 << 20;
         assert_eq!(plan(&l).unwrap().unwrap().kernel.kind, KernelKind::ReduceScatterP2pPush);
+        l.count = (1 << 20) + 1;
+        assert!(plan(&l).is_err());
         let mut l = ll(Collective::AllGather, Path::P2P, 1 << 20);
         l.local_only = true;
         assert!(plan(&l).is_err());
@@ -497,5 +514,19 @@ mod tests {
             let want = if count % 16 == 0 { KernelKind::AllGatherMc } else { KernelKind::AllGatherP2pPush };
             assert_eq!(kinds[0], want, "count {count}");
         }
+        // A reduce-scatter whose out is each rank's own memory (the pointer form's staged route
+        // writes each chunk's result straight into the caller's recv, of any element-aligned
+        // address): the same choice on every rank, the push where the data and blocks allow.
+        let rs = Collective::ReduceScatter { dtype: DType::F32, op: RedOp::Min };
+        let kinds: Vec<KernelKind> = (0..3u32)
+            .map(|rank| {
+                let mut l = three(launch(rs, Path::P2P, 1 << 16));
+                l.rank = rank;
+                l.out = l.data;
+                l.out[rank as usize] = 0x5000_0000 + 4 * u64::from(rank);
+                plan(&l).unwrap().unwrap().kernel.kind
+            })
+            .collect();
+        assert_eq!(kinds, [KernelKind::ReduceScatterP2pPush; 3]);
     }
 }

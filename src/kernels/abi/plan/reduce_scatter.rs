@@ -13,7 +13,7 @@
 //! loses to LL where it serves ([`multicast_pays`](super::cost::multicast_pays)). Above LL the
 //! push where the team keeps its scratch (at most
 //! [`PUSH_MAX_RANKS`](super::super::layout::PUSH_MAX_RANKS) ranks) and every block is whole
-//! 16-byte vectors (this rank's data and out aligned, S a multiple of 16): each rank stores block
+//! 16-byte vectors (this rank's data aligned, S a multiple of 16): each rank stores block
 //! p of its data into rank p's scratch rows and reduces its own block from what its peers stored,
 //! with no barrier (kernels/push.cuh); else the pull, two barriers around loads of every peer's
 //! block. The pointer form's one-launch route (`local_only`) runs the push at any size and
@@ -31,8 +31,10 @@ pub(super) fn choose(c: &Call) -> Choice {
         _ if c.l.local_only && c.ll => KernelKind::ReduceScatterLl,
         _ if c.l.local_only => KernelKind::ReduceScatterP2pPush,
         true => KernelKind::ReduceScatterMc,
-        // Every destination's block 16-byte aligned: this rank's data, out and the block size.
-        false if push_fits(c, c.me | c.out_me | c.bytes) => KernelKind::ReduceScatterP2pPush,
+        // Every destination's block 16-byte aligned: this rank's data and the block size, equal
+        // on every rank. Not its out: the staged route's is the caller's recv, of this rank's
+        // own alignment, which decides only whether the kernel's stores into it are vectors.
+        false if push_fits(c, c.me | c.bytes) => KernelKind::ReduceScatterP2pPush,
         false => KernelKind::ReduceScatterP2p,
     };
     match kind {
