@@ -7,11 +7,16 @@
 #   bench/teams-ab.sh BIN_A BIN_B OUT        (ROUNDS=3, TEAMS="2 3 4 8", DEVICE=0)
 # With DEVICES=0,1,2,3,0,1,2,3 a team of n ranks takes the first n devices of the list instead
 # (one GPU per rank across NVLink where the list allows). SIZES="-b 512K -e 64M -f 2" times
-# larger messages instead (OPS="all_reduce broadcast" to pick the collectives).
+# larger messages instead (OPS="all_reduce broadcast" to pick the collectives). ENV_A and ENV_B
+# (VAR=value words, e.g. ENV_B="MCAST_PDL=on") set variables for one side's runs only, so one
+# build can be compared with itself under two settings.
 # Multicast stays off (the safety rule).
 set -uo pipefail
 export MCAST_MULTICAST=off NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 a="$1" b="$2" out="$3"
+case "${ENV_A:-} ${ENV_B:-}" in
+  *MULTICAST* | *NVLS*) echo "teams-ab.sh: ENV_A/ENV_B may not touch multicast or its kill switches" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 dev="${DEVICE:-0}"
 devs() {
@@ -43,14 +48,15 @@ done
 [ -n "${SIZES:-}" ] || cases+=("rs4 4 --op reduce_scatter -d bf16 -b 64 -e 256K -f 8" "bc4 4 --op broadcast -b 64 -e 256K -f 8")
 for ((round = 1; round <= ${ROUNDS:-3}; round++)); do
   for which in A B; do
-    bin="$a"
-    [ "$which" = B ] && bin="$b"
+    bin="$a" vars="${ENV_A:-}"
+    [ "$which" = B ] && bin="$b" vars="${ENV_B:-}"
     for c in "${cases[@]}"; do
       # shellcheck disable=SC2086 # a case is its name, team size and flags
       set -- $c
       name="$1" n="$2"
       shift 2
-      "$bin" "${common[@]}" --devices "$(devs "$n")" "$@" >"$out/$which${round}_$name.txt" 2>&1
+      # shellcheck disable=SC2086 # vars is a list of VAR=value words
+      env $vars "$bin" "${common[@]}" --devices "$(devs "$n")" "$@" >"$out/$which${round}_$name.txt" 2>&1
     done
   done
 done

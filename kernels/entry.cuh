@@ -4,6 +4,17 @@
 // Names: mcast_<collective>_<path>[_twoshot][_<dtype>_<op>]; see KernelId::name in src/kernels/abi/.
 #define KERNEL extern "C" __global__ void __launch_bounds__(MCAST_THREADS)
 #define ARGS const __grid_constant__ McastArgs a
+// The first statement of every entry point. A kernel launched programmatically (programmatic
+// dependent launch: src/kernels/cuda.rs, programmatic_on) may start once the blocks of the kernel
+// before it on its stream have exited, before that kernel's memory operations are complete and
+// visible; griddepcontrol.wait returns once they are (at once after a plain launch), so nothing
+// this kernel reads or writes can race the kernel before it. Before sm_90 launches are never
+// programmatic and there is nothing to wait for.
+#if __CUDA_ARCH__ >= 900
+#define MCAST_ENTRY asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define MCAST_ENTRY ((void)0)
+#endif
 
 // Selection (src/kernels/select.rs): with -DMCAST_SELECT the host compiles only the entry points
 // of one module, one collective for one dtype and operator (every algorithm of it: P2P one-shot,

@@ -95,7 +95,7 @@ impl Gpu {
 
     /// Launches `f` on `stream` with `params` (pointers to each argument).
     fn launch(&self, f: Function, grid: u32, block: u32, stream: Stream, params: &mut [*mut c_void]) {
-        let cfg = LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], shared_bytes: 0 };
+        let cfg = LaunchConfig::linear(grid, block);
         self.driver.launch(self.dev, f, &cfg, stream, params).unwrap();
     }
 

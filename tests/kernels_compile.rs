@@ -1,6 +1,7 @@
 //! Compiles every kernel variant for sm_90 with the real NVRTC code path and checks the PTX:
 //! the multimem build uses `multimem.ld_reduce`, `multimem.st` and `multimem.red`, the emulated
-//! build none; every entry point is present; NVRTC reports no warnings.
+//! build none; every entry point is present and waits at its entry (`griddepcontrol.wait`);
+//! NVRTC reports no warnings.
 //!
 //! Each selected module (one collective, dtype and operator: the shared part of `kernels/` and its
 //! collective's file, as a call compiles it) compiles to exactly its entry points.
@@ -34,8 +35,19 @@ fn every_kernel_variant_compiles_for_sm_90() {
                 let (wall, cpu) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
                 assert!(out.log.is_empty(), "{target}: NVRTC log not empty:\n{}", out.log);
                 assert!(out.cubin.len() > 1024, "{target}: cubin too small");
-                for id in KernelId::all().into_iter().filter(|k| k.exists()) {
+                let entries: Vec<KernelId> = KernelId::all().into_iter().filter(|k| k.exists()).collect();
+                for id in &entries {
                     assert!(out.ptx.contains(&format!(".entry {}(", id.name())), "{target}: no entry {}", id.name());
+                }
+                // Every entry point waits for the kernel before it on its stream first
+                // (MCAST_ENTRY, kernels/entry.cuh: programmatic dependent launch), from sm_90 on.
+                if arch.trim_start_matches("sm_").trim_end_matches('a').parse::<u32>().is_ok_and(|cc| cc >= 90) {
+                    let waits = out.ptx.matches("griddepcontrol.wait").count();
+                    assert!(
+                        waits >= entries.len(),
+                        "{target}: {waits} griddepcontrol.wait for {} entries",
+                        entries.len()
+                    );
                 }
                 let count = |pat: &str| out.ptx.matches(pat).count();
                 match variant {

@@ -2,4 +2,4 @@
 // and ll_copy are in ll.cuh).
 
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(MCAST_IF_LL(
-    KERNEL mcast_all_gather_ll(ARGS) { ll_copy(a, true); }))
+    KERNEL mcast_all_gather_ll(ARGS) { MCAST_ENTRY; ll_copy(a, true); }))

@@ -9,4 +9,4 @@ __device__ void all_gather_mc(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
-    KERNEL mcast_all_gather_mc(ARGS) { all_gather_mc(a); })
+    KERNEL mcast_all_gather_mc(ARGS) { MCAST_ENTRY; all_gather_mc(a); })

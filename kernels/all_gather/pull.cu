@@ -16,4 +16,4 @@ __device__ void all_gather_p2p(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
-    KERNEL mcast_all_gather_p2p(ARGS) { all_gather_p2p(a); })
+    KERNEL mcast_all_gather_p2p(ARGS) { MCAST_ENTRY; all_gather_p2p(a); })

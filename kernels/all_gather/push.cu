@@ -38,4 +38,4 @@ __device__ void all_gather_p2p_push(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
-    KERNEL mcast_all_gather_p2p_push(ARGS) { all_gather_p2p_push(a); })
+    KERNEL mcast_all_gather_p2p_push(ARGS) { MCAST_ENTRY; all_gather_p2p_push(a); })

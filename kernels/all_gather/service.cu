@@ -17,5 +17,5 @@ __device__ void copy_out(const McastArgs& a) {
 // A barrier across the team and nothing else (one block, slot 0): the copy-engine forms of the
 // collectives (src/runtime/ce.rs) run one before and one after their peer copies.
 MCAST_WHEN(MCAST_SEL_all_gather, 1, 1)(
-    KERNEL mcast_barrier_p2p(ARGS) { barrier<false>(a, 0); }
-    KERNEL mcast_copy_out(ARGS) { copy_out(a); })
+    KERNEL mcast_barrier_p2p(ARGS) { MCAST_ENTRY; barrier<false>(a, 0); }
+    KERNEL mcast_copy_out(ARGS) { MCAST_ENTRY; copy_out(a); })

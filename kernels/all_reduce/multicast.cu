@@ -22,5 +22,5 @@ __device__ void all_reduce_mc(const McastArgs& a) {
 
 #define ALL_REDUCE_MC(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
-      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { all_reduce_mc<D, O>(a); })
+      KERNEL mcast_all_reduce_mc_##DN##_##ON(ARGS) { MCAST_ENTRY; all_reduce_mc<D, O>(a); })
 MCAST_EACH_MULTIMEM_REDUCTION(ALL_REDUCE_MC)

@@ -49,5 +49,5 @@ __device__ void all_reduce_p2p_oneshot(const McastArgs& a) {
 
 #define ALL_REDUCE_ONE_SHOT(DN, D, ON, O)                              \
   MCAST_WHEN(MCAST_SEL_all_reduce, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
-      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { all_reduce_p2p_oneshot<D, O>(a); })
+      KERNEL mcast_all_reduce_p2p_##DN##_##ON(ARGS) { MCAST_ENTRY; all_reduce_p2p_oneshot<D, O>(a); })
 MCAST_EACH_REDUCTION(ALL_REDUCE_ONE_SHOT)

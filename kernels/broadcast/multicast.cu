@@ -10,4 +10,4 @@ __device__ void broadcast_mc(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
-    KERNEL mcast_broadcast_mc(ARGS) { broadcast_mc(a); })
+    KERNEL mcast_broadcast_mc(ARGS) { MCAST_ENTRY; broadcast_mc(a); })

@@ -10,4 +10,4 @@ __device__ void broadcast_p2p(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
-    KERNEL mcast_broadcast_p2p(ARGS) { broadcast_p2p(a); })
+    KERNEL mcast_broadcast_p2p(ARGS) { MCAST_ENTRY; broadcast_p2p(a); })

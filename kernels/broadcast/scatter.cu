@@ -39,4 +39,4 @@ __device__ void broadcast_p2p_scatter(const McastArgs& a) {
 }
 
 MCAST_WHEN(MCAST_SEL_broadcast, 1, 1)(
-    KERNEL mcast_broadcast_p2p_scatter(ARGS) { broadcast_p2p_scatter(a); })
+    KERNEL mcast_broadcast_p2p_scatter(ARGS) { MCAST_ENTRY; broadcast_p2p_scatter(a); })

@@ -26,5 +26,5 @@ __device__ void reduce_scatter_mc(const McastArgs& a) {
 
 #define REDUCE_SCATTER_MC(DN, D, ON, O)                                  \
   MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
-      KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { reduce_scatter_mc<D, O>(a); })
+      KERNEL mcast_reduce_scatter_mc_##DN##_##ON(ARGS) { MCAST_ENTRY; reduce_scatter_mc<D, O>(a); })
 MCAST_EACH_MULTIMEM_REDUCTION(REDUCE_SCATTER_MC)

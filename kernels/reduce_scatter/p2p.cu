@@ -19,5 +19,5 @@ __device__ void reduce_scatter_p2p(const McastArgs& a) {
 
 #define REDUCE_SCATTER_P2P(DN, D, ON, O)                                 \
   MCAST_WHEN(MCAST_SEL_reduce_scatter, MCAST_SEL_##DN, MCAST_SEL_##ON)( \
-      KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { reduce_scatter_p2p<D, O>(a); })
+      KERNEL mcast_reduce_scatter_p2p_##DN##_##ON(ARGS) { MCAST_ENTRY; reduce_scatter_p2p<D, O>(a); })
 MCAST_EACH_REDUCTION(REDUCE_SCATTER_P2P)

@@ -48,7 +48,9 @@ pub trait ExecOps {
     /// `cuModuleGetFunction`.
     fn module_function(&self, dev: Device, module: Module, name: &CStr) -> DResult<Function>;
 
-    /// `cuLaunchKernel` on `stream`; `params` points at each argument.
+    /// `cuLaunchKernel` on `stream`; `params` points at each argument. A programmatic `config`
+    /// launches with `cuLaunchKernelEx` and the programmatic stream serialization attribute
+    /// where the driver has it ([`LaunchConfig::programmatic`]).
     fn launch(
         &self,
         dev: Device,

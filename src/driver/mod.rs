@@ -344,6 +344,20 @@ pub struct LaunchConfig {
     pub block: [u32; 3],
     /// Dynamic shared memory bytes.
     pub shared_bytes: u32,
+    /// Programmatic dependent launch (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`,
+    /// through `cuLaunchKernelEx`): the kernel may be launched once every block of the kernel
+    /// before it on the stream has exited (or triggered), before that kernel's completion, and
+    /// must wait for its memory with `griddepcontrol.wait` before touching any. Compute
+    /// capability 9.0+; where the driver lacks `cuLaunchKernelEx` the launch is a plain one.
+    pub programmatic: bool,
+}
+
+impl LaunchConfig {
+    /// A 1-D grid of `blocks` blocks of `threads` threads, no dynamic shared memory, launched
+    /// after the work before it on the stream ends.
+    pub fn linear(blocks: u32, threads: u32) -> LaunchConfig {
+        LaunchConfig { grid: [blocks, 1, 1], block: [threads, 1, 1], shared_bytes: 0, programmatic: false }
+    }
 }
 
 /// The CUDA driver subset the runtime uses, one supertrait per family of calls (each

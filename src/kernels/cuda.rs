@@ -56,6 +56,9 @@ struct DeviceModules {
     driver: usize,
     dev: Device,
     slots: [OnceLock<Arc<LoadedModule>>; 2 * SLOTS_PER_VARIANT],
+    /// The kernels of this device launch programmatically ([`programmatic_on`]), decided at
+    /// the first module load.
+    programmatic: OnceLock<bool>,
 }
 
 /// Every (driver, device) table made so far; never shrinks (the tables are leaked, so that
@@ -95,6 +98,7 @@ fn device_modules(driver: &dyn Driver, dev: Device) -> &'static DeviceModules {
                     driver: key,
                     dev,
                     slots: std::array::from_fn(|_| OnceLock::new()),
+                    programmatic: OnceLock::new(),
                 }));
                 tables.push(t);
                 t
@@ -130,6 +134,26 @@ fn loaded_function(
 pub fn emulate_forced() -> bool {
     static E: OnceLock<bool> = OnceLock::new();
     *E.get_or_init(|| std::env::var("MCAST_EMULATE_MULTIMEM").is_ok_and(|v| v == "1"))
+}
+
+/// True when `MCAST_PDL=on` (or `1`) asks for programmatic dependent launch (read once). Off by
+/// default: it has not yet run on a GPU (docs/environment.md).
+fn pdl_enabled() -> bool {
+    static E: OnceLock<bool> = OnceLock::new();
+    *E.get_or_init(|| std::env::var("MCAST_PDL").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "on" | "1")))
+}
+
+/// True when the kernels launch on `dev` with programmatic dependent launch
+/// ([`LaunchConfig::programmatic`]): each may start once the blocks of the kernel before it on
+/// the stream have exited, its launch overlapping that kernel's completion, and waits for that
+/// kernel's memory at its entry (`MCAST_ENTRY` in kernels/entry.cuh: `griddepcontrol.wait`).
+/// Where `MCAST_PDL` is on, compute capability 9.0+ has the instructions and a driver of CUDA
+/// 12.3+ captures such launches into graphs. It orders nothing differently: a kernel that waits
+/// at its entry sees everything the kernel before it wrote, as after a plain launch.
+fn programmatic_on(driver: &dyn Driver, dev: Device) -> bool {
+    pdl_enabled()
+        && driver.device_props(dev).is_ok_and(|p| p.cc_major >= 9)
+        && driver.driver_version().is_ok_and(|v| v >= 12030)
 }
 
 /// The build a launch uses: the real multimem build for the multicast path with a multicast
@@ -211,6 +235,7 @@ pub fn load(
     let m = Arc::new(LoadedModule { module, functions });
     // Under `LOADING` and checked empty above: the set succeeds.
     let _ = cell.set(m.clone());
+    let _ = device_modules(driver, dev).programmatic.set(programmatic_on(driver, dev));
     Ok(m)
 }
 
@@ -264,8 +289,15 @@ pub fn resolve(driver: &dyn Driver, l: &Launch) -> Result<Option<Resolved>, Kern
     };
     let mut args: KernelArgs = abi::kernel_args(l, variant);
     args.push_row = plan.push_row;
-    let config = LaunchConfig { grid: [plan.blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
+    let config = launch_config(driver, l.dev, plan.blocks);
     Ok(Some(Resolved { func, config, args }))
+}
+
+/// `blocks` blocks of [`abi::THREADS`], programmatic where [`programmatic_on`] said so at the
+/// device's first module load.
+fn launch_config(driver: &dyn Driver, dev: Device, blocks: u32) -> LaunchConfig {
+    let programmatic = device_modules(driver, dev).programmatic.get() == Some(&true);
+    LaunchConfig { programmatic, ..LaunchConfig::linear(blocks, abi::THREADS) }
 }
 
 /// Enqueues rank `l.rank`'s barrier kernel (`mcast_barrier_p2p`, one block: one barrier across
@@ -305,7 +337,7 @@ fn launch_fixed(driver: &dyn Driver, l: &Launch, kind: abi::KernelKind, blocks: 
     let func = module.functions[kernel.index()]
         .ok_or_else(|| KernelError::Unsupported(format!("no entry point {}", kernel.name())))?;
     let mut args: KernelArgs = abi::kernel_args(l, Variant::Emulated);
-    let config = LaunchConfig { grid: [blocks, 1, 1], block: [abi::THREADS, 1, 1], shared_bytes: 0 };
+    let config = launch_config(driver, l.dev, blocks);
     let mut params = [&mut args as *mut KernelArgs as *mut c_void];
     driver.launch(l.dev, func, &config, l.stream, &mut params)?;
     Ok(())

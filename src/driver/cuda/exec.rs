@@ -236,6 +236,29 @@ impl ExecOps for CudaDriver {
         let _ctx = self.enter(dev)?;
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
+        if let (true, Some(launch_ex)) = (config.programmatic, self.api.cuLaunchKernelEx) {
+            // SAFETY: an all-zero attribute is a valid value of the plain-data C struct.
+            let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let ex = cu::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: config.shared_bytes,
+                hStream: stream_ptr(stream),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `ex` and the attribute it points at live across the call, which reads
+            // them; `params` as for `cuLaunchKernel` below; `extra` is NULL.
+            return check("cuLaunchKernelEx", unsafe {
+                launch_ex(&ex, func.0 as cu::CUfunction, params_ptr, ptr::null_mut())
+            });
+        }
         // SAFETY: `params` holds one pointer per kernel argument, each pointing at a live value
         // of the argument's type (the caller's contract); the driver copies the argument
         // values before returning. `extra` is NULL.

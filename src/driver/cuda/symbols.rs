@@ -156,6 +156,7 @@ driver_api! {
         cuDeviceGetUuid(*mut cu::CUuuid, cu::CUdevice);
         cuDeviceGetPCIBusId(*mut c_char, c_int, cu::CUdevice);
         cuFuncLoad(cu::CUfunction);
+        cuLaunchKernelEx(*const cu::CUlaunchConfig, cu::CUfunction, *mut *mut c_void, *mut *mut c_void);
         cuMulticastCreate(*mut cu::CUmemGenericAllocationHandle, *const cu::CUmulticastObjectProp);
         cuMulticastAddDevice(cu::CUmemGenericAllocationHandle, cu::CUdevice);
         cuMulticastBindMem(cu::CUmemGenericAllocationHandle, usize, cu::CUmemGenericAllocationHandle, usize, usize, u64);

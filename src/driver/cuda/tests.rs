@@ -63,6 +63,7 @@ fn symbol_lists_are_nonempty_and_unique() {
     }
     for name in [
         "cuFuncLoad",
+        "cuLaunchKernelEx",
         "cuMulticastCreate",
         "cuMulticastAddDevice",
         "cuMulticastBindMem",
@@ -320,7 +321,7 @@ fn gpu_stream_event_timing_and_launch() {
     let mut out: u64 = m.ptr;
     let mut base: u32 = 1000;
     let mut params = [(&mut out as *mut u64).cast::<c_void>(), (&mut base as *mut u32).cast::<c_void>()];
-    let config = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_bytes: 0 };
+    let config = LaunchConfig::linear(1, 64);
     d.launch(0, func, &config, stream, &mut params).unwrap();
     d.event_record(0, end, stream).unwrap();
     let ms = d.event_elapsed_ms(0, start, end).unwrap();
@@ -351,7 +352,7 @@ fn gpu_a_stream_waits_on_an_event_of_another() {
     let mut out: u64 = m.ptr;
     let mut base: u32 = 7000;
     let mut params = [(&mut out as *mut u64).cast::<c_void>(), (&mut base as *mut u32).cast::<c_void>()];
-    let config = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_bytes: 0 };
+    let config = LaunchConfig::linear(1, 64);
     d.launch(0, func, &config, a, &mut params).unwrap();
     d.event_record(0, ev, a).unwrap();
     // b copies what a's kernel wrote, after it (the wait), into the next 256 bytes.

@@ -236,7 +236,7 @@ fn modules_and_launch() {
     assert_eq!(code(s.module_load(0, &[])), CuResult::ERROR_INVALID_IMAGE);
     let m = s.module_load(0, b"\x7fELF cubin").unwrap();
     let f = s.module_function(0, m, c"mc_allreduce").unwrap();
-    let cfg = LaunchConfig { grid: [1; 3], block: [1; 3], shared_bytes: 0 };
+    let cfg = LaunchConfig { grid: [1; 3], block: [1; 3], shared_bytes: 0, programmatic: false };
     assert_eq!(code(s.launch(0, f, &cfg, Stream::DEFAULT, &mut [])), CuResult::ERROR_NOT_SUPPORTED);
     assert_eq!(s.ledger().modules, 1);
     s.module_unload(0, m).unwrap();
