@@ -66,11 +66,9 @@ template <int MODE>
 __device__ __forceinline__ u64 push_at(u32 p, u64 P) {
   return MODE == MCAST_PUSH_ALL ? 0 : (u64)p * P;
 }
-// How many of destination p's P bytes exist: P, or what is left of a two-shot's `total` bytes
-// for slice p.
-template <int MODE>
-__device__ __forceinline__ u64 push_len(u32 p, u64 P, u64 total) {
-  if (MODE != MCAST_PUSH_TWO_SHOT) return P;
+// How many bytes of a two-shot's slice p exist: P, less at the end of the message's `total`
+// (every other form's destinations get all P).
+__device__ __forceinline__ u64 slice_len(u32 p, u64 P, u64 total) {
   const u64 at = (u64)p * P;
   return at >= total ? 0 : (total - at < P ? total - at : P);
 }
@@ -109,22 +107,22 @@ __device__ void p2p_push(const McastArgs& a) {
   typedef typename Ty<D>::A A;
   __shared__ u32 s_seq, s_live, s_ok;
   const u32 slot = blockIdx.x, me = a.rank, N = a.nranks;
-  const u64 total = (MODE == MCAST_PUSH_RS ? N : 1) * a.count * sizeof(E);
-  const u64 P = push_bytes<MODE>(a, a.count * sizeof(E));
+  const u64 total = a.count * sizeof(E);
+  const u64 P = push_bytes<MODE>(a, total);
   const u64 per_step = (u64)gridDim.x * a.push_row;
   const u32 steps = (u32)((P + per_step - 1) / per_step);
   const u64 src = a.data[me];
   // Vectors where the addresses are 16-byte aligned (rows always are), elements otherwise: the
   // pushes and the loads of this rank's own bytes where its data and every destination's start
-  // are, the reduction's stores where its outs are too. The choice is this rank's alone: peers
-  // only see its rows (and, in the two-shot, its stores into their outs, vectors or elements
-  // alike), so an out of this rank's own alignment (the pointer form's recv) costs only its own
-  // stores.
-  const bool vec = ((src | (MODE == MCAST_PUSH_ALL ? 0 : P)) & 15) == 0;
+  // are, the reduction's stores where its outs are too (the push all-reduce: one choice for
+  // both, its data and out). The choice is this rank's alone: peers only see its rows (and, in
+  // the two-shot, its stores into their outs, vectors or elements alike), so an out of this
+  // rank's own alignment (the pointer form's recv) costs only its own stores.
   u64 om = a.out[me];
   if (MODE == MCAST_PUSH_TWO_SHOT)
     for (u32 q = 0; q < N; ++q) om |= a.out[q];
-  const bool vec_out = vec && (om & 15) == 0;
+  const bool vec = ((src | (MODE == MCAST_PUSH_ALL ? om : P)) & 15) == 0;
+  const bool vec_out = MODE == MCAST_PUSH_ALL ? vec : vec && (om & 15) == 0;
   if (threadIdx.x == 0) {
     s_seq = *(volatile u32*)sync_local(a, MCAST_PUSH_SEQ_OFFSET + 4 * slot);
     const u32 state = *(volatile u32*)sync_local(a, MCAST_STATE_OFFSET);
@@ -141,9 +139,11 @@ __device__ void p2p_push(const McastArgs& a) {
   // This block's part of step j of destination p's bytes: [*lo, *hi) from the start of them.
   auto part = [&](u32 j, u32 p, u64* lo, u64* hi) {
     push_part(P, a.push_row, j, lo, hi);
-    const u64 len = push_len<MODE>(p, P, total);
-    if (*lo > len) *lo = len;
-    if (*hi > len) *hi = len;
+    if (MODE == MCAST_PUSH_TWO_SHOT) {
+      const u64 len = slice_len(p, P, total);
+      if (*lo > len) *lo = len;
+      if (*hi > len) *hi = len;
+    }
   };
   // Store this rank's part of step j (sequence seq0 + j + 1) into its row of every peer's scratch:
   // one load for every peer where they all get the same bytes, a copy per peer otherwise.
