@@ -235,7 +235,7 @@ pub fn load(
     let m = Arc::new(LoadedModule { module, functions });
     // Under `LOADING` and checked empty above: the set succeeds.
     let _ = cell.set(m.clone());
-    let _ = device_modules(driver, dev).programmatic.set(programmatic_on(driver, dev));
+    device_modules(driver, dev).programmatic.get_or_init(|| programmatic_on(driver, dev));
     Ok(m)
 }
 

@@ -30,16 +30,14 @@ impl Job {
         let esize = self.red.map_or(1, |(d, _)| d.size());
         let data = &self.data.0;
         let out = &self.out.0;
+        // The message (all-reduce) or one rank's block (reduce-scatter), and what each
+        // destination gets of it: all of it, or (two-shot) a slice.
         let bytes = self.count * esize;
-        let (p_bytes, total) = match form {
-            PushForm::All => (bytes, bytes),
-            PushForm::ReduceScatter => (bytes, n * bytes),
-            PushForm::TwoShot => (bytes.div_ceil(n).div_ceil(16) * 16, bytes),
-        };
+        let p_bytes = if form == PushForm::TwoShot { bytes.div_ceil(n).div_ceil(16) * 16 } else { bytes };
         // Where destination p's bytes start, and how many of its P exist.
         let at = |p: usize| if form == PushForm::All { 0 } else { p * p_bytes };
         let len =
-            |p: usize| if form == PushForm::TwoShot { total.saturating_sub(p * p_bytes).min(p_bytes) } else { p_bytes };
+            |p: usize| if form == PushForm::TwoShot { bytes.saturating_sub(p * p_bytes).min(p_bytes) } else { p_bytes };
         let g = self.blocks;
         let per_step = g * self.push_row;
         let cap = push_row_capacity(n as u32) as usize;
