@@ -194,7 +194,11 @@ fn run_case(phase: &str, stop: Option<(usize, &str, Step)>) -> Result<Vec<Report
         None => format!("{phase}: no rank stopped"),
     };
     let id = hex(&new_unique_id().unwrap());
-    let dir = std::env::temp_dir().join(format!("mcast-stop-{}-{}", std::process::id(), mono_ns()));
+    // Numbered in this process (two cases run at once, run_all, and two clock readings may be
+    // equal), and stamped with the clock (no folder a crashed run with this pid left is reused).
+    static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let k = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("mcast-stop-{}-{k}-{}", std::process::id(), mono_ns()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = std::env::current_exe().unwrap();
     let mut ranks = Ranks(Vec::new());
