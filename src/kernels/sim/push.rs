@@ -4,7 +4,7 @@
 
 use super::mem::write;
 use super::{word, writer_row, Job};
-use crate::kernels::abi::{push_row_capacity, PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET};
+use crate::kernels::abi::{push_row_capacity, two_shot_slice_bytes, PUSH_SEQ_OFFSET, PUSH_SLOTS, SCRATCH_OFFSET};
 use std::sync::atomic::Ordering;
 
 /// What each destination of a push kernel gets from every rank (the kernels' `MODE`).
@@ -33,7 +33,8 @@ impl Job {
         // The message (all-reduce) or one rank's block (reduce-scatter), and what each
         // destination gets of it: all of it, or (two-shot) a slice.
         let bytes = self.count * esize;
-        let p_bytes = if form == PushForm::TwoShot { bytes.div_ceil(n).div_ceil(16) * 16 } else { bytes };
+        let p_bytes =
+            if form == PushForm::TwoShot { two_shot_slice_bytes(bytes as u64, n as u32) as usize } else { bytes };
         // Where destination p's bytes start, and how many of its P exist.
         let at = |p: usize| if form == PushForm::All { 0 } else { p * p_bytes };
         let len =

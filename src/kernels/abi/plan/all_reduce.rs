@@ -12,7 +12,8 @@
 //! LL ends at [`ll_max_payload`](super::cost::ll_max_payload) (the landing area at two and three ranks, the cost model's
 //! S* = D B N / (2 (N-1)^2) above); the multicast kernels never pay at two ranks and lose to LL
 //! where it serves ([`multicast_pays`](super::cost::multicast_pays)); push ends at [`push_max_bytes`] (measured at two ranks,
-//! the one-shot's limit above, and only teams of up to [`PUSH_MAX_RANKS`] keep its scratch);
+//! the one-shot's limit above, and only teams of up to
+//! [`PUSH_MAX_RANKS`](super::super::layout::PUSH_MAX_RANKS) keep its scratch);
 //! one-shot at [`one_shot_max_bytes`] (one round of the full grid at two ranks, the model's
 //! S* = D B N / ((N-1)(N-2)) above). Above them the two-shot, on the push protocol where the
 //! team keeps its scratch (each rank's slice pushed into its owner's scratch rows, reduced there
@@ -22,22 +23,14 @@
 //! `push.cu` over `kernels/push.cuh`, `two_shot.cu`, `multicast.cu`; LL's in `ll.cu` over
 //! `kernels/ll.cuh`).
 
-use super::super::layout::PUSH_MAX_RANKS;
 use super::cost::{one_shot_max_bytes, push_max_bytes};
-use super::{Call, Choice, ONE_SHOT_BYTES_PER_BLOCK};
+use super::{two_shot_slice_bytes, Call, Choice, ONE_SHOT_BYTES_PER_BLOCK};
 use crate::kernels::abi::entry::KernelKind;
-
-/// True when the push kernels serve a message at address `me` (this rank's data and out or-ed)
-/// in the buffer forms: a team they keep scratch for and 16-byte aligned vectors (they would run
-/// element by element otherwise, where the pulling kernels run vectors).
-pub(super) fn push_fits(c: &Call, me: u64) -> bool {
-    c.l.nranks <= PUSH_MAX_RANKS && me.is_multiple_of(16)
-}
 
 /// The all-reduce's kernel and grid (the table).
 pub(super) fn choose(c: &Call) -> Choice {
     let (l, n) = (c.l, c.l.nranks);
-    let push = push_fits(c, c.me | c.out_me);
+    let push = c.push_fits(c.me | c.out_me);
     let kind = match c.mc {
         false if c.ll => KernelKind::AllReduceLl,
         _ if l.local_only && c.ll => KernelKind::AllReduceLl,
@@ -51,8 +44,7 @@ pub(super) fn choose(c: &Call) -> Choice {
     match kind {
         KernelKind::AllReduceLl => c.choice(kind, c.ll_grid()),
         KernelKind::AllReduceP2pPush => c.push_choice(kind, c.bytes),
-        // Each rank's slice: the message over N, in whole 16-byte vectors (kernels/push.cuh).
-        KernelKind::AllReduceP2pTwoShotPush => c.push_choice(kind, c.bytes.div_ceil(n.into()).div_ceil(16) * 16),
+        KernelKind::AllReduceP2pTwoShotPush => c.push_choice(kind, two_shot_slice_bytes(c.bytes, n)),
         KernelKind::AllReduceP2p => c.choice(kind, c.grid(ONE_SHOT_BYTES_PER_BLOCK)),
         KernelKind::AllReduceP2pTwoShot => c.choice(kind, c.pull_grid()),
         _ => c.choice(kind, c.grid(super::BYTES_PER_BLOCK)),

@@ -12,7 +12,8 @@
 //! Reading a table: the rows are tried in order; the first whose condition holds and whose range
 //! holds the size runs. The conditions: *LL team* (the team runs the LL kernels, `MCAST_LL`; the
 //! grid within the team's cap), *multicast team* (the team's transport is MULTICAST and no
-//! fallback applies), *16-byte aligned* (this rank's data and out), *always*. The tables are the
+//! fallback applies), *16-byte aligned* (this rank's data and out), *16-byte aligned blocks*
+//! (this rank's data, and S a multiple of 16), *always*. The tables are the
 //! buffer forms' choices; the pointer form's one-launch route (`local_only`) runs LL where it
 //! serves, else the push kernels where [`push_serves_local`] (the all-reduce, and the
 //! reduce-scatter of whole 16-byte blocks, of at most [`PUSH_MAX_RANKS`] ranks) at any size, and
@@ -122,6 +123,13 @@ impl Call<'_> {
         Choice { kind, blocks, push_row: 0 }
     }
 
+    /// True when the push kernels serve a call whose addresses or-ed are `bits`, in the buffer
+    /// forms: a team they keep scratch for and 16-byte aligned vectors (they would run element by
+    /// element otherwise, where the pulling kernels run vectors).
+    fn push_fits(&self, bits: u64) -> bool {
+        self.l.nranks <= PUSH_MAX_RANKS && bits.is_multiple_of(16)
+    }
+
     /// A push kernel (kernels/push.cuh) moving `per_dest` bytes to each destination: a block per
     /// [`ONE_SHOT_BYTES_PER_BLOCK`] of the bytes the grid counts, and its row.
     fn push_choice(&self, kind: KernelKind, per_dest: u64) -> Choice {
@@ -137,6 +145,13 @@ pub fn push_row_bytes(bytes: u64, blocks: u64, nranks: u32) -> u32 {
     // over the blocks in one step.
     let cap = push_row_capacity(nranks);
     bytes.div_ceil(blocks.max(1)).div_ceil(16).saturating_mul(16).clamp(16, cap) as u32
+}
+
+/// Bytes of each rank's slice in the pushing two-shot all-reduce of a `bytes` message on
+/// `nranks` ranks: the message over N in whole 16-byte vectors, the last slices shorter or empty
+/// (`push_bytes` in kernels/push.cuh; the simulator's model uses it too).
+pub fn two_shot_slice_bytes(bytes: u64, nranks: u32) -> u64 {
+    bytes.div_ceil(u64::from(nranks.max(1))).div_ceil(16) * 16
 }
 
 /// True when a push kernel (kernels/push.cuh) serves `collective` of `count` on a team of

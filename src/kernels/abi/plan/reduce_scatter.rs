@@ -17,10 +17,9 @@
 //! p of its data into rank p's scratch rows and reduces its own block from what its peers stored,
 //! with no barrier (kernels/push.cuh); else the pull, two barriers around loads of every peer's
 //! block. The pointer form's one-launch route (`local_only`) runs the push at any size and
-//! alignment. The kernels: `kernels/reduce_scatter/` (`p2p.cu`, `push.cu`, `multicast.cu`; LL's
+//! alignment where the blocks are whole 16-byte vectors ([`push_serves_local`](super::push_serves_local)). The kernels: `kernels/reduce_scatter/` (`p2p.cu`, `push.cu`, `multicast.cu`; LL's
 //! in `ll.cu` over `kernels/ll.cuh`).
 
-use super::all_reduce::push_fits;
 use super::{Call, Choice, BYTES_PER_BLOCK};
 use crate::kernels::abi::entry::KernelKind;
 
@@ -34,7 +33,7 @@ pub(super) fn choose(c: &Call) -> Choice {
         // Every destination's block 16-byte aligned: this rank's data and the block size, equal
         // on every rank. Not its out: the staged route's is the caller's recv, of this rank's
         // own alignment, which decides only whether the kernel's stores into it are vectors.
-        false if push_fits(c, c.me | c.bytes) => KernelKind::ReduceScatterP2pPush,
+        false if c.push_fits(c.me | c.bytes) => KernelKind::ReduceScatterP2pPush,
         false => KernelKind::ReduceScatterP2p,
     };
     match kind {
